@@ -1,0 +1,220 @@
+"""The one config schema: every key declared here, variants, and validation.
+
+`configs/crossbert.py` and `configs/bert.py` call `get_config(objective, variant)`; code reads
+keys as attributes and never supplies a default of its own (no `config.get(key, default)`).
+"""
+
+import ml_collections
+
+from crossbert_jax.errors import UserError
+
+OBJECTIVES = ("crossbert", "mlm")
+VARIANTS = ("tiny", "small", "base", "large")
+
+# Encoder shapes per variant: (embed_dim, num_heads, num_layers, mlp_dim, vocab_size).
+# `base` and `large` are ModernBERT-base/-large (GeGLU mlp_dim is the half-width of Wi).
+_ENCODER_SHAPES = {
+    "tiny": (64, 4, 2, 128, 1024),
+    "small": (512, 8, 8, 768, 8192),
+    "base": (768, 12, 22, 1152, 50368),
+    "large": (1024, 16, 28, 2624, 50368),
+}
+# (reconstructor layers, seq_len, global batch size, train steps, warmup, checkpoint every, lr)
+_RUN_SHAPES = {
+    "tiny": (2, 64, 16, 300, 30, 100, 3e-3),
+    "small": (2, 256, 16, 10_000, 500, 1000, 1e-3),
+    "base": (4, 512, 256, 200_000, 3000, 2000, 8e-4),
+    "large": (4, 512, 256, 200_000, 3000, 2000, 5e-4),
+}
+
+
+def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
+  """Returns the full, locked config for `objective` ("crossbert" | "mlm") at `variant`."""
+  if objective not in OBJECTIVES:
+    raise UserError(f"objective={objective!r}: use one of {OBJECTIVES}")
+  if variant not in VARIANTS:
+    raise UserError(f"config variant {variant!r}: use one of {VARIANTS} (e.g. configs/crossbert.py:tiny)")
+  d, heads, layers, mlp, vocab = _ENCODER_SHAPES[variant]
+  rec_layers, seq_len, batch, steps, warmup, ckpt_every, lr = _RUN_SHAPES[variant]
+
+  c = ml_collections.ConfigDict()
+  c.objective = objective  # "crossbert": encoder on visible tokens + reconstructor; "mlm": flat BERT.
+
+  c.model = ml_collections.ConfigDict()
+  c.model.vocab_size = vocab  # Must be >= the tokenizer's vocabulary.
+  c.model.embed_dim = d
+  c.model.num_heads = heads
+  c.model.num_layers = layers
+  c.model.mlp_dim = mlp  # GeGLU hidden width (Wi maps embed -> 2 * mlp_dim).
+  c.model.norm_eps = 1e-5
+  c.model.init_std = 0.02
+  c.model.rope_theta = 160_000.0  # Global-attention layers (ModernBERT's global_rope_theta).
+  c.model.local_rope_theta = 10_000.0  # Local-attention layers.
+  c.model.local_window = 128  # Total window as in ModernBERT: each token sees +-local_window//2.
+  c.model.global_every = 1  # Layer i is global iff i % global_every == 0 (1: all global; ModernBERT: 3).
+  c.model.scan_layers = False  # nn.scan over layers 1..N-1 (layer 0 has no attention pre-norm).
+  c.model.remat = "none"  # "none" | "full" | "dots" (save matmul outputs only).
+  c.model.dtype = "float32"  # Compute dtype: "float32" | "bfloat16". Params stay float32.
+
+  c.reconstructor = ml_collections.ConfigDict()
+  c.reconstructor.num_layers = rec_layers
+  c.reconstructor.embed_dim = d  # Own width; K/V projections map encoder width -> this.
+  c.reconstructor.num_heads = heads
+  c.reconstructor.mlp_dim = mlp
+  c.reconstructor.self_attention = False  # Self-attention among queries before cross-attention.
+  c.reconstructor.feature_mixing = False  # CrossMAE: each block attends to a learned mix of all encoder layers.
+  c.reconstructor.tie_head = False  # Vocabulary head tied to the token embedding (needs equal widths).
+
+  c.mlm = ml_collections.ConfigDict()  # Flat-BERT corruption of the selected positions.
+  c.mlm.mask_prob = 0.8  # -> [MASK]
+  c.mlm.random_prob = 0.1  # -> a random non-special token; the rest stay unchanged.
+
+  c.masking = ml_collections.ConfigDict()
+  c.masking.ratio = 0.5 if objective == "crossbert" else 0.15
+  c.masking.views = 2 if objective == "crossbert" else 1  # Complementary views K (crossbert only).
+  c.masking.reconstruct_ratio = 1.0  # CrossMAE partial reconstruction: fraction of masked slots predicted.
+
+  c.data = ml_collections.ConfigDict()
+  c.data.path = "builtin"  # "builtin", or file / directory / glob, comma-separated; gs:// works.
+  c.data.format = "auto"  # "auto" (by extension) | "text" | "jsonl" | "parquet" | "arrayrecord".
+  c.data.text_field = "text"  # Field holding the text in jsonl / parquet / arrayrecord records.
+  c.data.text_unit = "paragraph"  # Plain text: "line" | "paragraph" (blank-line separated) | "file".
+  c.data.tokenizer = ""  # SentencePiece .model from `python -m crossbert_jax.tokenizer`.
+  c.data.seq_len = seq_len
+  c.data.shuffle_seed = 0
+  c.data.worker_count = 0  # Grain multiprocess prefetch workers (0: in-process).
+  c.data.worker_buffer_size = 2
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = steps
+  c.train.batch_size = batch  # Global batch (sequences), split across processes and the batch mesh axes.
+  c.train.grad_accum = 1  # Micro-batches per step; batch_size must divide evenly.
+  c.train.seed = 0  # Params init and the masking base key.
+  c.train.learning_rate = lr
+  c.train.warmup_steps = warmup
+  c.train.decay = "cosine"  # "cosine" | "linear", from the peak to final_lr_ratio * peak.
+  c.train.final_lr_ratio = 0.1
+  c.train.weight_decay = 0.01  # Not applied to norms and biases.
+  c.train.b1 = 0.9
+  c.train.b2 = 0.98
+  c.train.eps = 1e-6
+  c.train.clip_norm = 1.0  # Global-norm gradient clipping (0: off).
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every_steps = ckpt_every
+  c.checkpoint.keep = 3
+  c.checkpoint.async_save = True
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = 1  # One of data / fsdp / tensor may be -1: it takes the remaining devices.
+  c.mesh.fsdp = -1
+  c.mesh.tensor = 1
+  c.mesh.rules = ()  # Overrides of sharding.DEFAULT_RULES: (("mlp", "tensor"), ("vocab", None), ...).
+
+  c.metrics = ml_collections.ConfigDict()
+  c.metrics.log_every = 1 if variant == "tiny" else 10
+  c.metrics.tensorboard = True
+  c.metrics.progress_bar = True
+  c.metrics.cpu_peak_tflops = 0.1  # Per-device peak used for MFU on CPU (no vendor number exists).
+
+  c.lock()
+  return c
+
+
+def _err(key: str, msg: str) -> UserError:
+  return UserError(f"config {key}: {msg}")
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Raises UserError (one line, naming the key) for any inconsistent config."""
+  if c.objective not in OBJECTIVES:
+    raise _err("objective", f"{c.objective!r} is not one of {OBJECTIVES}")
+  m = c.model
+  for key in ("vocab_size", "embed_dim", "num_heads", "num_layers", "mlp_dim"):
+    if m[key] <= 0:
+      raise _err(f"model.{key}", f"must be positive, got {m[key]}")
+  if m.embed_dim % m.num_heads:
+    raise _err("model.num_heads", f"{m.num_heads} heads do not divide model.embed_dim={m.embed_dim}")
+  if (m.embed_dim // m.num_heads) % 2:
+    raise _err("model.num_heads", "head dim (embed_dim / num_heads) must be even for RoPE")
+  if m.global_every < 1:
+    raise _err("model.global_every", f"must be >= 1 (1 = all global), got {m.global_every}")
+  if m.local_window < 2 or m.local_window % 2:
+    raise _err("model.local_window", f"must be an even number >= 2, got {m.local_window}")
+  if m.remat not in ("none", "full", "dots"):
+    raise _err("model.remat", f"{m.remat!r}: use 'none', 'full' or 'dots'")
+  if m.dtype not in ("float32", "bfloat16"):
+    raise _err("model.dtype", f"{m.dtype!r}: use 'float32' or 'bfloat16'")
+  if m.scan_layers and m.num_layers < 2:
+    raise _err("model.scan_layers", "needs model.num_layers >= 2")
+  r = c.reconstructor
+  if c.objective == "crossbert":
+    for key in ("num_layers", "embed_dim", "num_heads", "mlp_dim"):
+      if r[key] <= 0:
+        raise _err(f"reconstructor.{key}", f"must be positive, got {r[key]}")
+    if r.embed_dim % r.num_heads or (r.embed_dim // r.num_heads) % 2:
+      raise _err("reconstructor.num_heads",
+                 f"{r.num_heads} heads must divide reconstructor.embed_dim={r.embed_dim} into even head dims")
+    if r.tie_head and r.embed_dim != m.embed_dim:
+      raise _err("reconstructor.tie_head", "needs reconstructor.embed_dim == model.embed_dim")
+  if not (c.mlm.mask_prob >= 0 and c.mlm.random_prob >= 0 and c.mlm.mask_prob + c.mlm.random_prob <= 1.0):
+    raise _err("mlm.mask_prob", "mask_prob and random_prob must be >= 0 and sum to <= 1")
+  mk, L = c.masking, c.data.seq_len
+  if L < 4:
+    raise _err("data.seq_len", f"must be >= 4, got {L}")
+  if not 0.0 < mk.ratio < 1.0:
+    raise _err("masking.ratio", f"must be in (0, 1), got {mk.ratio}")
+  if mk.views < 1:
+    raise _err("masking.views", f"must be >= 1, got {mk.views}")
+  if c.objective == "mlm" and mk.views != 1:
+    raise _err("masking.views", "the flat BERT baseline (objective=mlm) uses masking.views=1")
+  if mk.views > 1:
+    if abs(mk.ratio - (1.0 - 1.0 / mk.views)) > 1e-9:
+      raise _err("masking.ratio", f"complementary masking with views={mk.views} needs ratio=1-1/views="
+                 f"{1 - 1 / mk.views:g}, got {mk.ratio}")
+    if L % mk.views:
+      raise _err("data.seq_len", f"{L} must be divisible by masking.views={mk.views}")
+  if round(mk.ratio * L) < 1 or L - round(mk.ratio * L) < 1:
+    raise _err("masking.ratio", f"{mk.ratio} leaves no masked or no visible slot at data.seq_len={L}")
+  if not 0.0 < mk.reconstruct_ratio <= 1.0:
+    raise _err("masking.reconstruct_ratio", f"must be in (0, 1], got {mk.reconstruct_ratio}")
+  if c.objective == "mlm" and mk.reconstruct_ratio != 1.0:
+    raise _err("masking.reconstruct_ratio", "applies to objective=crossbert only; leave it at 1.0")
+  d = c.data
+  if d.format not in ("auto", "text", "jsonl", "parquet", "arrayrecord"):
+    raise _err("data.format", f"{d.format!r}: use auto, text, jsonl, parquet or arrayrecord")
+  if d.text_unit not in ("line", "paragraph", "file"):
+    raise _err("data.text_unit", f"{d.text_unit!r}: use line, paragraph or file")
+  if d.worker_count < 0:
+    raise _err("data.worker_count", f"must be >= 0, got {d.worker_count}")
+  t = c.train
+  if t.steps < 1:
+    raise _err("train.steps", f"must be >= 1, got {t.steps}")
+  if t.batch_size < 1:
+    raise _err("train.batch_size", f"must be >= 1, got {t.batch_size}")
+  if t.grad_accum < 1 or t.batch_size % t.grad_accum:
+    raise _err("train.grad_accum", f"{t.grad_accum} must be >= 1 and divide train.batch_size={t.batch_size}")
+  if t.learning_rate <= 0:
+    raise _err("train.learning_rate", f"must be positive, got {t.learning_rate}")
+  if t.warmup_steps < 0:
+    raise _err("train.warmup_steps", f"must be >= 0, got {t.warmup_steps}")
+  if t.decay not in ("cosine", "linear"):
+    raise _err("train.decay", f"{t.decay!r}: use 'cosine' or 'linear'")
+  if not 0.0 <= t.final_lr_ratio <= 1.0:
+    raise _err("train.final_lr_ratio", f"must be in [0, 1], got {t.final_lr_ratio}")
+  if t.clip_norm < 0:
+    raise _err("train.clip_norm", f"must be >= 0 (0 = off), got {t.clip_norm}")
+  if c.checkpoint.every_steps < 1:
+    raise _err("checkpoint.every_steps", f"must be >= 1, got {c.checkpoint.every_steps}")
+  if c.checkpoint.keep < 1:
+    raise _err("checkpoint.keep", f"must be >= 1, got {c.checkpoint.keep}")
+  sizes = {k: c.mesh[k] for k in ("data", "fsdp", "tensor")}
+  if sum(v == -1 for v in sizes.values()) > 1:
+    raise _err("mesh", "at most one of mesh.data / mesh.fsdp / mesh.tensor may be -1")
+  for k, v in sizes.items():
+    if v == 0 or v < -1:
+      raise _err(f"mesh.{k}", f"must be a positive size or -1, got {v}")
+  if c.metrics.log_every < 1:
+    raise _err("metrics.log_every", f"must be >= 1, got {c.metrics.log_every}")
+  if c.metrics.cpu_peak_tflops <= 0:
+    raise _err("metrics.cpu_peak_tflops", f"must be positive, got {c.metrics.cpu_peak_tflops}")
