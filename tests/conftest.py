@@ -1,0 +1,31 @@
+"""Test setup: 8 fake CPU devices, strict rank promotion, absl flags parsed, shared data location."""
+
+import os
+
+# Must happen before jax is imported anywhere: 8 fake CPU devices for the sharding tests.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pathlib  # noqa: E402
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from absl import flags  # noqa: E402
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+# Grain's multiprocess prefetch reads absl flags; pytest never parses them.
+flags.FLAGS.mark_as_parsed()
+
+DATA_ENV = "CROSSBERT_DATA"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+  """Root of ../shared/data. Skips when CROSSBERT_DATA is unset; fails when it is set but missing."""
+  root = os.environ.get(DATA_ENV)
+  if not root:
+    pytest.skip(f"{DATA_ENV} is not set (make test / .ci/run set it to ../shared/data)")
+  path = pathlib.Path(root)
+  if not (path / "SOURCES.md").is_file():
+    pytest.fail(f"{DATA_ENV}={root} is set but holds no shared data (no SOURCES.md there)")
+  return path
