@@ -1,0 +1,143 @@
+"""Training metrics: one JSON line per log call, TensorBoard scalars and a tqdm progress bar.
+
+`workdir/metrics.jsonl` holds one object per `MetricsLogger.log` call: {"step": int, <key>: value}.
+Non-finite floats (NaN, +-inf) are written as JSON null, because NaN / Infinity are not valid JSON
+and would break strict readers. A resumed run appends, so a step logged before a restart and
+re-run after it appears twice; readers that want one row per step keep the last one.
+"""
+
+import json
+import math
+from typing import Any, Mapping
+
+import numpy as np
+import tqdm
+from absl import logging
+from etils import epath
+
+from crossbert_jax.errors import UserError
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+# Progress-bar postfix label -> scalar keys that feed it, first present wins.
+POSTFIX_KEYS = {
+  "loss": ("loss", "train/loss"),
+  "tok/s": ("tokens_per_sec", "train/tokens_per_sec", "perf/tokens_per_sec"),
+}
+
+
+def _to_json_value(value: Any) -> int | float | None:
+  """A Python int (integer or bool input) or float; None for a non-finite float."""
+  # np.asarray covers Python, numpy and jax scalars and 0-d arrays alike.
+  array = np.asarray(value)
+  if array.dtype.kind in "iub":
+    return int(array)
+  out = float(array)
+  return out if math.isfinite(out) else None
+
+
+class MetricsLogger:
+  """Appends metrics to workdir/metrics.jsonl, TensorBoard and a progress bar (process 0 only)."""
+
+  def __init__(self, workdir: str, *, total_steps: int, start_step: int, enabled: bool,
+               tensorboard: bool, progress_bar: bool):
+    self._enabled = enabled
+    self._file = None
+    self._writer = None
+    self._bar = None
+    if not enabled:
+      return
+    workdir = epath.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / METRICS_FILE
+    # A run killed mid-write leaves a last line without "\n"; end it so appended lines stay whole.
+    needs_newline = False
+    if path.exists():
+      with path.open("rb") as f:
+        f.seek(0, 2)
+        if f.tell() > 0:
+          f.seek(-1, 2)
+          needs_newline = f.read(1) != b"\n"
+    self._file = path.open("a")
+    if needs_newline:
+      self._file.write("\n")
+      self._file.flush()
+    if tensorboard:
+      if "://" in str(workdir):
+        logging.warning("TensorBoard logging skipped for remote workdir %s (metrics.jsonl is still "
+                        "written); run TensorBoard on a local copy.", workdir)
+      else:
+        # Imported lazily: tensorboardX pulls in protobuf, which disabled processes never need.
+        import tensorboardX  # pylint: disable=g-import-not-at-top
+        self._writer = tensorboardX.SummaryWriter(str(workdir / TENSORBOARD_DIR), flush_secs=30)
+    if progress_bar:
+      self._bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+  def log(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Records `scalars` at `step` in metrics.jsonl, TensorBoard and the progress bar."""
+    if not self._enabled:
+      return
+    if "step" in scalars:
+      raise ValueError("scalars must not contain 'step'; it is passed separately")
+    step = int(step)
+    row = {"step": step}
+    row.update((k, _to_json_value(v)) for k, v in scalars.items())
+    self._file.write(json.dumps(row, allow_nan=False) + "\n")
+    self._file.flush()
+    if self._writer is not None:
+      for key, value in scalars.items():
+        # Keys like "train/loss" become TensorBoard tag groups; NaN is kept so it shows up there.
+        self._writer.add_scalar(key, float(np.asarray(value)), global_step=step)
+    if self._bar is not None:
+      if step > self._bar.n:
+        self._bar.update(step - self._bar.n)
+      postfix = {}
+      for label, keys in POSTFIX_KEYS.items():
+        key = next((k for k in keys if k in scalars), None)
+        if key is not None:
+          postfix[label] = f"{float(np.asarray(scalars[key])):.4g}"
+      if postfix:
+        self._bar.set_postfix(postfix, refresh=False)
+      self._bar.refresh()
+
+  def log_text(self, msg: str) -> None:
+    """Prints one line above the progress bar."""
+    if self._enabled:
+      tqdm.tqdm.write(msg)
+
+  def close(self) -> None:
+    """Flushes and closes the metrics file, TensorBoard writer and progress bar."""
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None
+
+  def __enter__(self) -> "MetricsLogger":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+
+def read_metrics(workdir: str) -> list[dict[str, Any]]:
+  """Rows of workdir/metrics.jsonl in file order (null = a non-finite value)."""
+  path = epath.Path(workdir) / METRICS_FILE
+  if not path.exists():
+    raise UserError(f"{path} does not exist: is {workdir} a training workdir?")
+  rows, bad = [], 0
+  for line in path.read_text().splitlines():
+    if not line.strip():
+      continue
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      # Only a run killed mid-write leaves such a line; the rest of the file is still good.
+      bad += 1
+  if bad:
+    logging.warning("%s: skipped %d truncated line(s)", path, bad)
+  return rows
