@@ -1,0 +1,148 @@
+"""Transformer building blocks shared by the encoder, the reconstructor and the MLM head.
+
+Shape letters: B batch, T tokens (queries), S keys/memory, D embed, H heads, K head dim,
+F mlp hidden, V vocab. Every param and activation carries logical axis names only
+(`batch, length, embed, heads, kv, mlp, vocab, layers`); `sharding.py` maps them to the mesh.
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Dtype = Any
+Array = jax.Array
+
+
+def init_normal(std: float, axes: tuple[str | None, ...]):
+  """ModernBERT's init (normal truncated at +-2 std) with logical axis names."""
+  return nn.with_logical_partitioning(
+      jax.nn.initializers.truncated_normal(stddev=std, lower=-2.0, upper=2.0), axes)
+
+
+def layer_norm(eps: float, dtype: Dtype, name: str) -> nn.LayerNorm:
+  """LayerNorm without bias (ModernBERT: norm_bias=False)."""
+  return nn.LayerNorm(epsilon=eps, use_bias=False, dtype=dtype, param_dtype=jnp.float32,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                      name=name)
+
+
+def rope_tables(positions_BxT: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
+  """cos, sin of RoPE angles, each BxTx(K/2), in float32 (HF's rotate_half convention)."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  angles_BxTxK2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
+  return jnp.cos(angles_BxTxK2), jnp.sin(angles_BxTxK2)
+
+
+def apply_rope(x_BxTxHxK: Array, cos_sin: tuple[Array, Array]) -> Array:
+  """Rotates x by the RoPE tables; the first and second halves of K form the pairs."""
+  cos, sin = (t[:, :, None, :] for t in cos_sin)
+  x1, x2 = jnp.split(x_BxTxHxK.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxTxHxK.dtype)
+
+
+def attention_mask(q_seg_BxT: Array, kv_seg_BxS: Array, q_pos_BxT: Array | None = None,
+                   kv_pos_BxS: Array | None = None, window: int | None = None) -> Array:
+  """BxTxS bool: same non-pad segment, and (if window) |q_pos - kv_pos| <= window // 2."""
+  mask = (q_seg_BxT[:, :, None] == kv_seg_BxS[:, None, :]) & (kv_seg_BxS[:, None, :] > 0)
+  if window is not None:
+    dist = jnp.abs(q_pos_BxT[:, :, None] - kv_pos_BxS[:, None, :])
+    mask &= dist <= window // 2
+  return mask
+
+
+def dot_product_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array,
+                          mask_BxTxS: Array) -> Array:
+  """Softmax attention in float32 logits; fully masked rows (pads) get uniform weights, no NaN."""
+  scale = q_BxTxHxK.shape[-1] ** -0.5
+  logits_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK * scale, k_BxSxHxK,
+                              preferred_element_type=jnp.float32)
+  logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, jnp.finfo(jnp.float32).min)
+  probs_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(v_BxSxHxK.dtype)
+  return jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS, v_BxSxHxK)
+
+
+class Dense(nn.Module):
+  """A bias-free projection contracting the last `contract` dims into a kernel of N-d `features`.
+
+  The kernel is created at its full N-d shape (e.g. embed x 3 x heads x kv), so its logical axis
+  names always match its rank.
+  """
+  features: tuple[int, ...]
+  axes: tuple[str | None, ...]
+  std: float
+  contract: int = 1
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    in_shape = x.shape[x.ndim - self.contract:]
+    kernel = self.param("kernel", init_normal(self.std, self.axes), in_shape + tuple(self.features),
+                        jnp.float32)
+    contract_x = tuple(range(x.ndim - self.contract, x.ndim))
+    return jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype),
+                         axes=(contract_x, tuple(range(self.contract))))
+
+
+class SelfAttention(nn.Module):
+  """Bidirectional self-attention: fused QKV (no bias), RoPE, output projection (no bias)."""
+  num_heads: int
+  init_std: float
+  out_std: float
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxTxD: Array, cos_sin: tuple[Array, Array], mask_BxTxT: Array) -> Array:
+    d = x_BxTxD.shape[-1]
+    k = d // self.num_heads
+    qkv_BxTx3xHxK = Dense((3, self.num_heads, k), ("embed", None, "heads", "kv"), self.init_std,
+                          dtype=self.dtype, name="Wqkv")(x_BxTxD)
+    qkv_BxTx3xHxK = nn.with_logical_constraint(qkv_BxTx3xHxK, ("batch", "length", None, "heads", "kv"))
+    q, kk, v = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+    out_BxTxHxK = dot_product_attention(apply_rope(q, cos_sin), apply_rope(kk, cos_sin), v, mask_BxTxT)
+    out_BxTxHxK = nn.with_logical_constraint(out_BxTxHxK, ("batch", "length", "heads", "kv"))
+    return Dense((d,), ("heads", "kv", "embed"), self.out_std, contract=2, dtype=self.dtype,
+                 name="Wo")(out_BxTxHxK)
+
+
+class CrossAttention(nn.Module):
+  """Queries attend to a memory of another width: Wq on queries, fused Wkv on memory, RoPE on both."""
+  num_heads: int
+  init_std: float
+  out_std: float
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxTxD: Array, mem_BxSxE: Array, q_cos_sin: tuple[Array, Array],
+               kv_cos_sin: tuple[Array, Array], mask_BxTxS: Array) -> Array:
+    d = x_BxTxD.shape[-1]
+    k = d // self.num_heads
+    q_BxTxHxK = Dense((self.num_heads, k), ("embed", "heads", "kv"), self.init_std, dtype=self.dtype,
+                      name="Wq")(x_BxTxD)
+    kv_BxSx2xHxK = Dense((2, self.num_heads, k), ("embed", None, "heads", "kv"), self.init_std,
+                         dtype=self.dtype, name="Wkv")(mem_BxSxE)
+    kv_BxSx2xHxK = nn.with_logical_constraint(kv_BxSx2xHxK, ("batch", "length", None, "heads", "kv"))
+    out_BxTxHxK = dot_product_attention(apply_rope(q_BxTxHxK, q_cos_sin),
+                                        apply_rope(kv_BxSx2xHxK[:, :, 0], kv_cos_sin),
+                                        kv_BxSx2xHxK[:, :, 1], mask_BxTxS)
+    return Dense((d,), ("heads", "kv", "embed"), self.out_std, contract=2, dtype=self.dtype,
+                 name="Wo")(out_BxTxHxK)
+
+
+class GeGLU(nn.Module):
+  """ModernBERT MLP: Wi -> (input, gate) -> gelu(input) * gate -> Wo, no biases."""
+  mlp_dim: int
+  init_std: float
+  out_std: float
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxTxD: Array) -> Array:
+    d = x_BxTxD.shape[-1]
+    h_BxTx2xF = Dense((2, self.mlp_dim), ("embed", None, "mlp"), self.init_std, dtype=self.dtype,
+                      name="Wi")(x_BxTxD)
+    h_BxTx2xF = nn.with_logical_constraint(h_BxTx2xF, ("batch", "length", None, "mlp"))
+    h_BxTxF = nn.gelu(h_BxTx2xF[:, :, 0], approximate=False) * h_BxTx2xF[:, :, 1]
+    return Dense((d,), ("mlp", "embed"), self.out_std, dtype=self.dtype, name="Wo")(h_BxTxF)

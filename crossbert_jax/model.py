@@ -1,0 +1,84 @@
+"""Top-level models: CrossBERT (encoder + reconstructor) and flat BERT (encoder + MLM head).
+
+Both take index arrays produced by `masking.py` inside the jitted step, so every shape is
+static. Params are plain pytrees: {"encoder": ..., "reconstructor": ...} or
+{"encoder": ..., "head": ...}; only "encoder" is exported. Shape letters: B batch, L length,
+T visible tokens, Q reconstructed slots, M masked slots, D embed, V vocab.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from crossbert_jax import layers
+from crossbert_jax.encoder import Encoder, EncoderSpec
+from crossbert_jax.reconstructor import Reconstructor, ReconstructorSpec
+
+Array = jax.Array
+
+
+def _token_embedding(encoder_module: nn.Module) -> Array:
+  return nn.unbox(encoder_module.variables["params"]["embeddings"]["tok_embeddings"]["embedding"])
+
+
+class CrossBert(nn.Module):
+  """Encoder on the visible tokens only; reconstructor queries at the positions to predict."""
+  encoder_spec: EncoderSpec
+  reconstructor_spec: ReconstructorSpec
+
+  @nn.compact
+  def __call__(self, tokens_BxL: Array, positions_BxL: Array, segment_ids_BxL: Array,
+               vis_idx_BxT: Array, rec_idx_BxQ: Array, rec_valid_BxQ: Array) -> Array:
+    """Returns float32 logits BxQxV for the tokens at rec_idx (rows with rec_valid False are padding)."""
+    encoder = Encoder(self.encoder_spec, name="encoder")
+    rs = self.reconstructor_spec
+    out = encoder(tokens_BxL, positions_BxL, segment_ids_BxL, vis_idx_BxT,
+                  return_all_layers=rs.feature_mixing)
+    memory = jnp.stack(out[1][:-1] + [out[0]]) if rs.feature_mixing else out
+    take = lambda a, idx: jnp.take_along_axis(a, idx, axis=1)
+    mem_pos_BxT, mem_seg_BxT = take(positions_BxL, vis_idx_BxT), take(segment_ids_BxL, vis_idx_BxT)
+    q_pos_BxQ = take(positions_BxL, rec_idx_BxQ)
+    q_seg_BxQ = jnp.where(rec_valid_BxQ, take(segment_ids_BxL, rec_idx_BxQ), 0)
+    embedding = _token_embedding(encoder) if rs.tie_head else None
+    return Reconstructor(rs, name="reconstructor")(memory, mem_pos_BxT, mem_seg_BxT, q_pos_BxQ,
+                                                   q_seg_BxQ, embedding)
+
+
+class MlmHead(nn.Module):
+  """ModernBERT's MLM head: dense -> gelu -> norm -> decoder tied to the token embedding (+ bias)."""
+  spec: EncoderSpec
+
+  @nn.compact
+  def __call__(self, x_BxMxD: Array, embedding_VxD: Array) -> Array:
+    s = self.spec
+    dt = s.compute_dtype
+    h = layers.Dense((s.embed_dim,), ("embed", "mlp"), s.init_std, dtype=dt, name="dense")(x_BxMxD)
+    h = layers.layer_norm(s.norm_eps, dt, "norm")(nn.gelu(h, approximate=False))
+    bias_V = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                        (s.vocab_size,), jnp.float32)
+    logits_BxMxV = jnp.einsum("bmd,vd->bmv", h, embedding_VxD.astype(dt)) + bias_V.astype(dt)
+    logits_BxMxV = nn.with_logical_constraint(logits_BxMxV, ("batch", "length", "vocab"))
+    return logits_BxMxV.astype(jnp.float32)
+
+
+class FlatBert(nn.Module):
+  """The flat BERT baseline: all (corrupted) tokens through the encoder, head on masked slots."""
+  encoder_spec: EncoderSpec
+
+  @nn.compact
+  def __call__(self, tokens_BxL: Array, positions_BxL: Array, segment_ids_BxL: Array,
+               mask_idx_BxM: Array) -> Array:
+    """Returns float32 logits BxMxV at the masked positions."""
+    encoder = Encoder(self.encoder_spec, name="encoder")
+    x_BxLxD = encoder(tokens_BxL, positions_BxL, segment_ids_BxL)
+    x_BxMxD = jnp.take_along_axis(x_BxLxD, mask_idx_BxM[:, :, None], axis=1)
+    return MlmHead(self.encoder_spec, name="head")(x_BxMxD, _token_embedding(encoder))
+
+
+def build_model(c: ml_collections.ConfigDict) -> nn.Module:
+  """The model for `c.objective`."""
+  enc = EncoderSpec.from_config(c.model)
+  if c.objective == "crossbert":
+    return CrossBert(enc, ReconstructorSpec.from_config(c))
+  return FlatBert(enc)

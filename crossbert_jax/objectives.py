@@ -1,0 +1,88 @@
+"""The two pretraining objectives behind one seam: `loss_fn(params, batch, key) -> (sum, stats)`.
+
+Both return the summed token cross-entropy and the counts needed to normalise it, so gradient
+accumulation over micro-batches is exact: grads of the summed loss / total target count.
+Shape letters: K views, B batch, L length, T visible slots, Q reconstruction slots, M masked slots.
+"""
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from crossbert_jax import masking
+try:
+  from crossbert_jax import tokenizer
+except ImportError:  # TEMP until tokenizer.py lands
+  class tokenizer: MASK_ID = 4; NUM_SPECIAL = 5
+from crossbert_jax.model import build_model
+
+Array = jax.Array
+Batch = dict[str, Array]
+
+
+class LossStats(NamedTuple):
+  """Summed statistics over the predicted tokens of a (micro-)batch."""
+  num_targets: Array
+  num_correct: Array
+
+
+def _token_losses(logits_BxQxV: Array, targets_BxQ: Array, weights_BxQ: Array) -> tuple[Array, LossStats]:
+  ce_BxQ = optax.softmax_cross_entropy_with_integer_labels(logits_BxQxV, targets_BxQ)
+  w_BxQ = weights_BxQ.astype(jnp.float32)
+  correct_BxQ = (jnp.argmax(logits_BxQxV, axis=-1) == targets_BxQ).astype(jnp.float32)
+  return jnp.sum(ce_BxQ * w_BxQ), LossStats(jnp.sum(w_BxQ), jnp.sum(correct_BxQ * w_BxQ))
+
+
+def make_loss_fn(c: ml_collections.ConfigDict) -> Callable[[dict, Batch, Array], tuple[Array, LossStats]]:
+  """The loss function for `c.objective` (params, batch, key) -> (summed loss, stats)."""
+  model = build_model(c)
+  mk = c.masking
+
+  def crossbert_loss(params, batch: Batch, key: Array):
+    tokens_BxL, seg_BxL, pos_BxL = batch["tokens"], batch["segment_ids"], batch["positions"]
+    masks = masking.crossbert_masks(key, seg_BxL, mk.ratio, mk.views, mk.reconstruct_ratio)
+    k = mk.views
+    # The K views run as one batch of K*B rows (view-major), sharing one encoder call.
+    tile = lambda a: jnp.concatenate([a] * k, axis=0) if k > 1 else a
+    flat = lambda a: a.reshape((-1,) + a.shape[2:])
+    tokens_KBxL = tile(tokens_BxL)
+    rec_idx_KBxQ, rec_valid_KBxQ = flat(masks.rec_idx_KxBxQ), flat(masks.rec_valid_KxBxQ)
+    logits_KBxQxV = model.apply({"params": params}, tokens_KBxL, tile(pos_BxL), tile(seg_BxL),
+                                flat(masks.vis_idx_KxBxT), rec_idx_KBxQ, rec_valid_KBxQ)
+    targets_KBxQ = jnp.take_along_axis(tokens_KBxL, rec_idx_KBxQ, axis=1)
+    return _token_losses(logits_KBxQxV, targets_KBxQ, rec_valid_KBxQ)
+
+  def mlm_loss(params, batch: Batch, key: Array):
+    tokens_BxL, seg_BxL, pos_BxL = batch["tokens"], batch["segment_ids"], batch["positions"]
+    k_mask, k_corrupt = jax.random.split(key)
+    masks = masking.mlm_masks(k_mask, seg_BxL, mk.ratio)
+    corrupted_BxL = masking.corrupt(
+        k_corrupt, tokens_BxL, masks, mask_prob=c.mlm.mask_prob, random_prob=c.mlm.random_prob,
+        mask_id=tokenizer.MASK_ID, first_regular_id=tokenizer.NUM_SPECIAL, vocab_size=c.model.vocab_size)
+    logits_BxMxV = model.apply({"params": params}, corrupted_BxL, pos_BxL, seg_BxL, masks.mask_idx_BxM)
+    targets_BxM = jnp.take_along_axis(tokens_BxL, masks.mask_idx_BxM, axis=1)
+    return _token_losses(logits_BxMxV, targets_BxM, masks.mask_valid_BxM)
+
+  return {"crossbert": crossbert_loss, "mlm": mlm_loss}[c.objective]
+
+
+def dummy_batch(batch_size: int, seq_len: int) -> Batch:
+  """A shape-only batch (one full segment per row) for init and eval_shape."""
+  ones = jnp.ones((batch_size, seq_len), jnp.int32)
+  return {"tokens": ones, "segment_ids": ones, "positions": jnp.broadcast_to(jnp.arange(seq_len), ones.shape)}
+
+
+def init_params(c: ml_collections.ConfigDict, key: Array, batch_size: int = 1):
+  """Initialises the (boxed, logically partitioned) params of `c.objective`'s model."""
+  model = build_model(c)
+  batch = dummy_batch(batch_size, c.data.seq_len)
+  if c.objective == "crossbert":
+    masks = masking.crossbert_masks(jax.random.key(0), batch["segment_ids"], c.masking.ratio,
+                                    c.masking.views, c.masking.reconstruct_ratio)
+    args = (masks.vis_idx_KxBxT[0], masks.rec_idx_KxBxQ[0], masks.rec_valid_KxBxQ[0])
+  else:
+    args = (masking.mlm_masks(jax.random.key(0), batch["segment_ids"], c.masking.ratio).mask_idx_BxM,)
+  return model.init(key, batch["tokens"], batch["positions"], batch["segment_ids"], *args)["params"]

@@ -1,0 +1,95 @@
+"""The one place where logical axis names meet the device mesh.
+
+Mesh axes: ("data", "fsdp", "tensor"). Model code names only logical axes; DEFAULT_RULES (and
+`config.mesh.rules` overrides, which take precedence) map them. Rules are applied in order and
+a mesh axis is used at most once per array, so activations ("batch", ..., "embed") shard batch
+over data x fsdp while params ("vocab"/"embed"/"mlp"/"heads") shard over fsdp and tensor.
+"""
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from crossbert_jax.errors import UserError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", BATCH_AXES),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("embed", "fsdp"),
+    ("kv", None),
+    ("length", None),
+    ("layers", None),
+)
+
+
+def logical_rules(mesh_cfg: ml_collections.ConfigDict) -> tuple[tuple[str, Any], ...]:
+  """DEFAULT_RULES with `mesh.rules` overrides placed first (earlier rules win)."""
+  overrides = tuple((str(name), tuple(axes) if isinstance(axes, (list, tuple)) else axes)
+                    for name, axes in mesh_cfg.rules)
+  for _, axes in overrides:
+    for a in (axes if isinstance(axes, tuple) else (axes,)):
+      if a is not None and a not in MESH_AXES:
+        raise UserError(f"config mesh.rules: unknown mesh axis {a!r}; use one of {MESH_AXES} or None")
+  return overrides + DEFAULT_RULES
+
+
+def mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
+  """Resolves the single -1 entry; raises UserError if the product is not the device count."""
+  sizes = [mesh_cfg[a] for a in MESH_AXES]
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % known:
+      raise UserError(f"config mesh: data*fsdp*tensor (without the -1 entry) = {known} does not divide "
+                      f"the {num_devices} devices; set mesh.data/fsdp/tensor so their product is {num_devices}")
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
+    raise UserError(f"config mesh: data*fsdp*tensor = {math.prod(sizes)} but there are {num_devices} devices; "
+                    f"make the product {num_devices} or set one of them to -1")
+  return tuple(sizes)
+
+
+def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices=None) -> Mesh:
+  """A ("data", "fsdp", "tensor") mesh over `devices` (default: all), Auto axis types."""
+  devices = jax.devices() if devices is None else list(devices)
+  shape = mesh_shape(mesh_cfg, len(devices))
+  if len(devices) == len(jax.devices()):
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def logical_to_sharding(logical_tree, mesh: Mesh, rules) -> Any:
+  """NamedShardings for a pytree of logical PartitionSpecs (from nn.get_partition_spec)."""
+  return nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Batch rows over data x fsdp, the rest replicated."""
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+
+
+def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Builds the global batch from this process's slice (multi-host safe)."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
+
+
+def check_batch_divisible(batch_size: int, grad_accum: int, mesh: Mesh) -> None:
+  """The micro-batch must split evenly over the batch axes and over processes."""
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  micro = batch_size // grad_accum
+  if micro % shards:
+    raise UserError(f"config train.batch_size: the micro-batch {micro} (batch_size / grad_accum) must be "
+                    f"divisible by mesh data*fsdp = {shards}")
+  if batch_size % jax.process_count():
+    raise UserError(f"config train.batch_size: {batch_size} must be divisible by the "
+                    f"{jax.process_count()} processes")
