@@ -1,0 +1,120 @@
+"""Tokenizer: fixed special ids in the proto, English round trip, CLI, foreign models refused."""
+
+import io
+import sys
+
+import pytest
+import sentencepiece as spm
+
+from crossbert_jax import corpus
+from crossbert_jax import tokenizer as tokenizer_lib
+from crossbert_jax.errors import UserError
+
+# A few stdlib files' docstrings: real English, harvested in well under a second.
+_STDLIB_FILES = ("argparse.py", "os.py", "subprocess.py", "threading.py", "pathlib.py",
+                 "logging/__init__.py", "collections/__init__.py", "json/__init__.py")
+
+
+def english_documents() -> list[str]:
+  """Prose from a handful of stdlib docstrings (small, deterministic)."""
+  import sysconfig  # pylint: disable=g-import-not-at-top
+
+  root = sysconfig.get_paths()["stdlib"]
+  return ["\n".join(paras) for f in _STDLIB_FILES
+          for paras in corpus._file_paragraphs(f"{root}/{f}")]  # pylint: disable=protected-access
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+  out = tmp_path_factory.mktemp("tok") / "tok.model"
+  return tokenizer_lib.train_tokenizer(english_documents(), 400, out, num_threads=1)
+
+
+def test_special_ids_are_fixed_and_recorded_in_the_proto(model_path):
+  tok = tokenizer_lib.Tokenizer.load(model_path)
+  assert tok.vocab_size <= 400
+  # A plain SentencePieceProcessor (no help from our class) sees the same ids.
+  sp = spm.SentencePieceProcessor(model_proto=tok.serialized_proto)
+  assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (0, 1, 2, 3)
+  assert [sp.id_to_piece(i) for i in range(5)] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  assert sp.piece_to_id("[MASK]") == tokenizer_lib.MASK_ID
+  ids = tok.encode("The parser reads the [MASK] arguments.")
+  assert tokenizer_lib.MASK_ID in ids  # A user-defined symbol is matched as one piece.
+  assert not {tokenizer_lib.CLS_ID, tokenizer_lib.SEP_ID, tokenizer_lib.PAD_ID} & set(ids)
+
+
+def test_round_trip_on_english(model_path):
+  tok = tokenizer_lib.Tokenizer.load(model_path)
+  texts = ["Return the path of the current working directory.",
+           "Unicode works too: naïve café, 42 options — done!"]
+  for text, ids in zip(texts, tok.encode_batch(texts)):
+    assert ids == tok.encode(text)
+    assert tok.decode(ids) == text
+    assert all(tokenizer_lib.NUM_SPECIAL <= i < tok.vocab_size for i in ids)
+
+
+def test_training_is_deterministic(model_path, tmp_path):
+  again = tokenizer_lib.train_tokenizer(english_documents(), 400, tmp_path / "again.model",
+                                        num_threads=1)
+  assert again.read_bytes() == model_path.read_bytes()
+
+
+def test_pickles_through_its_proto(model_path):
+  import pickle  # pylint: disable=g-import-not-at-top
+
+  tok = tokenizer_lib.Tokenizer.load(model_path)
+  clone = pickle.loads(pickle.dumps(tok))
+  assert clone.encode("Open a file.") == tok.encode("Open a file.")
+
+
+def test_cli_end_to_end(tmp_path, capsys):
+  (tmp_path / "a.txt").write_text("\n\n".join(english_documents()[:150]))
+  (tmp_path / "b.jsonl").write_text('{"text": "A second file in another format."}\n')
+  out = tmp_path / "out" / "cli.model"
+  argv = ["tokenizer", f"--input={tmp_path}/a.txt,{tmp_path}/b.jsonl", "--vocab_size=320",
+          f"--output={out}", "--model_type=bpe", "--text_unit=paragraph", "--max_documents=100"]
+  tokenizer_lib.flags.FLAGS(argv)
+  try:
+    tokenizer_lib.main(argv[:1])
+  finally:
+    tokenizer_lib.flags.FLAGS.unparse_flags()
+    tokenizer_lib.flags.FLAGS.mark_as_parsed()
+  assert str(out) in capsys.readouterr().out
+  tok = tokenizer_lib.Tokenizer.load(out)
+  assert tok.decode(tok.encode("Read the file.")) == "Read the file."
+
+
+def test_cli_reports_user_errors_in_one_line(tmp_path, monkeypatch, capsys):
+  monkeypatch.setattr(sys, "argv", ["tokenizer"])
+  wrapped = tokenizer_lib.exit_on_user_error(tokenizer_lib.main)
+  tokenizer_lib.flags.FLAGS(["tokenizer", f"--input={tmp_path}/missing.txt", "--vocab_size=300",
+                             f"--output={tmp_path}/x.model"])
+  try:
+    with pytest.raises(SystemExit) as e:
+      wrapped(["tokenizer"])
+  finally:
+    tokenizer_lib.flags.FLAGS.unparse_flags()
+    tokenizer_lib.flags.FLAGS.mark_as_parsed()
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "missing.txt" in err and "Traceback" not in err
+
+
+def test_foreign_model_is_refused(tmp_path):
+  buf = io.BytesIO()
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(english_documents()), model_writer=buf,
+                                 vocab_size=300, minloglevel=2, num_threads=1)
+  path = tmp_path / "foreign.model"
+  path.write_bytes(buf.getvalue())  # Default ids: unk=0, bos=1, eos=2, no pad, no [MASK].
+  with pytest.raises(UserError, match="python -m crossbert_jax.tokenizer"):
+    tokenizer_lib.Tokenizer.load(path)
+
+
+def test_missing_or_bad_files(tmp_path):
+  with pytest.raises(UserError, match="nope.model"):
+    tokenizer_lib.Tokenizer.load(tmp_path / "nope.model")
+  (tmp_path / "junk.model").write_bytes(b"not a proto")
+  with pytest.raises(UserError, match="junk.model"):
+    tokenizer_lib.Tokenizer.load(tmp_path / "junk.model")
+  with pytest.raises(UserError, match="vocab_size"):
+    tokenizer_lib.train_tokenizer(["Some text here."], 100, tmp_path / "small.model")
