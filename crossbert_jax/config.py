@@ -88,6 +88,7 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.steps = steps
   c.train.batch_size = batch  # Global batch (sequences), split across processes and the batch mesh axes.
+  c.train.stop_at_step = 0  # Checkpoint and stop after this step, schedule unchanged (0: run to steps).
   c.train.grad_accum = 1  # Micro-batches per step; batch_size must divide evenly.
   c.train.seed = 0  # Params init and the masking base key.
   c.train.learning_rate = lr
@@ -190,6 +191,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   t = c.train
   if t.steps < 1:
     raise _err("train.steps", f"must be >= 1, got {t.steps}")
+  if t.stop_at_step < 0:
+    raise _err("train.stop_at_step", f"must be >= 0 (0 = run to train.steps), got {t.stop_at_step}")
   if t.batch_size < 1:
     raise _err("train.batch_size", f"must be >= 1, got {t.batch_size}")
   if t.grad_accum < 1 or t.batch_size % t.grad_accum:

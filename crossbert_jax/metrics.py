@@ -21,8 +21,9 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 # Progress-bar postfix label -> scalar keys that feed it, first present wins.
 POSTFIX_KEYS = {
-  "loss": ("loss", "train/loss"),
-  "tok/s": ("tokens_per_sec", "train/tokens_per_sec", "perf/tokens_per_sec"),
+  "loss": ("loss",),
+  "acc": ("accuracy",),
+  "tok/s": ("tokens_per_second",),
 }
 
 

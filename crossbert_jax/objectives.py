@@ -12,11 +12,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from crossbert_jax import masking
-try:
-  from crossbert_jax import tokenizer
-except ImportError:  # TEMP until tokenizer.py lands
-  class tokenizer: MASK_ID = 4; NUM_SPECIAL = 5
+from crossbert_jax import masking, tokenizer
 from crossbert_jax.model import build_model
 
 Array = jax.Array

@@ -1,0 +1,79 @@
+"""Orbax checkpoints holding the train state, the Grain iterator and the config, together.
+
+Saves are async (the device->host copy finishes before `save` returns, so the donated state can
+be reused at once); `keep` most recent are retained. Paths go through epath, so gs:// works.
+"""
+
+from typing import Any
+
+import grain
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from etils import epath
+
+from crossbert_jax.errors import UserError
+
+# Keys whose change makes an old checkpoint unusable for a run (shapes or semantics differ).
+_MODEL_KEYS = ("objective", "model", "reconstructor")
+
+
+class Checkpointer:
+  """Save/restore of {state, data iterator, config} under `workdir/checkpoints`."""
+
+  def __init__(self, workdir: str | epath.Path, ckpt_cfg: ml_collections.ConfigDict):
+    self.directory = epath.Path(workdir) / "checkpoints"
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=ckpt_cfg.keep, create=True, enable_async_checkpointing=ckpt_cfg.async_save)
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def save(self, step: int, state: Any, data_iter: Any, config: ml_collections.ConfigDict) -> None:
+    """Saves (asynchronously) unless `step` is already saved."""
+    if step in self._manager.all_steps():
+      return
+    args = {"state": ocp.args.StandardSave(state), "config": ocp.args.JsonSave(config.to_dict())}
+    if data_iter is not None:
+      args["data"] = grain.checkpoint.CheckpointSave(data_iter)
+    self._manager.save(step, args=ocp.args.Composite(**args), force=True)
+
+  def saved_config(self, step: int) -> dict:
+    """The config stored with `step`."""
+    out = self._manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
+    return out["config"]
+
+  def check_compatible(self, step: int, config: ml_collections.ConfigDict) -> None:
+    """UserError if the checkpoint at `step` was made for another model than `config`'s."""
+    saved, now = self.saved_config(step), config.to_dict()
+    for top in _MODEL_KEYS:
+      a, b = saved.get(top), now[top]
+      if isinstance(b, dict):
+        for k in sorted(b):
+          if a is None or a.get(k) != b[k]:
+            raise UserError(
+                f"--workdir {self.directory.parent} holds a checkpoint (step {step}) with {top}.{k}="
+                f"{None if a is None else a.get(k)!r}, but the config says {b[k]!r}; use a new --workdir "
+                f"or the checkpoint's config")
+      elif a != b:
+        raise UserError(f"--workdir {self.directory.parent} holds a checkpoint (step {step}) with "
+                        f"{top}={a!r}, but the config says {b!r}; use a new --workdir")
+
+  def restore(self, step: int, abstract_state: Any, shardings: Any, data_iter: Any) -> Any:
+    """Restores the state into `shardings` and the iterator in place; returns the state."""
+    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          abstract_state, shardings)
+    args = {"state": ocp.args.StandardRestore(target)}
+    if data_iter is not None:
+      args["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+    return self._manager.restore(step, args=ocp.args.Composite(**args))["state"]
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.close()
