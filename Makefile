@@ -1,0 +1,33 @@
+# Fresh-machine entry points. Each target sets up .venv with the pinned stack when needed.
+#   make demo   tokenizer on the built-in corpus, then a tiny CrossBERT pretraining run
+#   make test   the test suite (CROSSBERT_DATA defaults to ../shared/data)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RUN ?= runs/demo
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test bench clean
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	rm -rf $(RUN)
+	$(PY) -m crossbert_jax.tokenizer --input=builtin --vocab_size=1024 --output=$(RUN)/tokenizer/spm.model
+	$(PY) -m crossbert_jax.train --config=configs/crossbert.py:tiny --workdir=$(RUN)/crossbert \
+	    --config.data.tokenizer=$(RUN)/tokenizer/spm.model
+
+test: setup
+	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m crossbert_jax.bench --config=configs/crossbert.py:small --out=bench_results.json
+
+clean:
+	rm -rf runs bench_results.json
