@@ -1,0 +1,367 @@
+r"""Train-step throughput: flat BERT vs CrossBERT at one encoder size, on one device.
+
+Usage:
+  python -m crossbert_jax.bench --config=configs/crossbert.py:small --out=/tmp/bench_256.json
+  python -m crossbert_jax.bench --config=configs/crossbert.py:small --config.data.seq_len=512 \
+      --out=/tmp/bench_512.json
+
+In one process it times the real `step.make_train_step` (state donated, mesh over one device,
+random token ids, full rows) for six cases that share the config's encoder, batch and length:
+BERT r=0.15 (the reference), BERT r=0.30, CrossBERT r=0.5 K=1, r=0.5 K=2, r=0.75 K=1, and
+r=0.5 K=1 with a half-width reconstructor (embed_dim and mlp_dim halved, heads kept, so the
+head dim halves and stays even). It also times one large jitted float32 matmul as the
+device's practical FLOP/s ceiling, prints a table with PASS/MISS for the throughput targets
+and writes every number to JSON. Timings are medians of `--steps` steps after `--warmup`
+untimed ones, each step blocked with `jax.block_until_ready`; compile time is the
+`lower().compile()` of the step, timed separately.
+"""
+
+import datetime
+import os
+import platform
+import statistics
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags
+from etils import epath
+from ml_collections import config_flags
+
+from crossbert_jax import config as config_lib
+from crossbert_jax import flops, optimizer, sharding, step
+from crossbert_jax.errors import UserError, exit_on_user_error
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/crossbert.py:small.",
+                                          lock_config=True)
+_OUT = flags.DEFINE_string("out", "bench_results.json", "Where to write the JSON results (any epath).")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Sequence length override (0: the config's data.seq_len).")
+_STEPS = flags.DEFINE_integer("steps", 5, "Timed steps per case.")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps per case after compilation.")
+_MATMUL = flags.DEFINE_integer("matmul_size", 2048, "N of the N x N @ N x N float32 reference matmul.")
+_MATMUL_REPEATS = flags.DEFINE_integer("matmul_repeats", 10, "Timed runs of the reference matmul.")
+_CASES = flags.DEFINE_list("cases", [], "Subset of case names to run (default: all). The reference "
+                           "case bert_r0.15 is always run.")
+
+REFERENCE = "bert_r0.15"
+# Targets (medians, float32): CrossBERT r=0.5 K=1 sequences/s over BERT r=0.15 (by seq_len),
+# K=2 cost per sequence over BERT r=0.15, and achieved FLOP/s over the reference matmul's.
+SPEEDUP_TARGET = {256: 1.8, 512: 2.0}
+K2_COST_TARGET = 1.15
+MATMUL_FRACTION_TARGET = 0.75
+
+
+def _set_crossbert(ratio: float, views: int, half_reconstructor: bool = False):
+  def edit(c: ml_collections.ConfigDict) -> None:
+    c.objective = "crossbert"
+    c.masking.ratio = ratio
+    c.masking.views = views
+    c.masking.reconstruct_ratio = 1.0
+    if half_reconstructor:
+      # Half width and half MLP; heads kept, so the head dim halves (must stay even for RoPE).
+      c.reconstructor.embed_dim = c.model.embed_dim // 2
+      c.reconstructor.mlp_dim = c.model.mlp_dim // 2
+      c.reconstructor.num_heads = c.model.num_heads
+      c.reconstructor.tie_head = False
+  return edit
+
+
+def _set_mlm(ratio: float):
+  def edit(c: ml_collections.ConfigDict) -> None:
+    c.objective = "mlm"
+    c.masking.ratio = ratio
+    c.masking.views = 1
+    c.masking.reconstruct_ratio = 1.0
+  return edit
+
+
+# (name, description, config edit). The first is the reference for every ratio.
+CASES: tuple[tuple[str, str, Callable[[ml_collections.ConfigDict], None]], ...] = (
+    ("bert_r0.15", "BERT r=0.15", _set_mlm(0.15)),
+    ("bert_r0.30", "BERT r=0.30", _set_mlm(0.30)),
+    ("cb_r0.5_k1", "CrossBERT r=0.5 K=1", _set_crossbert(0.5, 1)),
+    ("cb_r0.5_k2", "CrossBERT r=0.5 K=2", _set_crossbert(0.5, 2)),
+    ("cb_r0.75_k1", "CrossBERT r=0.75 K=1", _set_crossbert(0.75, 1)),
+    ("cb_r0.5_k1_half", "CrossBERT r=0.5 K=1 rec d/2", _set_crossbert(0.5, 1, half_reconstructor=True)),
+)
+
+
+def case_config(base: ml_collections.ConfigDict, edit: Callable[[ml_collections.ConfigDict], None],
+                seq_len: int) -> ml_collections.ConfigDict:
+  """A validated, locked copy of `base` with the case's objective/masking keys and one-device mesh."""
+  c = ml_collections.ConfigDict(base.to_dict())
+  edit(c)
+  if seq_len:
+    c.data.seq_len = seq_len
+  c.model.dtype = "float32"
+  c.train.grad_accum = 1
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
+  config_lib.validate(c)
+  c.lock()
+  return c
+
+
+def random_batch(c: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
+  """Random token ids in [5, vocab), one full segment per row, positions 0..L-1."""
+  b, seq_len = c.train.batch_size, c.data.seq_len
+  rng = np.random.default_rng(seed)
+  return {
+      "tokens": rng.integers(5, c.model.vocab_size, (b, seq_len)).astype(np.int32),
+      "segment_ids": np.ones((b, seq_len), np.int32),
+      "positions": np.tile(np.arange(seq_len, dtype=np.int32), (b, 1)),
+  }
+
+
+def time_matmul(n: int, repeats: int) -> dict[str, float]:
+  """Median/min seconds and TFLOP/s of a jitted float32 N x N @ N x N on the default device."""
+  ka, kb = jax.random.split(jax.random.key(0))
+  a = jax.random.normal(ka, (n, n), jnp.float32)
+  b = jax.random.normal(kb, (n, n), jnp.float32)
+  matmul = jax.jit(jnp.matmul)
+  jax.block_until_ready(matmul(a, b))
+  jax.block_until_ready(matmul(a, b))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(matmul(a, b))
+    times.append(time.perf_counter() - t0)
+  med = statistics.median(times)
+  return {"n": n, "flops": 2.0 * n ** 3, "median_s": med, "min_s": min(times),
+          "tflops_median": 2.0 * n ** 3 / med / 1e12, "tflops_max": 2.0 * n ** 3 / min(times) / 1e12}
+
+
+def time_case(c: ml_collections.ConfigDict, steps: int, warmup: int) -> dict[str, Any]:
+  """Compile time and per-step times of the real train step for config `c`."""
+  device = jax.devices()[0]
+  mesh = sharding.make_mesh(c.mesh, devices=[device])
+  rules = sharding.logical_rules(c.mesh)
+  tx = optimizer.make_optimizer(c.train)
+  _, shardings = step.state_shardings(c, tx, mesh, rules)
+  state = step.init_state(c, tx, mesh, rules, shardings)
+  train_step = step.make_train_step(c, tx, mesh, rules, shardings)
+  batch = sharding.global_batch(random_batch(c), mesh)
+  jax.block_until_ready((state, batch))
+
+  t0 = time.perf_counter()
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    compiled = train_step.jitted.lower(state, batch).compile()
+  compile_s = time.perf_counter() - t0
+
+  def one_step(state):
+    t0 = time.perf_counter()
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+    return state, metrics, time.perf_counter() - t0
+
+  state, metrics, first_s = one_step(state)
+  for _ in range(warmup):
+    state, metrics, _ = one_step(state)
+  times = []
+  for _ in range(steps):
+    state, metrics, dt = one_step(state)
+    times.append(dt)
+  loss = float(metrics["loss"])
+  if not np.isfinite(loss):
+    raise RuntimeError(f"non-finite loss {loss} in the benchmark step")
+  del state
+  return {"compile_s": compile_s, "first_step_s": first_s, "step_times_s": times,
+          "median_s": statistics.median(times), "min_s": min(times), "loss": loss,
+          "num_targets": float(metrics["num_targets"])}
+
+
+def case_summary(c: ml_collections.ConfigDict, timing: dict[str, Any]) -> dict[str, Any]:
+  """Throughput and analytic FLOP numbers of one case from its timing."""
+  b, seq_len = c.train.batch_size, c.data.seq_len
+  med, best = timing["median_s"], timing["min_s"]
+  flops_step = flops.train_flops_per_step(c)
+  if c.objective == "crossbert":
+    views, visible, slots = flops.crossbert_shapes(c)
+  else:
+    views, visible, slots = 1, seq_len, round(c.masking.ratio * seq_len)
+  return {
+      **timing,
+      "objective": c.objective, "ratio": c.masking.ratio, "views": views,
+      "encoder_tokens_per_view": visible, "predicted_slots_per_view": slots,
+      "reconstructor_embed_dim": c.reconstructor.embed_dim if c.objective == "crossbert" else None,
+      "reconstructor_mlp_dim": c.reconstructor.mlp_dim if c.objective == "crossbert" else None,
+      "reconstructor_num_heads": c.reconstructor.num_heads if c.objective == "crossbert" else None,
+      "steps_per_s": 1.0 / med, "sequences_per_s": b / med, "tokens_per_s": b * seq_len / med,
+      "sequences_per_s_best": b / best,
+      "train_flops_per_step": flops_step,
+      "forward_flops_per_sequence": flops.forward_flops_breakdown(c),
+      "achieved_tflops": flops.achieved_tflops_per_device(flops_step, med, 1),
+      "achieved_tflops_best": flops.achieved_tflops_per_device(flops_step, best, 1),
+  }
+
+
+def _status(ok: bool) -> str:
+  return "PASS" if ok else "MISS"
+
+
+def evaluate(results: dict[str, dict[str, Any]], matmul: dict[str, float], seq_len: int) -> list[dict]:
+  """Adds ratios to every case (in place) and returns the target checks."""
+  ref = results[REFERENCE]
+  for r in results.values():
+    r["seq_per_s_ratio_vs_bert"] = r["sequences_per_s"] / ref["sequences_per_s"]
+    r["cost_per_sequence_vs_bert"] = r["median_s"] / ref["median_s"]
+    # What the ratio would be if every case ran at the same FLOP/s: the FLOP-count bound.
+    r["analytic_seq_per_s_ratio_vs_bert"] = ref["train_flops_per_step"] / r["train_flops_per_step"]
+    r["fraction_of_matmul"] = r["achieved_tflops"] / matmul["tflops_median"]
+  checks = []
+  if "cb_r0.5_k1" in results:
+    target = SPEEDUP_TARGET.get(seq_len, SPEEDUP_TARGET[512] if seq_len > 512 else SPEEDUP_TARGET[256])
+    got = results["cb_r0.5_k1"]["seq_per_s_ratio_vs_bert"]
+    checks.append({"target": f"CrossBERT r=0.5 K=1 sequences/s >= {target}x BERT r=0.15 (L={seq_len})",
+                   "value": got, "threshold": target, "pass": got >= target})
+  if "cb_r0.5_k2" in results:
+    got = results["cb_r0.5_k2"]["cost_per_sequence_vs_bert"]
+    checks.append({"target": f"CrossBERT r=0.5 K=2 cost per sequence <= {K2_COST_TARGET}x BERT r=0.15",
+                   "value": got, "threshold": K2_COST_TARGET, "pass": got <= K2_COST_TARGET})
+  for name, r in results.items():
+    got = r["fraction_of_matmul"]
+    checks.append({"target": f"{name}: achieved FLOP/s >= {MATMUL_FRACTION_TARGET:.0%} of the matmul's",
+                   "value": got, "threshold": MATMUL_FRACTION_TARGET, "pass": got >= MATMUL_FRACTION_TARGET})
+  return checks
+
+
+def format_table(results: dict[str, dict[str, Any]], descriptions: dict[str, str]) -> str:
+  """A plain, aligned text table of every case."""
+  header = ("case", "enc tok", "compile s", "median ms", "min ms", "steps/s", "seq/s", "tok/s",
+            "GFLOP/step", "TFLOP/s", "% matmul", "seq/s vs BERT", "FLOP bound")
+  rows = [header]
+  for name, r in results.items():
+    enc = f"{r['views']}x{r['encoder_tokens_per_view']}"
+    rows.append((descriptions[name], enc, f"{r['compile_s']:.1f}", f"{1e3 * r['median_s']:.0f}",
+                 f"{1e3 * r['min_s']:.0f}", f"{r['steps_per_s']:.3f}", f"{r['sequences_per_s']:.2f}",
+                 f"{r['tokens_per_s']:.0f}", f"{r['train_flops_per_step'] / 1e9:.0f}",
+                 f"{r['achieved_tflops']:.4f}", f"{100 * r['fraction_of_matmul']:.0f}%",
+                 f"{r['seq_per_s_ratio_vs_bert']:.2f}x", f"{r['analytic_seq_per_s_ratio_vs_bert']:.2f}x"))
+  widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+  lines = []
+  for j, row in enumerate(rows):
+    cells = [row[0].ljust(widths[0])] + [cell.rjust(w) for cell, w in zip(row[1:], widths[1:])]
+    lines.append("  ".join(cells))
+    if j == 0:
+      lines.append("  ".join("-" * w for w in widths))
+  return "\n".join(lines)
+
+
+def _cpu_model() -> str:
+  try:
+    for line in epath.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown"
+
+
+def run(base: ml_collections.ConfigDict, *, seq_len: int, steps: int, warmup: int, out: str,
+        case_names: list[str], matmul_size: int, matmul_repeats: int) -> dict[str, Any]:
+  """Runs every case and the reference matmul; prints the table and writes JSON to `out`."""
+  if steps < 1 or warmup < 0:
+    raise UserError(f"--steps must be >= 1 and --warmup >= 0, got steps={steps} warmup={warmup}")
+  known = [name for name, _, _ in CASES]
+  unknown = [n for n in case_names if n not in known]
+  if unknown:
+    raise UserError(f"--cases: unknown {unknown}; use names from {known}")
+  selected = [case for case in CASES if not case_names or case[0] in case_names or case[0] == REFERENCE]
+  configs = {name: case_config(base, edit, seq_len) for name, _, edit in selected}
+  descriptions = {name: desc for name, desc, _ in selected}
+  length = configs[REFERENCE].data.seq_len
+  load_start = os.getloadavg()
+  started = datetime.datetime.now(datetime.timezone.utc)
+
+  matmul = time_matmul(matmul_size, matmul_repeats)
+  print(f"matmul {matmul_size}^3 float32: {1e3 * matmul['median_s']:.1f} ms median, "
+        f"{matmul['tflops_median']:.4f} TFLOP/s", flush=True)
+  results = {}
+  for name, c in configs.items():
+    timing = time_case(c, steps, warmup)
+    results[name] = case_summary(c, timing)
+    print(f"{descriptions[name]}: compile {timing['compile_s']:.1f} s, median step "
+          f"{1e3 * timing['median_s']:.0f} ms", flush=True)
+  matmul_end = time_matmul(matmul_size, matmul_repeats)
+  load_end = os.getloadavg()
+
+  checks = evaluate(results, matmul, length)
+  c0 = configs[REFERENCE]
+  print()
+  print(f"L={length} batch={c0.train.batch_size} d={c0.model.embed_dim} heads={c0.model.num_heads} "
+        f"layers={c0.model.num_layers} rec_layers={c0.reconstructor.num_layers} vocab={c0.model.vocab_size} "
+        f"float32, {steps} timed steps after {warmup} warmup; {jax.devices()[0].device_kind} "
+        f"({os.cpu_count()} CPUs), load avg {load_start[0]:.2f} -> {load_end[0]:.2f}")
+  print(format_table(results, descriptions))
+  print(f"reference matmul {matmul_size}^3: {matmul['tflops_median']:.4f} TFLOP/s at start, "
+        f"{matmul_end['tflops_median']:.4f} at end")
+  if "cb_r0.5_k2" in results:
+    print(f"CrossBERT r=0.5 K=2 cost per sequence vs BERT r=0.15: "
+          f"{results['cb_r0.5_k2']['cost_per_sequence_vs_bert']:.2f}x")
+  for check in checks:
+    print(f"{_status(check['pass'])}  {check['target']}: {check['value']:.2f}")
+
+  report = {
+      "date": started.isoformat(timespec="seconds"),
+      "jax_version": jax.__version__,
+      "device_kind": jax.devices()[0].device_kind,
+      "platform": jax.devices()[0].platform,
+      "cpu_model": _cpu_model(),
+      "cpu_count": os.cpu_count(),
+      "load_avg_start": list(load_start),
+      "load_avg_end": list(load_end),
+      "seq_len": length,
+      "steps": steps,
+      "warmup": warmup,
+      "matmul": matmul,
+      "matmul_end": matmul_end,
+      "cases": results,
+      "checks": checks,
+      "configs": {name: c.to_dict() for name, c in configs.items()},
+  }
+  path = epath.Path(out)
+  if str(path.parent) not in ("", "."):
+    path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(_dumps(report))
+  print(f"wrote {path}")
+  return report
+
+
+def _dumps(obj: Any) -> str:
+  import json
+
+  def default(x):
+    if isinstance(x, (np.generic,)):
+      return x.item()
+    if isinstance(x, (tuple, set)):
+      return list(x)
+    return str(x)
+
+  def clean(x):
+    if isinstance(x, float) and not np.isfinite(x):
+      return None
+    if isinstance(x, dict):
+      return {str(k): clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+      return [clean(v) for v in x]
+    return x
+
+  return json.dumps(clean(obj), indent=1, default=default)
+
+
+@exit_on_user_error
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
+  if _CONFIG.value is None:
+    raise UserError("--config is required, e.g. --config=configs/crossbert.py:small")
+  config_lib.validate(_CONFIG.value)
+  run(_CONFIG.value, seq_len=_SEQ_LEN.value, steps=_STEPS.value, warmup=_WARMUP.value, out=_OUT.value,
+      case_names=_CASES.value, matmul_size=_MATMUL.value, matmul_repeats=_MATMUL_REPEATS.value)
+
+
+if __name__ == "__main__":
+  app.run(main)
