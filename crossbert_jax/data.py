@@ -67,10 +67,10 @@ def resolve_paths(spec: str) -> list[epath.Path]:
       elif path.is_file():
         files = [path]
       else:
-        raise UserError(f"data path {entry!r} does not exist: fix data.path (file, directory, "
+        raise UserError(f"data path {entry!r} does not exist: fix data.path / --input (a file, directory, "
                         "glob or comma-separated list)")
     if not files:
-      raise UserError(f"data path {entry!r} matches no files: fix data.path (file, directory, "
+      raise UserError(f"data path {entry!r} matches no files: fix data.path / --input (a file, directory, "
                       "glob or comma-separated list)")
     out.extend(f for f in files if f not in out)
   if not out:
@@ -99,7 +99,7 @@ def file_format(path: epath.Path, fmt: str = "auto") -> str:
       raise UserError(f"data.format={fmt!r}: use auto, {', '.join(FORMATS)}")
     return fmt
   name = path.name
-  ext = os.path.splitext(name[:-3] if name.endswith(".gz") else name)[1].lower()
+  ext = os.path.splitext(name)[1].lower()
   if ext not in _EXTENSIONS:
     raise UserError(f"{path}: unknown extension {ext!r}; set data.format to one of {FORMATS} "
                     f"or rename it ({', '.join(e for e in _EXTENSIONS if e)})")

@@ -8,6 +8,7 @@ the first user-defined symbol), so any model this module trains loads with exact
 
 from collections.abc import Iterable, Iterator, Sequence
 import io
+import itertools
 import os
 import re
 
@@ -162,36 +163,50 @@ class Tokenizer:
     return self._sp.decode([int(i) for i in ids])
 
 
-_INPUT = flags.DEFINE_string("input", None, "'builtin', or file / dir / glob, comma-separated.")
-_VOCAB = flags.DEFINE_integer("vocab_size", None, "Vocabulary size, specials included.")
-_OUTPUT = flags.DEFINE_string("output", None, "Where to write the .model file (gs:// works).")
-_MODEL_TYPE = flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"], "SentencePiece model.")
-_FORMAT = flags.DEFINE_enum("format", "auto", ["auto", "text", "jsonl", "parquet", "arrayrecord"],
-                            "Input format; auto picks by file extension.")
-_TEXT_FIELD = flags.DEFINE_string("text_field", "text", "Field with the text (jsonl/parquet/arrayrecord).")
-_TEXT_UNIT = flags.DEFINE_enum("text_unit", "paragraph", ["line", "paragraph", "file"],
-                               "How plain-text files split into documents.")
-_MAX_DOCS = flags.DEFINE_integer("max_documents", 0, "Use at most this many documents (0: all).")
+def _define_flags() -> None:
+  """Defines the CLI flags (only when run as a program, so importers get no stray flags)."""
+  if "vocab_size" in flags.FLAGS:
+    return
+  flags.DEFINE_string("input", None, "'builtin', or file / dir / glob, comma-separated.")
+  flags.DEFINE_integer("vocab_size", None, "Vocabulary size, specials included.")
+  flags.DEFINE_string("output", None, "Where to write the .model file (gs:// works).")
+  flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"], "SentencePiece model type.")
+  flags.DEFINE_enum("format", "auto", ["auto", "text", "jsonl", "parquet", "arrayrecord"],
+                    "Input format; auto picks by file extension.")
+  flags.DEFINE_string("text_field", "text", "Field with the text (jsonl/parquet/arrayrecord).")
+  flags.DEFINE_enum("text_unit", "paragraph", ["line", "paragraph", "file"],
+                    "How plain-text files split into documents.")
+  flags.DEFINE_integer("max_documents", 0, "Use at most this many documents (0: all).")
 
 
 def main(argv: Sequence[str]) -> None:
-  """CLI: trains a tokenizer from --input and prints the output path and vocab size."""
+  """CLI body: trains a tokenizer from --input and prints the output path and vocab size."""
   from crossbert_jax import data  # pylint: disable=g-import-not-at-top  (data imports us)
 
+  f = flags.FLAGS
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: pass everything as --flags")
-  for name, flag in (("--input", _INPUT), ("--vocab_size", _VOCAB), ("--output", _OUTPUT)):
-    if flag.value in (None, ""):
-      raise UserError(f"{name} is required (e.g. --input=builtin --vocab_size=1024 "
+  for name in ("input", "vocab_size", "output"):
+    if f[name].value in (None, ""):
+      raise UserError(f"--{name} is required (e.g. --input=builtin --vocab_size=1024 "
                       "--output=/tmp/tok.model)")
-  docs = data.iter_documents(_INPUT.value, fmt=_FORMAT.value, text_field=_TEXT_FIELD.value,
-                             text_unit=_TEXT_UNIT.value)
-  if _MAX_DOCS.value > 0:
-    docs = (d for i, d in zip(range(_MAX_DOCS.value), docs))
-  path = train_tokenizer(docs, _VOCAB.value, _OUTPUT.value, model_type=_MODEL_TYPE.value)
+  docs = data.iter_documents(f.input, fmt=f.format, text_field=f.text_field,
+                             text_unit=f.text_unit)
+  if f.max_documents > 0:
+    docs = itertools.islice(docs, f.max_documents)
+  path = train_tokenizer(docs, f.vocab_size, f.output, model_type=f.model_type)
   tok = Tokenizer.load(path)
   print(f"wrote {path} (vocab_size={tok.vocab_size})")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+  """Entry point of `python -m crossbert_jax.tokenizer`."""
+  _define_flags()
   app.run(exit_on_user_error(main))
+
+
+if __name__ == "__main__":
+  # Run the importable module, not this `__main__` copy, so data.py shares its classes.
+  from crossbert_jax import tokenizer  # pylint: disable=g-import-not-at-top,import-self
+
+  tokenizer.cli()

@@ -1,7 +1,11 @@
 """Tokenizer: fixed special ids in the proto, English round trip, CLI, foreign models refused."""
 
 import io
+import pathlib
+import subprocess
 import sys
+
+from absl import flags
 
 import pytest
 import sentencepiece as spm
@@ -9,6 +13,9 @@ import sentencepiece as spm
 from crossbert_jax import corpus
 from crossbert_jax import tokenizer as tokenizer_lib
 from crossbert_jax.errors import UserError
+from crossbert_jax.errors import exit_on_user_error
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # A few stdlib files' docstrings: real English, harvested in well under a second.
 _STDLIB_FILES = ("argparse.py", "os.py", "subprocess.py", "threading.py", "pathlib.py",
@@ -67,34 +74,33 @@ def test_pickles_through_its_proto(model_path):
   assert clone.encode("Open a file.") == tok.encode("Open a file.")
 
 
-def test_cli_end_to_end(tmp_path, capsys):
+def test_cli_end_to_end(tmp_path):
   (tmp_path / "a.txt").write_text("\n\n".join(english_documents()[:150]))
   (tmp_path / "b.jsonl").write_text('{"text": "A second file in another format."}\n')
   out = tmp_path / "out" / "cli.model"
-  argv = ["tokenizer", f"--input={tmp_path}/a.txt,{tmp_path}/b.jsonl", "--vocab_size=320",
-          f"--output={out}", "--model_type=bpe", "--text_unit=paragraph", "--max_documents=100"]
-  tokenizer_lib.flags.FLAGS(argv)
-  try:
-    tokenizer_lib.main(argv[:1])
-  finally:
-    tokenizer_lib.flags.FLAGS.unparse_flags()
-    tokenizer_lib.flags.FLAGS.mark_as_parsed()
-  assert str(out) in capsys.readouterr().out
+  result = subprocess.run(
+      [sys.executable, "-m", "crossbert_jax.tokenizer", f"--input={tmp_path}/a.txt,{tmp_path}/b.jsonl",
+       "--vocab_size=320", f"--output={out}", "--model_type=bpe", "--text_unit=paragraph",
+       "--max_documents=100"],
+      capture_output=True, text=True, cwd=REPO, check=False)
+  assert result.returncode == 0, result.stderr
+  assert str(out) in result.stdout and "vocab_size=" in result.stdout
   tok = tokenizer_lib.Tokenizer.load(out)
   assert tok.decode(tok.encode("Read the file.")) == "Read the file."
 
 
-def test_cli_reports_user_errors_in_one_line(tmp_path, monkeypatch, capsys):
-  monkeypatch.setattr(sys, "argv", ["tokenizer"])
-  wrapped = tokenizer_lib.exit_on_user_error(tokenizer_lib.main)
-  tokenizer_lib.flags.FLAGS(["tokenizer", f"--input={tmp_path}/missing.txt", "--vocab_size=300",
-                             f"--output={tmp_path}/x.model"])
+def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
+  tokenizer_lib._define_flags()  # pylint: disable=protected-access
+  fv = flags.FLAGS
+  wrapped = exit_on_user_error(tokenizer_lib.main)
+  fv(["tokenizer", f"--input={tmp_path}/missing.txt", "--vocab_size=300",
+      f"--output={tmp_path}/x.model"])
   try:
     with pytest.raises(SystemExit) as e:
       wrapped(["tokenizer"])
   finally:
-    tokenizer_lib.flags.FLAGS.unparse_flags()
-    tokenizer_lib.flags.FLAGS.mark_as_parsed()
+    fv.unparse_flags()
+    fv.mark_as_parsed()
   assert e.value.code == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "missing.txt" in err and "Traceback" not in err
