@@ -372,14 +372,50 @@ def document_dataset(data_cfg: ml_collections.ConfigDict, *, seed: int, process_
   return _shard(document_source(data_cfg), data_cfg, seed, process_index, process_count)
 
 
+class _SmallShuffle(grain.MapDataset):
+  """Per-epoch shuffle by a stored permutation, for small datasets.
+
+  grain's index_shuffle costs ~20 ms per element on a 3-element dataset (and ~1 ms at 100),
+  against ~10 us at 10^5; a permutation array is cheap below `SMALL_SHUFFLE_MAX` elements.
+  Like `MapDataset.shuffle`, element `i + e * len` is epoch e's i-th element.
+  """
+
+  def __init__(self, parent: grain.MapDataset, seed: int):
+    super().__init__(parent)
+    self._seed = seed
+    self._perm_epoch: tuple[int, np.ndarray] | None = None
+
+  def __len__(self) -> int:
+    return len(self._parent)
+
+  def __str__(self) -> str:
+    return f"_SmallShuffle(seed={self._seed})"
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return self.slice(index)
+    n = len(self._parent)
+    epoch, i = divmod(index, n)
+    if self._perm_epoch is None or self._perm_epoch[0] != epoch:
+      self._perm_epoch = (epoch, np.random.default_rng([self._seed, epoch]).permutation(n))
+    return self._parent[int(self._perm_epoch[1][i]) + epoch * n]
+
+
+SMALL_SHUFFLE_MAX = 1 << 16
+
+
 def _shard(source: DocumentSource, data_cfg: ml_collections.ConfigDict, seed: int,
            process_index: int, process_count: int) -> grain.MapDataset:
   if not 0 <= process_index < process_count:
     raise UserError(f"process_index={process_index} must be in [0, process_count={process_count})")
   ds = grain.MapDataset.source(source)
-  # Shuffle before sharding so every process sees a uniform sample; ShuffleMapDataset draws a
+  # Shuffle before sharding so every process sees a uniform sample; both shuffles draw a
   # fresh permutation for each epoch (index // len) once the dataset is repeated.
-  ds = ds.shuffle(seed=_combine_seeds(data_cfg.shuffle_seed, seed))
+  shuffle_seed = _combine_seeds(data_cfg.shuffle_seed, seed)
+  if len(ds) <= SMALL_SHUFFLE_MAX:
+    ds = _SmallShuffle(ds, shuffle_seed)
+  else:
+    ds = ds.shuffle(seed=shuffle_seed)
   ds = ds[process_index::process_count]
   if len(ds) == 0:
     raise UserError(f"data.path={data_cfg.path!r} has fewer documents than the {process_count} "

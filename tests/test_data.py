@@ -181,7 +181,15 @@ def test_resume_mid_document_and_across_epochs(tmp_path, tok):
     assert_batches_equal(take(resumed, 2), expected)
 
 
-def test_epochs_are_reshuffled(tmp_path):
+@pytest.fixture(params=["small", "grain"])
+def shuffle_impl(request, monkeypatch):
+  """Both shuffles: a stored permutation (small datasets) and grain's index_shuffle."""
+  if request.param == "grain":
+    monkeypatch.setattr(data, "SMALL_SHUFFLE_MAX", 0)
+  return request.param
+
+
+def test_epochs_are_reshuffled(tmp_path, shuffle_impl):
   path = tmp_path / "d.txt"
   path.write_text("\n".join(sentences(50)) + "\n")
   ds = data.document_dataset(data_cfg(path), seed=0)
@@ -194,7 +202,7 @@ def test_epochs_are_reshuffled(tmp_path):
 # ----------------------------------------------------------------------------- sharding
 
 
-def test_process_shards_are_disjoint_and_cover_the_data(tmp_path):
+def test_process_shards_are_disjoint_and_cover_the_data(tmp_path, shuffle_impl):
   path = tmp_path / "d.txt"
   docs = sentences(101)
   path.write_text("\n".join(docs) + "\n")
