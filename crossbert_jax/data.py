@@ -49,6 +49,7 @@ _IO_READ = grain.ReadOptions(num_threads=8, prefetch_buffer_size=256)
 def resolve_paths(spec: str) -> list[epath.Path]:
   """Files named by `spec`: files, directories (recursive), globs, comma-separated."""
   out: list[epath.Path] = []
+  seen: set[str] = set()
   for entry in (e.strip() for e in spec.split(",")):
     if not entry:
       continue
@@ -67,12 +68,15 @@ def resolve_paths(spec: str) -> list[epath.Path]:
       elif path.is_file():
         files = [path]
       else:
-        raise UserError(f"data path {entry!r} does not exist: fix data.path / --input (a file, directory, "
-                        "glob or comma-separated list)")
+        raise UserError(f"data path {entry!r} does not exist: fix data.path / --input "
+                        "(a file, directory, glob or comma-separated list)")
     if not files:
-      raise UserError(f"data path {entry!r} matches no files: fix data.path / --input (a file, directory, "
-                      "glob or comma-separated list)")
-    out.extend(f for f in files if f not in out)
+      raise UserError(f"data path {entry!r} matches no files: fix data.path / --input "
+                      "(a file, directory, glob or comma-separated list)")
+    for f in files:
+      if str(f) not in seen:
+        seen.add(str(f))
+        out.append(f)
   if not out:
     raise UserError(f"data.path={spec!r} names no files: set it to 'builtin' or to files")
   return out
