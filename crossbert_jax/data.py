@@ -4,7 +4,8 @@
   -> tokenize -> [CLS] ids [SEP], cut into chunks of <= L -> first-fit pack to L -> batch
   -> multiprocess prefetch (data.worker_count > 0)
 
-Shapes: B = per-process batch size, L = data.seq_len. A batch is a dict of int32 numpy arrays:
+Shapes: B = per-process batch size, L = data.seq_len, N = one document's token count. A batch is
+a dict of int32 numpy arrays:
   tokens_BxL       token ids; PAD_ID only at row ends.
   segment_ids_BxL  1, 2, 3, ... per packed document chunk within a row; 0 on padding.
   positions_BxL    0, 1, 2, ... restarting at each segment; 0 on padding.
