@@ -175,8 +175,12 @@ def run(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 FLAGS = flags.FLAGS
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and variant, e.g. configs/crossbert.py:tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (local or gs://): checkpoints, metrics, config.")
-_DISTRIBUTED = flags.DEFINE_bool("jax_distributed", False,
-                                 "Call jax.distributed.initialize() (multi-host TPU pods / GPU clusters).")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "jax_distributed", False, "Call jax.distributed.initialize(): multi-host TPU pods and GPU clusters "
+    "(auto-detected there), or CPU processes with the three flags below.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (CPU multi-process).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (CPU multi-process).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (CPU multi-process).")
 
 
 @exit_on_user_error
@@ -188,7 +192,9 @@ def _main(argv):
   if not _WORKDIR.value:
     raise UserError("--workdir is required: the run directory for checkpoints and metrics")
   if _DISTRIBUTED.value:
-    jax.distributed.initialize()
+    if jax.config.jax_platforms == "cpu" or _COORDINATOR.value:
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   logging.set_verbosity(logging.WARNING)
   last = run(_CONFIG.value, _WORKDIR.value)
   if last and jax.process_index() == 0:
