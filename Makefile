@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 setup: $(VENV)/.installed

@@ -235,7 +235,7 @@ def test_remat_full_matches_none(scan_layers):
   remat = Encoder(_encoder_spec(num_layers=3, scan_layers=scan_layers, remat="full"))
   params = _unboxed_params(plain.init(jax.random.key(0), tokens, pos, seg))
   loss = lambda m: lambda p: jnp.sum(m.apply({"params": p}, tokens, pos, seg) ** 2)
-  (la, ga), (lb, gb) = (jax.value_and_grad(loss(m))(params) for m in (plain, remat))
+  (la, ga), (lb, gb) = (jax.jit(jax.value_and_grad(loss(m)))(params) for m in (plain, remat))
   np.testing.assert_allclose(float(lb), float(la), rtol=1e-6, err_msg="remat='full' changes the encoder output")
   for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(ga), jax.tree.leaves(gb)):
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=1e-6, rtol=1e-5,
