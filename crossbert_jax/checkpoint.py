@@ -4,6 +4,7 @@ Saves are async (the device->host copy finishes before `save` returns, so the do
 be reused at once); `keep` most recent are retained. Paths go through epath, so gs:// works.
 """
 
+import os
 from typing import Any
 
 import grain
@@ -22,7 +23,9 @@ class Checkpointer:
   """Save/restore of {state, data iterator, config} under `workdir/checkpoints`."""
 
   def __init__(self, workdir: str | epath.Path, ckpt_cfg: ml_collections.ConfigDict):
-    self.directory = epath.Path(workdir) / "checkpoints"
+    workdir = str(workdir)
+    # Orbax needs absolute paths; URLs such as gs://... are absolute already.
+    self.directory = epath.Path(workdir if "://" in workdir else os.path.abspath(workdir)) / "checkpoints"
     options = ocp.CheckpointManagerOptions(
         max_to_keep=ckpt_cfg.keep, create=True, enable_async_checkpointing=ckpt_cfg.async_save)
     self._manager = ocp.CheckpointManager(self.directory, options=options)

@@ -73,6 +73,27 @@ def _unboxed_params(variables):
   return nn.unbox(variables["params"])
 
 
+def _init(module, *args, **kwargs):
+  """Variables shaped like module.init's, filled from numpy: eager flax init compiles every op (slow on CPU).
+
+  Kernels ~ N(0, 0.02), norm scales ~ 1 + N(0, 0.1), perturbations zero.
+  """
+  abstract = nn.unbox(jax.eval_shape(lambda k: module.init(k, *args, **kwargs), jax.random.key(0)))
+  rng = np.random.default_rng(0)
+
+  def fill(path, a):
+    if path[0].key == "perturbations":
+      return jnp.zeros(a.shape, a.dtype)
+    if path[-1].key == "scale":
+      return jnp.asarray(1.0 + 0.1 * rng.standard_normal(a.shape), a.dtype)
+    return jnp.asarray(0.02 * rng.standard_normal(a.shape), a.dtype)
+
+  return jax.tree_util.tree_map_with_path(fill, abstract)
+
+
+_crossbert_masks = jax.jit(masking.crossbert_masks, static_argnums=(2, 3, 4))
+
+
 def _path(tree, path):
   for k in path:
     tree = tree[k]
@@ -88,9 +109,9 @@ def test_hidden_tokens_get_exactly_zero_gradient_in_their_view():
   model = build_model(c)
   seq_len = c.data.seq_len
   tokens, pos, seg = _packed([[16], [9, 5], [4, 6, 3], [7]], seq_len, seed=1)
-  masks = masking.crossbert_masks(jax.random.key(3), jnp.asarray(seg), c.masking.ratio, c.masking.views)
+  masks = _crossbert_masks(jax.random.key(3), jnp.asarray(seg), c.masking.ratio, c.masking.views, 1.0)
   view_args = lambda k: (masks.vis_idx_KxBxT[k], masks.rec_idx_KxBxQ[k], masks.rec_valid_KxBxQ[k])
-  variables = model.init(jax.random.key(0), tokens, pos, seg, *view_args(0))
+  variables = _init(model, tokens, pos, seg, *view_args(0))
   assert "perturbations" in variables, "Embeddings must declare a 'token_embeddings' perturbation (flax perturb)"
   params = _unboxed_params(variables)
   perturb = variables["perturbations"]
@@ -134,7 +155,7 @@ def test_attention_never_crosses_segments(global_every, num_layers):
   enc = Encoder(spec)
   seq_len = 32
   tokens, pos, seg = _packed([[8, 12, 8]], seq_len, seed=2)  # Segments 1, 2, 3, then 4 pads.
-  variables = enc.init(jax.random.key(0), tokens, pos, seg)
+  variables = _init(enc, tokens, pos, seg)
   params, perturb = _unboxed_params(variables), variables["perturbations"]
   in_seg2 = jnp.asarray(seg == 2)
 
@@ -142,7 +163,7 @@ def test_attention_never_crosses_segments(global_every, num_layers):
     out = enc.apply({"params": params, "perturbations": perturb}, tokens, pos, seg)
     return jnp.sum(jnp.where(in_seg2[:, :, None], out, 0.0))
 
-  g = np.abs(np.asarray(_path(jax.grad(seg2_sum)(perturb), ("embeddings", "token_embeddings")))).sum(-1)[0]
+  g = np.abs(np.asarray(_path(jax.jit(jax.grad(seg2_sum))(perturb), ("embeddings", "token_embeddings")))).sum(-1)[0]
   outside = seg[0] != 2
   assert (g[outside] == 0.0).all(), (
       f"attention crosses a document boundary: segment 2's outputs depend on positions "
@@ -161,18 +182,17 @@ def test_local_attention_window_by_gradients():
   mask_g = layers.attention_mask(jnp.asarray(seg), jnp.asarray(seg))
   mask_l = layers.attention_mask(jnp.asarray(seg), jnp.asarray(seg), jnp.asarray(pos), jnp.asarray(pos), spec.local_window)
   block = EncoderBlock(spec)
-  params = block.init(jax.random.key(0), x, rope_g, rope_l, mask_g, mask_l, False)
+  params = _init(block, x, rope_g, rope_l, mask_g, mask_l, False)
   query = 4  # Segment 1, position 4: sees positions 2..6 of segment 1 only.
-  out_fn = lambda x: block.apply(params, x, rope_g, rope_l, mask_g, mask_l, False)[0, query].sum()
-  g = np.abs(np.asarray(jax.grad(out_fn)(x))).sum(-1)[0]
+  out_fn = lambda is_global: lambda x: block.apply(params, x, rope_g, rope_l, mask_g, mask_l, is_global)[0, query].sum()
+  g, g_global = jax.jit(lambda x: (jax.grad(out_fn(False))(x), jax.grad(out_fn(True))(x)))(x)
+  g, g_global = (np.abs(np.asarray(a)).sum(-1)[0] for a in (g, g_global))
   half = spec.local_window // 2
   expected = (seg[0] == seg[0, query]) & (np.abs(pos[0] - pos[0, query]) <= half)
   assert (g[~expected] == 0.0).all(), (
       f"local layer: token {query} gets gradient from positions {np.flatnonzero(~expected & (g != 0)).tolist()}, "
       f"outside its segment or farther than local_window//2={half}")
   assert (g[expected] > 0).all(), f"local layer: in-window positions without gradient {np.flatnonzero(expected & (g == 0))}"
-  out_global = lambda x: block.apply(params, x, rope_g, rope_l, mask_g, mask_l, True)[0, query].sum()
-  g_global = np.abs(np.asarray(jax.grad(out_global)(x))).sum(-1)[0]
   assert (g_global[seg[0] == 1] > 0).all(), "a global layer must see the whole segment"
 
 
@@ -185,10 +205,10 @@ def test_gathered_subset_equals_shorter_sequence(scan_layers):
   rng = np.random.default_rng(0)
   t = 13
   keep = np.stack([rng.permutation(seq_len)[:t] for _ in range(3)]).astype(np.int32)  # Random order, pads included.
-  params = _unboxed_params(enc.init(jax.random.key(0), tokens, pos, seg, keep))
-  gathered = enc.apply({"params": params}, tokens, pos, seg, keep)
+  params = _unboxed_params(_init(enc, tokens, pos, seg, keep))
   take = lambda a: np.take_along_axis(a, keep, axis=1)
-  shorter = enc.apply({"params": params}, take(tokens), take(pos), take(seg))
+  gathered, shorter = jax.jit(lambda p: (enc.apply({"params": p}, tokens, pos, seg, keep),
+                                         enc.apply({"params": p}, take(tokens), take(pos), take(seg))))(params)
   assert gathered.shape == (3, t, spec.embed_dim), gathered.shape
   real = take(seg) > 0
   np.testing.assert_allclose(np.asarray(gathered)[real], np.asarray(shorter)[real], atol=1e-5, rtol=1e-5,
@@ -211,14 +231,14 @@ def test_scan_layers_matches_loop(global_every):
   tokens, pos, seg = _packed([[16], [9, 5]], seq_len, seed=4)
   loop = Encoder(_encoder_spec(num_layers=num_layers, global_every=global_every, local_window=4))
   scan = Encoder(_encoder_spec(num_layers=num_layers, global_every=global_every, local_window=4, scan_layers=True))
-  params = _unboxed_params(loop.init(jax.random.key(0), tokens, pos, seg))
+  params = _unboxed_params(_init(loop, tokens, pos, seg))
   scan_params = _to_scan_params(params, num_layers)
   expected_shapes = jax.tree.map(lambda a: a.shape, nn.unbox(jax.eval_shape(
-      lambda: scan.init(jax.random.key(0), tokens, pos, seg))["params"]))
+      lambda: _init(scan, tokens, pos, seg))["params"]))
   assert jax.tree.map(lambda a: a.shape, scan_params) == expected_shapes, (
       "scan layout is not layers_0 + layers/block stacked over layers 1..N-1")
-  a = loop.apply({"params": params}, tokens, pos, seg, return_all_layers=True)
-  b = scan.apply({"params": scan_params}, tokens, pos, seg, return_all_layers=True)
+  a, b = jax.jit(lambda p, sp: (loop.apply({"params": p}, tokens, pos, seg, return_all_layers=True),
+                                 scan.apply({"params": sp}, tokens, pos, seg, return_all_layers=True)))(params, scan_params)
   np.testing.assert_allclose(np.asarray(b[0]), np.asarray(a[0]), atol=1e-5, rtol=1e-5,
                              err_msg="scan_layers=True output differs from the layer loop with the same weights")
   assert len(b[1]) == len(a[1]) == num_layers + 1, "return_all_layers must give embeddings + every block output"
@@ -231,11 +251,11 @@ def test_scan_layers_matches_loop(global_every):
 def test_remat_full_matches_none(scan_layers):
   seq_len = 16
   tokens, pos, seg = _packed([[16], [9, 5]], seq_len, seed=5)
-  plain = Encoder(_encoder_spec(num_layers=3, scan_layers=scan_layers))
-  remat = Encoder(_encoder_spec(num_layers=3, scan_layers=scan_layers, remat="full"))
-  params = _unboxed_params(plain.init(jax.random.key(0), tokens, pos, seg))
+  plain = Encoder(_encoder_spec(scan_layers=scan_layers))
+  remat = Encoder(_encoder_spec(scan_layers=scan_layers, remat="full"))
+  params = _unboxed_params(_init(plain, tokens, pos, seg))
   loss = lambda m: lambda p: jnp.sum(m.apply({"params": p}, tokens, pos, seg) ** 2)
-  (la, ga), (lb, gb) = (jax.jit(jax.value_and_grad(loss(m)))(params) for m in (plain, remat))
+  (la, ga), (lb, gb) = jax.jit(lambda p: tuple(jax.value_and_grad(loss(m))(p) for m in (plain, remat)))(params)
   np.testing.assert_allclose(float(lb), float(la), rtol=1e-6, err_msg="remat='full' changes the encoder output")
   for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(ga), jax.tree.leaves(gb)):
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=1e-6, rtol=1e-5,
@@ -249,9 +269,9 @@ def test_remat_full_matches_none(scan_layers):
 def _crossbert_setup(c, seed=0):
   model = build_model(c)
   tokens, pos, seg = _packed([[16], [9, 5], [4, 6, 3], [7]], c.data.seq_len, seed=seed)
-  masks = masking.crossbert_masks(jax.random.key(seed), jnp.asarray(seg), c.masking.ratio, c.masking.views)
+  masks = _crossbert_masks(jax.random.key(seed), jnp.asarray(seg), c.masking.ratio, c.masking.views, 1.0)
   args = (masks.vis_idx_KxBxT[0], masks.rec_idx_KxBxQ[0], masks.rec_valid_KxBxQ[0])
-  params = _unboxed_params(model.init(jax.random.key(0), tokens, pos, seg, *args))
+  params = _unboxed_params(_init(model, tokens, pos, seg, *args))
   return model, params, (tokens, pos, seg), args
 
 
@@ -269,11 +289,17 @@ def test_reconstructor_options(rec_width, tie_head):
   wkv = rp["layers_0"]["cross_attn"]["Wkv"]["kernel"]
   assert wkv.shape[0] == c.model.embed_dim and rp["mask_embedding"].shape == (rec_width,), (
       "K/V projections must map the encoder width into the reconstructor width")
-  logits = model.apply({"params": params}, tokens, pos, seg, vis_idx, rec_idx, rec_valid)
+
+  @jax.jit
+  def loss_fn(params, rec_idx, rec_valid):
+    logits = model.apply({"params": params}, tokens, pos, seg, vis_idx, rec_idx, rec_valid)
+    targets = jnp.take_along_axis(jnp.asarray(tokens), rec_idx, axis=1)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    return jnp.sum(ce * rec_valid) / jnp.sum(rec_valid), logits
+
+  loss, logits = loss_fn(params, rec_idx, rec_valid)
   b, q = rec_idx.shape
   assert logits.shape == (b, q, VOCAB) and logits.dtype == jnp.float32, logits.shape
-  targets = jnp.take_along_axis(jnp.asarray(tokens), rec_idx, axis=1)
-  loss = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, targets) * rec_valid) / jnp.sum(rec_valid)
   assert np.isfinite(float(loss)), f"loss is {float(loss)}"
 
   # An invalid query (segment 0) must not affect the valid queries: move it, change nothing else.
@@ -281,9 +307,9 @@ def test_reconstructor_options(rec_width, tie_head):
   rec_idx = np.asarray(rec_idx).copy()
   row, slot = 0, 1
   rec_valid[row, slot] = False
-  before = model.apply({"params": params}, tokens, pos, seg, vis_idx, rec_idx, rec_valid)
+  before = loss_fn(params, rec_idx, rec_valid)[1]
   rec_idx[row, slot] = rec_idx[row, slot + 1]
-  after = model.apply({"params": params}, tokens, pos, seg, vis_idx, rec_idx, rec_valid)
+  after = loss_fn(params, rec_idx, rec_valid)[1]
   np.testing.assert_array_equal(np.asarray(after)[rec_valid], np.asarray(before)[rec_valid],
                                 "an invalid reconstruction query (segment 0) changed the valid queries' logits")
 
@@ -292,7 +318,7 @@ def test_reconstructor_options(rec_width, tie_head):
     table_path = ("encoder", "embeddings", "tok_embeddings", "embedding")
     bumped = jax.tree_util.tree_map_with_path(
         lambda p, a: a.at[unused].add(1.0) if tuple(k.key for k in p) == table_path else a, params)
-    moved = np.asarray(model.apply({"params": bumped}, tokens, pos, seg, vis_idx, rec_idx, rec_valid))
+    moved = np.asarray(loss_fn(bumped, rec_idx, rec_valid)[1])
     delta = np.abs(moved - np.asarray(before)).max(axis=(0, 1))
     assert delta[unused] > 0 and np.delete(delta, unused).max() == 0.0, (
         f"tied head: changing embedding row {unused} must move only logit {unused}; moved {np.flatnonzero(delta)}")
@@ -302,9 +328,10 @@ def test_mlm_logits_shape_and_tied_decoder():
   c = _config("mlm", masking__ratio=0.25)
   model = build_model(c)
   tokens, pos, seg = _packed([[16], [9, 5], [4, 6, 3], [7]], c.data.seq_len, seed=6)
-  masks = masking.mlm_masks(jax.random.key(0), jnp.asarray(seg), c.masking.ratio)
-  params = _unboxed_params(model.init(jax.random.key(0), tokens, pos, seg, masks.mask_idx_BxM))
-  logits = model.apply({"params": params}, tokens, pos, seg, masks.mask_idx_BxM)
+  masks = jax.jit(masking.mlm_masks, static_argnums=2)(jax.random.key(0), jnp.asarray(seg), c.masking.ratio)
+  params = _unboxed_params(_init(model, tokens, pos, seg, masks.mask_idx_BxM))
+  apply = jax.jit(model.apply)
+  logits = apply({"params": params}, tokens, pos, seg, masks.mask_idx_BxM)
   assert logits.shape == (4, round(c.masking.ratio * c.data.seq_len), VOCAB), f"MLM logits {logits.shape}, want [B, M, V]"
   head_shapes = jax.tree.map(lambda a: a.shape, params["head"])
   assert not [s for s in jax.tree.leaves(head_shapes, is_leaf=lambda x: isinstance(x, tuple))
@@ -313,7 +340,7 @@ def test_mlm_logits_shape_and_tied_decoder():
   bumped = jax.tree.map(lambda a: a, params)
   emb = bumped["encoder"]["embeddings"]["tok_embeddings"]["embedding"]
   bumped["encoder"]["embeddings"]["tok_embeddings"]["embedding"] = emb.at[unused].add(1.0)
-  moved = np.asarray(model.apply({"params": bumped}, tokens, pos, seg, masks.mask_idx_BxM))
+  moved = np.asarray(apply({"params": bumped}, tokens, pos, seg, masks.mask_idx_BxM))
   delta = np.abs(moved - np.asarray(logits)).max(axis=(0, 1))
   assert delta[unused] > 0 and np.delete(delta, unused).max() == 0.0, (
       f"MLM decoder must be tied to the token embedding: changing row {unused} moved logits {np.flatnonzero(delta)}")
@@ -329,14 +356,14 @@ def test_query_without_visible_tokens_of_its_segment_sees_nothing():
   vis_idx = jnp.asarray([[0, 1, 2, 3, 4, 5, 12, 13]], jnp.int32)  # Segment 2 entirely hidden; 2 pad fills.
   rec_idx = jnp.asarray([[6, 7, 8, 9, 10, 11, 14, 15]], jnp.int32)
   rec_valid = jnp.asarray([[True] * 6 + [False] * 2])
-  variables = model.init(jax.random.key(0), tokens, pos, seg, vis_idx, rec_idx, rec_valid)
+  variables = _init(model, tokens, pos, seg, vis_idx, rec_idx, rec_valid)
   params, perturb = _unboxed_params(variables), variables["perturbations"]
 
   def seg2_logits(perturb):
     logits = model.apply({"params": params, "perturbations": perturb}, tokens, pos, seg, vis_idx, rec_idx, rec_valid)
     return jnp.sum(logits[0, 2:6] ** 2)  # The queries at positions 8..11 (segment 2).
 
-  g = np.abs(np.asarray(_path(jax.grad(seg2_logits)(perturb), PERTURB_PATH))).sum(-1)[0]
+  g = np.abs(np.asarray(_path(jax.jit(jax.grad(seg2_logits))(perturb), PERTURB_PATH))).sum(-1)[0]
   assert (g == 0.0).all(), (
       f"a segment-2 query with no visible segment-2 token depends on positions {np.flatnonzero(g).tolist()} "
       f"(segments {seg[0][g != 0].tolist()}): attention crosses a document boundary / reads pads. Fix: zero the "
