@@ -140,7 +140,7 @@ def run(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                              "lower train.learning_rate or raise train.warmup_steps")
     if step_num % c.metrics.log_every == 0 or step_num == c.train.steps:
       logger.log(step_num, scalars)
-    last = {"step": step_num, **scalars}
+    last = {"step": step_num, "first_loss": last.get("first_loss", scalars["loss"]), **scalars}
 
   try:
     with _StopRequest() as stop:
@@ -198,8 +198,8 @@ def _main(argv):
   logging.set_verbosity(logging.WARNING)
   last = run(_CONFIG.value, _WORKDIR.value)
   if last and jax.process_index() == 0:
-    print(f"done: step {last['step']} loss {last['loss']:.4f} accuracy {last['accuracy']:.4f} "
-          f"({_WORKDIR.value})", flush=True)
+    print(f"done: step {last['step']}, loss {last['first_loss']:.4f} (first step of this run) -> "
+          f"{last['loss']:.4f}, accuracy {last['accuracy']:.4f} ({_WORKDIR.value})", flush=True)
 
 
 def main():
