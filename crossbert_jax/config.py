@@ -221,3 +221,15 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise _err("metrics.log_every", f"must be >= 1, got {c.metrics.log_every}")
   if c.metrics.cpu_peak_tflops <= 0:
     raise _err("metrics.cpu_peak_tflops", f"must be positive, got {c.metrics.cpu_peak_tflops}")
+
+
+def from_flag(value) -> ml_collections.ConfigDict:
+  """The config behind a `config_flags` flag; a file that failed to load becomes a UserError."""
+  if value is None:
+    raise UserError("--config is required, e.g. --config=configs/crossbert.py:tiny")
+  try:
+    value.objective  # config_flags defers load failures to the first attribute access.
+  except OSError as e:
+    detail = " ".join(str(e).split())
+    raise UserError(f"--config could not be loaded ({detail}); use e.g. --config=configs/crossbert.py:tiny") from None
+  return value

@@ -21,3 +21,27 @@ def exit_on_user_error(fn: Callable[..., object]) -> Callable[..., object]:
   wrapped.__name__ = getattr(fn, "__name__", "main")
   wrapped.__doc__ = fn.__doc__
   return wrapped
+
+
+def parse_flags_or_exit(argv: list[str]) -> list[str]:
+  """absl `flags_parser` for app.run: a bad flag or --config file/override is one line, exit 2.
+
+  ml_collections' config_flags loads the config file and applies --config.key=value overrides
+  while flags are parsed, so their failures (a missing file, an unknown variant or key, a
+  value of the wrong type) surface here rather than in main.
+  """
+  from absl import flags  # Local: this module stays importable without absl.
+
+  try:
+    return flags.FLAGS(argv)
+  except UserError as e:
+    message = str(e)
+  except flags.Error as e:
+    message = f"{e}; see --helpfull"
+  except (AttributeError, KeyError) as e:
+    message = (f"unknown config key {str(e).strip(chr(34))} in a --config.* override; every key is "
+               "declared in crossbert_jax/config.py")
+  except Exception as e:  # noqa: BLE001 - config files are user input; show one line, not a traceback.
+    message = f"could not load --config: {' '.join(str(e).split())}"
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  sys.exit(2)

@@ -23,7 +23,7 @@ from ml_collections import config_flags
 from crossbert_jax import checkpoint, data, flops, metrics, optimizer, sharding, step
 from crossbert_jax import config as config_lib
 from crossbert_jax import tokenizer as tokenizer_lib
-from crossbert_jax.errors import UserError, exit_on_user_error
+from crossbert_jax.errors import UserError, exit_on_user_error, parse_flags_or_exit
 
 
 class TrainingDiverged(UserError):
@@ -187,8 +187,6 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (CP
 def _main(argv):
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; use --config=..., --workdir=..., --config.key=value")
-  if _CONFIG.value is None:
-    raise UserError("--config is required, e.g. --config=configs/crossbert.py:tiny")
   if not _WORKDIR.value:
     raise UserError("--workdir is required: the run directory for checkpoints and metrics")
   if _DISTRIBUTED.value:
@@ -196,14 +194,14 @@ def _main(argv):
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   logging.set_verbosity(logging.WARNING)
-  last = run(_CONFIG.value, _WORKDIR.value)
+  last = run(config_lib.from_flag(_CONFIG.value), _WORKDIR.value)
   if last and jax.process_index() == 0:
     print(f"done: step {last['step']}, loss {last['first_loss']:.4f} (first step of this run) -> "
           f"{last['loss']:.4f}, accuracy {last['accuracy']:.4f} ({_WORKDIR.value})", flush=True)
 
 
 def main():
-  app.run(_main)
+  app.run(_main, flags_parser=parse_flags_or_exit)
 
 
 if __name__ == "__main__":
