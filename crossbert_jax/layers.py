@@ -31,7 +31,7 @@ def layer_norm(eps: float, dtype: Dtype, name: str) -> nn.LayerNorm:
 def rope_tables(positions_BxT: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
   """cos, sin of RoPE angles, each BxTx(K/2), in float32 (HF's rotate_half convention)."""
   inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-  angles_BxTxK2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
+  angles_BxTxK2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
   return jnp.cos(angles_BxTxK2), jnp.sin(angles_BxTxK2)
 
 
@@ -55,12 +55,16 @@ def attention_mask(q_seg_BxT: Array, kv_seg_BxS: Array, q_pos_BxT: Array | None 
 
 def dot_product_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array,
                           mask_BxTxS: Array) -> Array:
-  """Softmax attention in float32 logits; fully masked rows (pads) get uniform weights, no NaN."""
+  """Softmax attention with float32 logits; a query with no allowed key (a pad) outputs zeros."""
   scale = q_BxTxHxK.shape[-1] ** -0.5
   logits_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK * scale, k_BxSxHxK,
                               preferred_element_type=jnp.float32)
   logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, jnp.finfo(jnp.float32).min)
-  probs_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(v_BxSxHxK.dtype)
+  probs_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1)
+  # Without this a fully masked row would spread uniform weight over every key, reading other
+  # documents (a reconstruction query whose document has no visible token in this view).
+  has_key_Bx1xTx1 = jnp.any(mask_BxTxS, axis=-1)[:, None, :, None]
+  probs_BxHxTxS = jnp.where(has_key_Bx1xTx1, probs_BxHxTxS, 0.0).astype(v_BxSxHxK.dtype)
   return jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS, v_BxSxHxK)
 
 

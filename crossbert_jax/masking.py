@@ -43,6 +43,12 @@ def slot_counts(seq_len: int, ratio: float, views: int, reconstruct_ratio: float
   return n_vis, n_rec
 
 
+def _rounded_counts(ratio: float, n_B: Array, seq_len: int) -> Array:
+  """round(ratio * n) per row with Python's rounding, as the static slot counts use."""
+  table = jnp.asarray([round(ratio * n) for n in range(seq_len + 1)], jnp.int32)
+  return table[n_B]
+
+
 def random_ranks(key: Array, segment_ids_BxL: Array) -> tuple[Array, Array]:
   """(perm_BxL, n_real_B): perm[b, r] is the position holding rank r; real tokens rank first."""
   noise_BxL = jax.random.uniform(key, segment_ids_BxL.shape)
@@ -75,7 +81,7 @@ def crossbert_masks(key: Array, segment_ids_BxL: Array, ratio: float, views: int
   n_vis, n_rec = slot_counts(seq_len, ratio, views, reconstruct_ratio)
   perm_BxL, n_real_B = random_ranks(key, segment_ids_BxL)
   if views == 1:
-    bounds = [(jnp.zeros_like(n_real_B), n_real_B - jnp.round(ratio * n_real_B).astype(jnp.int32))]
+    bounds = [(jnp.zeros_like(n_real_B), n_real_B - _rounded_counts(ratio, n_real_B, seq_len))]
   else:
     bounds = [((k * n_real_B) // views, ((k + 1) * n_real_B) // views) for k in range(views)]
   per_view = [_view(perm_BxL, n_real_B, lo, hi, n_vis, n_rec) for lo, hi in bounds]
@@ -87,7 +93,7 @@ def mlm_masks(key: Array, segment_ids_BxL: Array, ratio: float) -> MlmMasks:
   seq_len = segment_ids_BxL.shape[-1]
   n_slots = round(ratio * seq_len)
   perm_BxL, n_real_B = random_ranks(key, segment_ids_BxL)
-  n_mask_Bx1 = jnp.round(ratio * n_real_B).astype(jnp.int32)[:, None]
+  n_mask_Bx1 = _rounded_counts(ratio, n_real_B, seq_len)[:, None]
   j_M = jnp.arange(n_slots, dtype=jnp.int32)[None, :]
   return MlmMasks(perm_BxL[:, :n_slots], j_M < n_mask_Bx1)
 

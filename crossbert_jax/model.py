@@ -57,7 +57,7 @@ class MlmHead(nn.Module):
     h = layers.layer_norm(s.norm_eps, dt, "norm")(nn.gelu(h, approximate=False))
     bias_V = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
                         (s.vocab_size,), jnp.float32)
-    logits_BxMxV = jnp.einsum("bmd,vd->bmv", h, embedding_VxD.astype(dt)) + bias_V.astype(dt)
+    logits_BxMxV = jnp.einsum("bmd,vd->bmv", h, embedding_VxD.astype(dt)) + bias_V.astype(dt)[None, None, :]
     logits_BxMxV = nn.with_logical_constraint(logits_BxMxV, ("batch", "length", "vocab"))
     return logits_BxMxV.astype(jnp.float32)
 

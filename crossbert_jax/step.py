@@ -93,7 +93,7 @@ def make_train_step(c: ml_collections.ConfigDict, tx: optax.GradientTransformati
         "loss": loss_sum / denom,
         "accuracy": stats.num_correct / denom,
         "num_targets": stats.num_targets,
-        "grad_norm": optax.global_norm(grads),
+        "grad_norm": optax.tree.norm(grads),
         "learning_rate": schedule(state.step),
     }
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics

@@ -17,19 +17,6 @@ FIRST_REGULAR = 5
 PERTURB_PATH = ("encoder", "embeddings", "token_embeddings")
 
 
-# BUG (reported): layers.rope_tables (layers.py:34, `[..., None] * inv_freq`) and MlmHead (model.py:60,
-# `+ bias_V`) rely on implicit rank promotion, so no model runs under conftest's
-# jax_numpy_rank_promotion="raise". The behaviour tests below run with "allow"; the two strict xfail
-# tests at the end pin the bug. Delete this fixture once they pass.
-@pytest.fixture(autouse=True)
-def _allow_rank_promotion(request):
-  if request.node.name.startswith("test_strict_rank_promotion"):
-    yield
-    return
-  with jax.numpy_rank_promotion("allow"):
-    yield
-
-
 def _config(objective="crossbert", **overrides):
   """The tiny config shrunk further; overrides as section__key=value."""
   c = config_lib.get_config(objective, "tiny")
@@ -346,9 +333,6 @@ def test_mlm_logits_shape_and_tied_decoder():
       f"MLM decoder must be tied to the token embedding: changing row {unused} moved logits {np.flatnonzero(delta)}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "layers.dot_product_attention gives a query with no valid key uniform weights over ALL keys: a "
-    "reconstruction query whose document has no visible token attends to other documents and to pad slots"))
 def test_query_without_visible_tokens_of_its_segment_sees_nothing():
   c = _config()
   model = build_model(c)
@@ -370,9 +354,6 @@ def test_query_without_visible_tokens_of_its_segment_sees_nothing():
       "attention output of fully masked query rows in layers.dot_product_attention")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "implicit rank promotion: layers.py:34 `positions[..., None] * inv_freq` and model.py:60 "
-    "`einsum(...) + bias_V` raise under jax_numpy_rank_promotion='raise'"))
 @pytest.mark.parametrize("part", ["rope_tables", "mlm_head"])
 def test_strict_rank_promotion(part):
   assert jax.config.jax_numpy_rank_promotion == "raise", "conftest must set strict rank promotion"

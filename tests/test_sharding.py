@@ -15,14 +15,6 @@ STEPS = 3
 LOSS_RTOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _allow_rank_promotion():
-  """BUG (reported, pinned by test_model.py::test_strict_rank_promotion): layers.py:34 and model.py:60
-  broadcast implicitly, so no train step traces under jax_numpy_rank_promotion="raise". Delete once fixed."""
-  with jax.numpy_rank_promotion("allow"):
-    yield
-
-
 def _config(data=1, fsdp=1, tensor=1, grad_accum=1):
   c = config_lib.get_config("crossbert", "tiny")
   with c.unlocked():
