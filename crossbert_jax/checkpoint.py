@@ -80,3 +80,42 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+def config_from_dict(saved: dict) -> ml_collections.ConfigDict:
+  """A locked config from a saved `to_dict()` (JSON turns tuples into lists)."""
+  c = ml_collections.ConfigDict(saved)
+  c.mesh.rules = tuple(tuple(r) for r in c.mesh.rules)
+  c.lock()
+  return c
+
+
+def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_collections.ConfigDict, Any, int]:
+  """(config, params, step) of a training run's checkpoint (latest if `step` is None), on one device.
+
+  For evaluation and export: restores the train state onto the first local device and keeps the
+  params (the model's full tree: "encoder" plus "reconstructor" or "head").
+  """
+  from crossbert_jax import optimizer, step as step_lib  # Local: step imports the model stack.
+
+  directory = epath.Path(str(workdir))
+  if not (directory / "checkpoints").exists():
+    raise UserError(f"--workdir {directory} holds no checkpoints/: point it at a training run's workdir")
+  ckpt = Checkpointer(directory, ml_collections.ConfigDict({"keep": 1, "async_save": False}))
+  try:
+    steps = ckpt.all_steps()
+    if not steps:
+      raise UserError(f"--workdir {directory} holds no finished checkpoint yet")
+    if step is None:
+      step = max(steps)
+    elif step not in steps:
+      raise UserError(f"--step={step}: {directory} has checkpoints at steps {sorted(steps)}")
+    config = config_from_dict(ckpt.saved_config(step))
+    tx = optimizer.make_optimizer(config.train)
+    abstract = jax.eval_shape(lambda k: step_lib.create_state(config, tx, k), jax.random.key(0))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shardings = jax.tree.map(lambda _: device, abstract)
+    state = ckpt.restore(step, abstract, shardings, None)
+  finally:
+    ckpt.close()
+  return config, state.params, step

@@ -28,7 +28,8 @@ class TrainState:
   opt_state: Any
 
 
-def _init_state(c: ml_collections.ConfigDict, tx: optax.GradientTransformation, key: Array) -> TrainState:
+def create_state(c: ml_collections.ConfigDict, tx: optax.GradientTransformation, key: Array) -> TrainState:
+  """A fresh (unsharded, unboxed) train state; call under jit with out_shardings, or eval_shape."""
   params = nn.unbox(objectives.init_params(c, key))
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
@@ -37,7 +38,7 @@ def state_shardings(c: ml_collections.ConfigDict, tx: optax.GradientTransformati
   """(abstract state, its NamedShardings): params from logical names, opt state from the params."""
   boxed = jax.eval_shape(lambda k: objectives.init_params(c, k), jax.random.key(0))
   param_shardings = sharding.logical_to_sharding(nn.get_partition_spec(boxed), mesh, rules)
-  abstract = jax.eval_shape(lambda k: _init_state(c, tx, k), jax.random.key(0))
+  abstract = jax.eval_shape(lambda k: create_state(c, tx, k), jax.random.key(0))
   replicated = NamedSharding(mesh, PartitionSpec())
   opt_shardings = optax.tree_utils.tree_map_params(
       tx, lambda _, s: s, abstract.opt_state, param_shardings,
@@ -51,7 +52,7 @@ def init_state(c: ml_collections.ConfigDict, tx: optax.GradientTransformation, m
   """Initialises the state directly into its shardings: nothing is materialised unsharded."""
   key = jax.random.key(c.train.seed)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    return jax.jit(lambda k: _init_state(c, tx, k), out_shardings=shardings)(key)
+    return jax.jit(lambda k: create_state(c, tx, k), out_shardings=shardings)(key)
 
 
 def make_train_step(c: ml_collections.ConfigDict, tx: optax.GradientTransformation, mesh: Mesh, rules,
