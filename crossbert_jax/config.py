@@ -112,6 +112,13 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.mesh.tensor = 1
   c.mesh.rules = ()  # Overrides of sharding.DEFAULT_RULES: (("mlp", "tensor"), ("vocab", None), ...).
 
+  c.eval = ml_collections.ConfigDict()  # Frozen probes during pretraining (crossbert_jax/evaluate.py).
+  c.eval.every_steps = 0  # 0: off. Logged to metrics.jsonl as probe/<task>/<probe>.
+  c.eval.tasks = "sst2,stsb"  # Comma-separated task names (see `python -m crossbert_jax.evaluate --help`).
+  c.eval.data_dir = ""  # Root of the task data (e.g. ../shared/data); required when every_steps > 0.
+  c.eval.max_examples = 2000  # Per split: a fixed, seeded subset keeps in-training probes cheap.
+  c.eval.seed = 0
+
   c.metrics = ml_collections.ConfigDict()
   c.metrics.log_every = 1 if variant == "tiny" else 10
   c.metrics.tensorboard = True
@@ -217,6 +224,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for k, v in sizes.items():
     if v == 0 or v < -1:
       raise _err(f"mesh.{k}", f"must be a positive size or -1, got {v}")
+  if c.eval.every_steps < 0:
+    raise _err("eval.every_steps", f"must be >= 0 (0 = off), got {c.eval.every_steps}")
+  if c.eval.every_steps > 0 and not c.eval.data_dir:
+    raise _err("eval.data_dir", "is empty but eval.every_steps > 0: point it at the task data (e.g. ../shared/data)")
+  if c.eval.max_examples < 10:
+    raise _err("eval.max_examples", f"must be >= 10, got {c.eval.max_examples}")
   if c.metrics.log_every < 1:
     raise _err("metrics.log_every", f"must be >= 1, got {c.metrics.log_every}")
   if c.metrics.cpu_peak_tflops <= 0:
