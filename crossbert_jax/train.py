@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import ml_collections
+from jax.experimental import multihost_utils
 import numpy as np
 from absl import app, flags, logging
 from etils import epath
@@ -93,6 +94,14 @@ class _StepMetrics:
     return out
 
 
+def _probe_scores(c: ml_collections.ConfigDict, state: step.TrainState, tok, primary: bool) -> dict[str, float]:
+  """Frozen probes (eval.tasks) on the encoder: gathered to every host, scored on process 0."""
+  from crossbert_jax import evaluate  # Local: scikit-learn and the task readers load only when used.
+
+  encoder = multihost_utils.process_allgather(state.params["encoder"], tiled=True)
+  return evaluate.probe_scores(c, encoder, tok) if primary else {}
+
+
 def run(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains `c` in `workdir` (resuming if it holds a checkpoint); returns the last logged scalars."""
   config_lib.validate(c)
@@ -130,15 +139,17 @@ def run(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   pending = None  # (step number after the update, device metrics, dispatch time) not yet fetched.
   last_good = latest
 
-  def drain(p):
+  def drain(p, probes_of=None):
     nonlocal last
     step_num, device_metrics, dispatched_at = p
     scalars = tracker.scalars(step_num, device_metrics, dispatched_at)
+    if probes_of is not None and np.isfinite(scalars["loss"]):
+      scalars.update(_probe_scores(c, probes_of, tok, primary))
     if not np.isfinite(scalars["loss"]):
       kept = f"the last good checkpoint (step {last_good}) is kept" if last_good is not None else "no checkpoint was saved"
       raise TrainingDiverged(f"loss is {scalars['loss']} at step {step_num}; stopping. In {workdir}, {kept}; "
                              "lower train.learning_rate or raise train.warmup_steps")
-    if step_num % c.metrics.log_every == 0 or step_num == c.train.steps:
+    if step_num % c.metrics.log_every == 0 or step_num == c.train.steps or probes_of is not None:
       logger.log(step_num, scalars)
     last = {"step": step_num, "first_loss": last.get("first_loss", scalars["loss"]), **scalars}
 
@@ -155,9 +166,13 @@ def run(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         if pending is not None:
           drain(pending)  # The previous step: the device is already busy with this one.
         pending = (step_num, device_metrics, dispatched_at)
-        if step_num % c.checkpoint.every_steps == 0:
-          drain(pending)  # Never checkpoint a state whose loss was not checked.
+        if c.eval.every_steps and step_num % c.eval.every_steps == 0:
+          drain(pending, probes_of=state)  # Frozen probes on this step's params, in its metrics row.
           pending = None
+        if step_num % c.checkpoint.every_steps == 0:
+          if pending is not None:
+            drain(pending)  # Never checkpoint a state whose loss was not checked.
+            pending = None
           ckpt.save(step_num, state, data_iter, c)
           last_good = step_num
       if pending is not None:
