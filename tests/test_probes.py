@@ -1,0 +1,98 @@
+"""Probe metrics against scikit-learn / scipy; probes on separable and on shuffled synthetic data."""
+
+import numpy as np
+import pytest
+from scipy import stats
+from sklearn import metrics as sk
+
+from crossbert_jax import eval_tasks, probes
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_metrics_match_sklearn_and_scipy(seed):
+  rng = np.random.default_rng(seed)
+  y_true, y_pred = rng.integers(0, 2, 300), rng.integers(0, 2, 300)
+  y3_true, y3_pred = rng.integers(0, 3, 300), rng.integers(0, 3, 300)
+  assert probes.accuracy(y_true, y_pred) == pytest.approx(sk.accuracy_score(y_true, y_pred))
+  assert probes.f1(y_true, y_pred) == pytest.approx(sk.f1_score(y_true, y_pred))
+  assert probes.matthews(y_true, y_pred) == pytest.approx(sk.matthews_corrcoef(y_true, y_pred))
+  assert probes.matthews(y3_true, y3_pred) == pytest.approx(sk.matthews_corrcoef(y3_true, y3_pred))
+  a, b = rng.normal(size=200), rng.normal(size=200) + 0.3 * np.arange(200) / 200
+  assert probes.pearson(a, b) == pytest.approx(stats.pearsonr(a, b).statistic, abs=1e-9)
+  assert probes.spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic, abs=1e-9)
+  # Ties (STS scores are on a coarse grid): average ranks, as scipy.
+  ta, tb = rng.integers(0, 6, 200).astype(float), rng.integers(0, 4, 200).astype(float)
+  assert probes.spearman(ta, tb) == pytest.approx(stats.spearmanr(ta, tb).statistic, abs=1e-9)
+
+
+def test_metric_edge_cases():
+  assert probes.matthews(np.array([1, 1]), np.array([1, 1])) == 0.0  # Undefined -> 0, as sklearn.
+  assert probes.f1(np.array([0, 0]), np.array([0, 0])) == 0.0
+  assert probes.pearson(np.ones(5), np.arange(5.0)) == 0.0
+
+
+def _task(x_NxD, y_N, kind, n_fit):
+  fit = eval_tasks.Split([""] * n_fit, y_N[:n_fit])
+  test = eval_tasks.Split([""] * (len(y_N) - n_fit), y_N[n_fit:])
+  metrics = ("accuracy",) if kind != eval_tasks.REGRESSION else ("spearman", "pearson")
+  task = eval_tasks.Task("synthetic", kind, metrics, {"train": fit, "test": test}, fit="train", scored=("test",))
+  return task, {"train": x_NxD[:n_fit], "test": x_NxD[n_fit:]}
+
+
+def _separable(n=1200, d=16, seed=0):
+  """Two classes on either side of a margin 2 apart along a random direction (cosine-separable too)."""
+  rng = np.random.default_rng(seed)
+  y = rng.integers(0, 2, n)
+  x = rng.normal(size=(n, d))
+  w = rng.normal(size=d)
+  w /= np.linalg.norm(w)
+  x = x - np.outer(x @ w, w) + np.outer(np.where(y == 1, 3.0, -3.0) + rng.uniform(-1, 1, n), w)
+  return x, y
+
+
+def test_probes_are_perfect_on_separable_features():
+  """Bound: exactly 100% test accuracy for both probes (margin 2, noise off the direction only)."""
+  x, y = _separable()
+  task, feats = _task(x, y, eval_tasks.CLASSIFICATION, 800)
+  scores, chosen = probes.score_task(task, feats)
+  assert scores["linear/test/accuracy"] == 1.0, scores
+  assert scores["knn/test/accuracy"] == 1.0, scores
+  assert chosen["linear/C"] in probes.C_GRID and chosen["knn/k"] in probes.K_GRID
+
+
+def test_probes_are_at_chance_on_shuffled_labels():
+  """Bound: |accuracy - 0.5| < 0.075 on 1,000 test rows (5 standard deviations: sd = 0.016)."""
+  x, y = _separable(n=3000, seed=1)
+  y = np.random.default_rng(7).permutation(y)
+  task, feats = _task(x, y, eval_tasks.CLASSIFICATION, 2000)
+  scores, _ = probes.score_task(task, feats)
+  for probe in ("linear", "knn"):
+    assert abs(scores[f"{probe}/test/accuracy"] - 0.5) < 0.075, (probe, scores)
+
+
+def test_regression_and_cross_validation():
+  """Ridge recovers a linear score (Spearman > 0.99); CV reports pooled out-of-fold scores."""
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(600, 8))
+  y = (x @ rng.normal(size=8)).astype(np.float32)
+  task, feats = _task(x, y, eval_tasks.REGRESSION, 400)
+  angle = np.pi / 2 * (y[400:] - y.min()) / np.ptp(y)  # Cosine falls as the score rises.
+  u, v = np.stack([np.ones(200), np.zeros(200)], 1), np.stack([np.cos(angle), np.sin(angle)], 1)
+  scores, chosen = probes.score_task(task, feats, pair_embeddings={"test": (u, v)})
+  assert scores["linear/test/spearman"] > 0.99 and "alpha" in "".join(chosen)
+  assert scores["cosine/test/spearman"] == pytest.approx(-1.0)
+  x, y = _separable(n=500, seed=4)
+  cv = eval_tasks.Task("cv", eval_tasks.CLASSIFICATION, ("accuracy",), {"dev": eval_tasks.Split([""] * 500, y)},
+                       fit="dev", scored=())
+  scores, chosen = probes.score_task(cv, {"dev": x})
+  assert scores["linear/cv/accuracy"] == 1.0 and scores["knn/cv/accuracy"] == 1.0
+  assert len([k for k in chosen if k.startswith("knn/k/fold")]) == probes.CV_FOLDS
+
+
+def test_nearest_matches_brute_force():
+  rng = np.random.default_rng(5)
+  keys, queries = rng.normal(size=(300, 6)), rng.normal(size=(50, 6))
+  idx, sims = probes.nearest(keys, queries, 7, chunk=16)
+  full = probes._unit(queries) @ probes._unit(keys).T
+  np.testing.assert_array_equal(idx, np.argsort(-full, axis=1)[:, :7])
+  np.testing.assert_allclose(sims, np.sort(full, axis=1)[:, ::-1][:, :7], rtol=1e-5)
