@@ -1,0 +1,232 @@
+"""Sentence embeddings from a frozen encoder: our JAX checkpoints, or a local Hugging Face folder.
+
+Both read the same representation: the mean over non-pad tokens (CLS and SEP included) of the
+final hidden states, or of another layer, or the average of several layers' means. A pair is
+one sequence `[CLS] a [SEP] b [SEP]` ("joint", the paper's default) or SentEval features
+[u, v, |u-v|, u*v] of separately embedded sides ("senteval").
+
+The JAX embedder sorts texts by length and runs fixed-shape batches at a few bucket lengths, so
+a whole data set compiles at most len(BUCKETS) programs. Embeddings are cached on disk as .npy,
+keyed by (model identity, task, split, layers, pooling, max length, pair mode, texts).
+Shape letters: B batch, L length, D embed, N texts.
+"""
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+import os
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+from etils import epath
+
+from crossbert_jax import inference
+from crossbert_jax import tokenizer as tokenizer_lib
+from crossbert_jax.encoder import EncoderSpec
+from crossbert_jax.errors import UserError
+
+BUCKETS = (32, 64, 128, 256, 512)
+TOKENS_PER_BATCH = 16384
+POOLINGS = ("mean", "cls")
+PAIR_MODES = ("joint", "senteval")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """How text becomes one vector: layers (-1 = final; several are averaged), pooling, max length."""
+  layers: tuple[int, ...] = (-1,)
+  pooling: str = "mean"
+  max_length: int = 512
+  pair_mode: str = "joint"
+
+  def __post_init__(self):
+    if self.pooling not in POOLINGS:
+      raise UserError(f"--pooling={self.pooling!r}: use one of {', '.join(POOLINGS)}")
+    if self.pair_mode not in PAIR_MODES:
+      raise UserError(f"--pair_mode={self.pair_mode!r}: use one of {', '.join(PAIR_MODES)}")
+    if self.max_length < 8:
+      raise UserError(f"--max_length={self.max_length}: use at least 8 tokens")
+    if not self.layers:
+      raise UserError("--layers is empty: give layer indices such as -1 (final) or 1,2")
+
+  @property
+  def tag(self) -> str:
+    return f"L{'_'.join(map(str, self.layers))}-{self.pooling}-{self.max_length}"
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+  """'-1' or '1,2' -> layer indices (0 = embedding output, num_layers or -1 = final)."""
+  try:
+    return tuple(int(t) for t in text.split(",") if t.strip())
+  except ValueError:
+    raise UserError(f"--layers={text!r}: give comma-separated integers, e.g. -1 or 1,2") from None
+
+
+def _pool(hidden_BxLxD, segment_ids_BxL, pooling):
+  if pooling == "cls":
+    return hidden_BxLxD[:, 0].astype(jnp.float32)
+  return inference.mean_pool(hidden_BxLxD, segment_ids_BxL)
+
+
+@functools.lru_cache(maxsize=16)
+def _pooled_fn(spec: EncoderSpec, layers: tuple[int, ...], pooling: str):
+  """jitted (params, tokens, positions, segment_ids) -> BxD pooled embeddings (cached per spec)."""
+  final_only = layers in ((-1,), (spec.num_layers,))
+  encode = inference.make_encode_fn(spec, all_layers=not final_only)
+  for l in layers:
+    if not -spec.num_layers - 1 <= l <= spec.num_layers:
+      raise UserError(f"--layers: {l} is out of range; this encoder has layers 0 (embeddings) .. "
+                      f"{spec.num_layers} (final, also -1)")
+
+  def fn(params, tokens_BxL, positions_BxL, segment_ids_BxL):
+    hidden = encode(params, tokens_BxL, positions_BxL, segment_ids_BxL)
+    if final_only:
+      return _pool(hidden, segment_ids_BxL, pooling)
+    pooled_LxBxD = jnp.stack([_pool(hidden[l], segment_ids_BxL, pooling) for l in layers])
+    return pooled_LxBxD.mean(0)
+
+  return jax.jit(fn)
+
+
+class Embedder:
+  """Base: `embed(texts, pairs)` -> NxD float32, with an identity string for the cache."""
+  identity: str = ""
+  options: Options = Options()
+  progress: bool = False
+  sentences_seen: int = 0
+  seconds: float = 0.0
+
+  def _embed(self, texts: Sequence[str], pairs: Sequence[str] | None) -> np.ndarray:
+    raise NotImplementedError
+
+  def embed(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> np.ndarray:
+    """NxD embeddings of texts (or of joint pairs); timing is accumulated for sentences/s."""
+    start = time.perf_counter()
+    out = self._embed(list(texts), None if pairs is None else list(pairs))
+    self.seconds += time.perf_counter() - start
+    self.sentences_seen += len(texts)
+    return out
+
+  def _bar(self, total: int, desc: str):
+    return tqdm.tqdm(total=total, desc=desc, disable=not self.progress, unit="seq", leave=False)
+
+
+class JaxEmbedder(Embedder):
+  """A CrossBERT/BERT encoder from our checkpoints, run jitted with length buckets."""
+
+  def __init__(self, spec: EncoderSpec, encoder_params, tok: tokenizer_lib.Tokenizer, options: Options = Options(),
+               identity: str = "", progress: bool = False, tokens_per_batch: int = TOKENS_PER_BATCH):
+    self.spec, self.params, self.tok, self.options = spec, encoder_params, tok, options
+    self.identity, self.progress, self.tokens_per_batch = identity, progress, tokens_per_batch
+    self._fn = _pooled_fn(spec, options.layers, options.pooling)
+
+  def _embed(self, texts, pairs):
+    seqs = inference.tokenize(self.tok, texts, pairs, max_length=self.options.max_length)
+    lengths_N = np.array([len(s) for s in seqs])
+    order = np.argsort(lengths_N, kind="stable")
+    buckets = [b for b in BUCKETS if b < self.options.max_length] + [self.options.max_length]
+    out_NxD = np.zeros((len(seqs), self.spec.embed_dim), np.float32)
+    with self._bar(len(seqs), "embed") as bar:
+      i = 0
+      while i < len(order):
+        length = next(b for b in buckets if b >= lengths_N[order[i]])
+        batch = max(1, self.tokens_per_batch // length)
+        # Every row of this batch fits the bucket (sorted), so the batch shape is fixed per bucket.
+        idx = [j for j in order[i:i + batch] if lengths_N[j] <= length]
+        padded = inference.pad_batch([seqs[j] for j in idx] + [[]] * (batch - len(idx)), length)
+        emb_BxD = self._fn(self.params, padded["tokens"], padded["positions"], padded["segment_ids"])
+        out_NxD[idx] = np.asarray(emb_BxD)[:len(idx)]
+        i += len(idx)
+        bar.update(len(idx))
+    return out_NxD
+
+
+class HFEmbedder(Embedder):
+  """A local Hugging Face encoder folder (transformers AutoModel on torch CPU), same pooling."""
+
+  def __init__(self, path: str, options: Options = Options(), progress: bool = False, batch_size: int = 64):
+    import torch  # Local: only --hf needs torch.
+    import transformers
+
+    if not epath.Path(path).exists():
+      raise UserError(f"--hf={path} does not exist: give a local folder saved with save_pretrained()")
+    try:
+      self.model = transformers.AutoModel.from_pretrained(path).eval()
+      self.hf_tok = transformers.AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+      raise UserError(f"--hf={path} is not a loadable transformers model + tokenizer folder: "
+                      f"{str(e).splitlines()[0]}") from None
+    self.torch, self.options, self.progress, self.batch_size = torch, options, progress, batch_size
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    self.num_layers = self.model.config.num_hidden_layers
+    self._takes_token_types = "token_type_ids" in inspect.signature(self.model.forward).parameters
+    self.identity = f"hf:{os.path.abspath(path)}"
+
+  def _embed(self, texts, pairs):
+    torch, opts = self.torch, self.options
+    lengths = [len(t) + (len(pairs[i]) if pairs else 0) for i, t in enumerate(texts)]
+    order = np.argsort(lengths, kind="stable")
+    out = [None] * len(texts)
+    final_only = opts.layers in ((-1,), (self.num_layers,))
+    with self._bar(len(texts), "embed"), torch.no_grad():
+      for start in range(0, len(order), self.batch_size):
+        idx = order[start:start + self.batch_size]
+        enc = self.hf_tok([texts[j] for j in idx], [pairs[j] for j in idx] if pairs else None, padding=True,
+                          truncation=True, max_length=opts.max_length, return_tensors="pt")
+        if not self._takes_token_types:
+          enc.pop("token_type_ids", None)
+        res = self.model(**enc, output_hidden_states=not final_only)
+        mask = enc["attention_mask"].unsqueeze(-1).float()
+        hiddens = [res.last_hidden_state] if final_only else [res.hidden_states[l] for l in opts.layers]
+        pooled = [h[:, 0] if opts.pooling == "cls" else (h * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+                  for h in hiddens]
+        emb = torch.stack(pooled).mean(0).float().numpy()
+        for row, j in enumerate(idx):
+          out[j] = emb[row]
+    return np.stack(out).astype(np.float32) if out else np.zeros((0, self.model.config.hidden_size), np.float32)
+
+
+def cache_path(cache_dir: str | epath.Path, embedder: Embedder, task: str, split: str, part: str,
+               texts: Sequence[str], pairs: Sequence[str] | None) -> epath.Path:
+  """The .npy file for these embeddings (the key includes a hash of the texts themselves)."""
+  h = hashlib.sha256()
+  for t in (embedder.identity, embedder.options.tag, task, split, part):
+    h.update(t.encode() + b"\0")
+  for t in texts:
+    h.update(t.encode() + b"\n")
+  for t in pairs or ():
+    h.update(t.encode() + b"\n")
+  return epath.Path(str(cache_dir)) / f"{task}-{split}-{part}-{embedder.options.tag}-{h.hexdigest()[:16]}.npy"
+
+
+def embed_cached(embedder: Embedder, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
+                 cache_dir: str | epath.Path | None = None, task: str = "", split: str = "",
+                 part: str = "text") -> np.ndarray:
+  """embedder.embed, read from / written to `cache_dir` when given."""
+  if cache_dir is None:
+    return embedder.embed(texts, pairs)
+  path = cache_path(cache_dir, embedder, task, split, part, texts, pairs)
+  if path.exists():
+    with path.open("rb") as f:
+      return np.load(f)
+  out = embedder.embed(texts, pairs)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.parent / (path.name + ".tmp")
+  with tmp.open("wb") as f:
+    np.save(f, out)
+  tmp.rename(path)
+  return out
+
+
+def pair_features(embedder: Embedder, texts: Sequence[str], pairs: Sequence[str], **cache) -> np.ndarray:
+  """Probe inputs for a pair task: the joint sequence, or SentEval's [u, v, |u-v|, u*v]."""
+  if embedder.options.pair_mode == "joint":
+    return embed_cached(embedder, texts, pairs, part="joint", **cache)
+  u = embed_cached(embedder, texts, part="a", **cache)
+  v = embed_cached(embedder, pairs, part="b", **cache)
+  return np.concatenate([u, v, np.abs(u - v), u * v], axis=-1)
