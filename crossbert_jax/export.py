@@ -1,0 +1,510 @@
+"""Hugging Face export (and import) of a CrossBERT encoder, verified against transformers.
+
+  python -m crossbert_jax.export --workdir=RUN [--step=N] --output=DIR [--verify] [--force]
+  python -m crossbert_jax.export import --hf=DIR --output=PARAMS_DIR [--scan_layers] [--force]
+  python -m crossbert_jax.export similarity --model=DIR
+
+Export writes a folder that `transformers.AutoModel` and `sentence_transformers.SentenceTransformer`
+load with no custom code; the weights go through `hf_mapping`'s table and are written from numpy
+(export itself needs no torch; `--verify` does). Import writes `params.safetensors` (keys are our
+param paths, e.g. `encoder/layers_1/attn/Wqkv/kernel`) plus our full `config.json`; read it back
+with `load_imported`. Every output is written to a temporary sibling folder and renamed at the end.
+Shape letters: B batch, L length, D embed, V vocab.
+"""
+
+import contextlib
+import json
+import shutil
+import sys
+import uuid
+from typing import Any, Sequence
+
+from absl import app
+from absl import flags
+from etils import epath
+import jax
+import ml_collections
+import numpy as np
+
+from crossbert_jax import checkpoint
+from crossbert_jax import config as config_lib
+from crossbert_jax import hf_mapping
+from crossbert_jax import inference
+from crossbert_jax import tokenizer as tokenizer_lib
+from crossbert_jax.encoder import EncoderSpec
+from crossbert_jax.errors import UserError, exit_on_user_error, parse_flags_or_exit
+
+TOLERANCE = 1e-4
+PARAMS_FILE = "params.safetensors"
+# Real sentences of varied lengths (so the batch pads), with accents and an emoji.
+VERIFY_SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age "
+    "of foolishness, it was the epoch of belief, it was the epoch of incredulity.",
+    "Call me Ishmael.",
+    "Four score and seven years ago our fathers brought forth on this continent a new nation.",
+    "She ordered a café crème and a croissant at the naïve little bistro. 😀",
+    "Hello!",
+    "All happy families are alike; each unhappy family is unhappy in its own way.",
+    "The sun rose slowly over the quiet hills, and the river shone like silver in the morning light.",
+)
+SIMILARITY_PAIRS = (
+    ("A man is playing a guitar.", "Someone is playing an instrument."),
+    ("The cat sleeps on the sofa.", "A kitten is napping on the couch."),
+    ("The stock market fell sharply today.", "A man is playing a guitar."),
+    ("It is raining heavily outside.", "The weather is wet and stormy."),
+)
+
+
+# -- numpy views of our params ---------------------------------------------------------------
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:
+  """Nested param dicts -> {'a/b/c': numpy array}."""
+  out = {}
+  for k, v in tree.items():
+    path = f"{prefix}{k}"
+    if isinstance(v, dict) or hasattr(v, "items"):
+      out.update(flatten(v, path + "/"))
+    else:
+      out[path] = np.asarray(jax.device_get(v))
+  return out
+
+
+def unflatten(flat: dict[str, np.ndarray]) -> dict:
+  """{'a/b/c': array} -> nested dicts."""
+  tree: dict = {}
+  for path, x in flat.items():
+    node = tree
+    *parents, leaf = path.split("/")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = x
+  return tree
+
+
+def inference_spec(model_cfg: Any) -> EncoderSpec:
+  """The encoder spec for fp32 inference (compute dtype and remat do not change the params)."""
+  spec = EncoderSpec.from_config(model_cfg)
+  return EncoderSpec(**{**spec.__dict__, "dtype": "float32", "remat": "none"})
+
+
+# -- writing safely --------------------------------------------------------------------------
+
+
+def _check_output(output: epath.Path, force: bool) -> None:
+  if output.exists() and (not output.is_dir() or any(output.iterdir())) and not force:
+    raise UserError(f"--output {output} exists and is not empty: choose a new folder or pass --force")
+
+
+@contextlib.contextmanager
+def _staging(output: epath.Path, force: bool):
+  """Yields a temporary sibling folder; renames it to `output` only if the body succeeds."""
+  _check_output(output, force)
+  output.parent.mkdir(parents=True, exist_ok=True)
+  tmp = output.parent / f".{output.name}.tmp-{uuid.uuid4().hex[:8]}"
+  tmp.mkdir()
+  try:
+    yield tmp
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  if output.exists():
+    shutil.rmtree(output) if output.is_dir() else output.unlink()
+  tmp.rename(output)
+
+
+def _write_json(path: epath.Path, obj: Any) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+# -- tokenizer -------------------------------------------------------------------------------
+
+
+def hf_tokenizer(tok: tokenizer_lib.Tokenizer):
+  """Our SentencePiece model as a `tokenizers.Tokenizer` that adds [CLS] ... [SEP] (offline)."""
+  from tokenizers import AddedToken, processors  # pylint: disable=g-import-not-at-top
+  from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf  # pylint: disable=g-import-not-at-top
+
+  proto = import_protobuf().ModelProto()
+  proto.ParseFromString(tok.serialized_proto)
+  vocab = [(p.piece, p.score) for p in proto.pieces]
+  if proto.trainer_spec.model_type == 2:  # BPE: merges are rebuilt from the piece scores.
+    vocab = {p.piece: i for i, p in enumerate(proto.pieces)}
+  # legacy=True reproduces SentencePiece's dummy prefix exactly (also before a leading "▁").
+  fast = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab, legacy=True)
+  fast.add_special_tokens([AddedToken(p, special=True, normalized=False)
+                           for p in tokenizer_lib.SPECIAL_PIECES])
+  cls, sep = tokenizer_lib.CLS, tokenizer_lib.SEP
+  fast.post_processor = processors.TemplateProcessing(
+      single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+      special_tokens=[(cls, tokenizer_lib.CLS_ID), (sep, tokenizer_lib.SEP_ID)])
+  return fast
+
+
+def _special_tokens_map() -> dict[str, str]:
+  return {"pad_token": tokenizer_lib.PAD, "unk_token": tokenizer_lib.UNK, "cls_token": tokenizer_lib.CLS,
+          "sep_token": tokenizer_lib.SEP, "mask_token": tokenizer_lib.MASK}
+
+
+def _write_tokenizer(out: epath.Path, tok: tokenizer_lib.Tokenizer, seq_len: int) -> None:
+  (out / "tokenizer.json").write_text(hf_tokenizer(tok).to_str(pretty=True))
+  added = {str(i): {"content": p, "lstrip": False, "normalized": False, "rstrip": False,
+                    "single_word": False, "special": True}
+           for i, p in enumerate(tokenizer_lib.SPECIAL_PIECES)}
+  _write_json(out / "tokenizer_config.json", {
+      "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_len,
+      "padding_side": "right", "truncation_side": "right", "clean_up_tokenization_spaces": False,
+      "model_input_names": ["input_ids", "attention_mask"], "added_tokens_decoder": added,
+      **_special_tokens_map()})
+  _write_json(out / "special_tokens_map.json", _special_tokens_map())
+
+
+# -- export ----------------------------------------------------------------------------------
+
+
+def _sentence_transformers_files(out: epath.Path, embed_dim: int, seq_len: int) -> None:
+  # The classic module names load in sentence-transformers 2.x to 6.x.
+  _write_json(out / "modules.json", [
+      {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+      {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])
+  _write_json(out / "1_Pooling" / "config.json", {
+      "word_embedding_dimension": embed_dim, "pooling_mode_cls_token": False,
+      "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+      "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+      "pooling_mode_lasttoken": False, "include_prompt": True})
+  _write_json(out / "sentence_bert_config.json", {"max_seq_length": seq_len, "do_lower_case": False})
+  _write_json(out / "config_sentence_transformers.json", {
+      "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
+
+
+def hf_config(config: ml_collections.ConfigDict) -> dict:
+  """config.json contents for `config` (ModernBertModel, or ModernBertForMaskedLM for objective mlm)."""
+  from transformers import ModernBertConfig  # pylint: disable=g-import-not-at-top  (no torch needed)
+
+  with_head = config.objective == "mlm"
+  out = ModernBertConfig(**hf_mapping.to_hf_config(config.model, config.data.seq_len)).to_dict()
+  out.update(hf_mapping.legacy_config_keys(config.model))
+  out["architectures"] = ["ModernBertForMaskedLM" if with_head else "ModernBertModel"]
+  out["dtype"] = "float32"
+  return out
+
+
+def _run_summary(workdir: epath.Path | None, config: ml_collections.ConfigDict, step: int) -> dict:
+  info = {"step": step, "tokens_seen": None, "loss": None, "results": None}
+  if workdir is None:
+    return info
+  metrics_path = workdir / "metrics.jsonl"
+  if metrics_path.exists():
+    rows = []
+    for line in metrics_path.read_text().splitlines():
+      with contextlib.suppress(json.JSONDecodeError):
+        rows.append(json.loads(line))
+    rows = [r for r in rows if r.get("step", 0) <= step]
+    if rows:
+      info["tokens_seen"] = rows[-1].get("tokens_seen")
+      info["loss"] = rows[-1].get("loss")
+    probes = {k: v for r in rows for k, v in r.items() if k.startswith("probe/")}
+    info["results"] = probes or None
+  for name in ("results.json", "eval_results.json"):
+    if (workdir / name).exists():
+      info["results"] = json.loads((workdir / name).read_text())
+  return info
+
+
+def _model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | None) -> str:
+  m = config.model
+  kind = "CrossBERT encoder (reconstructor discarded)" if config.objective == "crossbert" else \
+      "flat BERT baseline (MLM head included as ModernBertForMaskedLM)"
+  layout = "all global" if m.global_every == 1 else \
+      f"global every {m.global_every} layers, local window {m.local_window}"
+  tokens = "unknown" if info["tokens_seen"] is None else f"{int(info['tokens_seen']):,}"
+  lines = [
+      "---", "library_name: transformers", "pipeline_tag: feature-extraction",
+      "tags: [modernbert, sentence-transformers, crossbert_jax]", "---", "",
+      f"# {kind}", "",
+      "Pretrained with [crossbert_jax](https://github.com/) and exported to Hugging Face "
+      "`ModernBertModel` format (no custom code).", "",
+      "## Architecture", "",
+      f"- ModernBERT layout: {m.num_layers} layers, width {m.embed_dim}, {m.num_heads} heads, "
+      f"GeGLU MLP {m.mlp_dim}, vocabulary {m.vocab_size}",
+      f"- Attention: {layout}; RoPE theta {m.rope_theta:g} (global), {m.local_rope_theta:g} (local)",
+      f"- Trained sequence length {config.data.seq_len}; embeddings: mean over non-pad tokens", "",
+      "## Training", "",
+      f"- Objective: `{config.objective}`, masking ratio {config.masking.ratio}"
+      + (f", {config.masking.views} complementary views" if config.objective == "crossbert" else ""),
+      f"- Data: `{config.data.path}` (tokenizer: SentencePiece, {m.vocab_size} pieces)",
+      f"- Steps: {info['step']}; batch {config.train.batch_size} x {config.data.seq_len}; tokens seen: {tokens}",
+  ]
+  if info["loss"] is not None:
+    lines.append(f"- Final training loss: {info['loss']:.4f}")
+  lines += ["", "## Evaluation", ""]
+  if info["results"]:
+    lines += ["```json", json.dumps(info["results"], indent=2), "```"]
+  else:
+    lines.append("No evaluation results were recorded with this run.")
+  if verify:
+    lines += ["", "## Export check", "",
+              f"- transformers `last_hidden_state` vs JAX: max abs diff {verify['hidden_max_abs_diff']:.2e}",
+              f"- sentence-transformers embedding vs JAX: max abs diff {verify['sentence_max_abs_diff']:.2e}",
+              "- tokenizer ids identical on the check sentences"]
+  lines += ["", "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer",
+            "model = SentenceTransformer('PATH')", "emb = model.encode(['A sentence.', 'Another one.'])",
+            "```", ""]
+  return "\n".join(lines)
+
+
+def write_hf(out: epath.Path, config: ml_collections.ConfigDict, params: Any,
+             tok: tokenizer_lib.Tokenizer, info: dict | None = None) -> None:
+  """Writes the HF folder contents into `out` (an existing, empty folder)."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
+  spec = inference_spec(config.model)
+  with_head = config.objective == "mlm"
+  flat = {k: v for k, v in flatten(params).items() if k.startswith(("encoder/", "head/"))}
+  tensors = hf_mapping.to_hf(flat, spec, with_head=with_head)
+  save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+  _write_json(out / "config.json", hf_config(config))
+  _write_tokenizer(out, tok, config.data.seq_len)
+  _sentence_transformers_files(out, spec.embed_dim, config.data.seq_len)
+  info = info or {"step": None, "tokens_seen": None, "loss": None, "results": None}
+  (out / "README.md").write_text(_model_card(config, info, info.get("verify")))
+
+
+def verify(folder: epath.Path, config: ml_collections.ConfigDict, params: Any,
+           tok: tokenizer_lib.Tokenizer, sentences: Sequence[str] = VERIFY_SENTENCES) -> dict:
+  """Loads `folder` in transformers / sentence-transformers (torch CPU fp32) and compares with JAX.
+
+  Returns the measured numbers; raises UserError (one line) on any mismatch.
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
+
+  spec = inference_spec(config.model)
+  seq_len = config.data.seq_len
+  ids = inference.tokenize(tok, sentences, max_length=seq_len)
+  hf_tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+  hf_ids = [hf_tok(s, truncation=True, max_length=seq_len)["input_ids"] for s in sentences]
+  for s, a, b in zip(sentences, ids, hf_ids):
+    if a != b:
+      raise UserError(f"verify: tokenizer ids differ on {s[:40]!r}: ours {a[:12]}..., HF {b[:12]}...")
+
+  length = max(len(x) for x in ids)
+  batch = inference.pad_batch(ids, length)
+  ours_BxLxD = np.asarray(inference.make_encode_fn(spec)(
+      params["encoder"], batch["tokens"], batch["positions"], batch["segment_ids"]))
+  valid_BxL = batch["segment_ids"] > 0
+
+  arch = getattr(transformers, hf_config(config)["architectures"][0])
+  model = arch.from_pretrained(str(folder), dtype=torch.float32).eval()
+  with torch.no_grad():
+    enc = hf_tok(list(sentences), padding=True, truncation=True, max_length=seq_len, return_tensors="pt")
+    if config.objective == "mlm":
+      out = model(**enc)
+      hidden = model.model(**enc).last_hidden_state.numpy()
+    else:
+      hidden = model(**enc).last_hidden_state.numpy()
+  hidden_diff = float(np.abs(hidden - ours_BxLxD)[valid_BxL].max())
+  result = {"hidden_max_abs_diff": hidden_diff}
+  if not hidden_diff <= TOLERANCE:
+    raise UserError(f"verify: transformers last_hidden_state differs from JAX by {hidden_diff:.2e} "
+                    f"(> {TOLERANCE:g}); the export does not match this encoder")
+  if config.objective == "mlm":
+    logits = np.asarray(mlm_logits(config, params, ours_BxLxD))
+    logit_diff = float(np.abs(out.logits.numpy() - logits)[valid_BxL].max())
+    result["mlm_logits_max_abs_diff"] = logit_diff
+    if not logit_diff <= TOLERANCE:
+      raise UserError(f"verify: ModernBertForMaskedLM logits differ from JAX by {logit_diff:.2e} (> {TOLERANCE:g})")
+
+  ours_BxD = np.asarray(inference.mean_pool(ours_BxLxD, batch["segment_ids"]))
+  st = SentenceTransformer(str(folder), device="cpu")
+  st_BxD = st.encode(list(sentences), batch_size=len(sentences), convert_to_numpy=True)
+  st_diff = float(np.abs(st_BxD - ours_BxD).max())
+  result["sentence_max_abs_diff"] = st_diff
+  if not st_diff <= TOLERANCE:
+    raise UserError(f"verify: SentenceTransformer.encode differs from the JAX mean-pooled embedding "
+                    f"by {st_diff:.2e} (> {TOLERANCE:g})")
+  return result
+
+
+def mlm_logits(config: ml_collections.ConfigDict, params: Any, hidden_BxLxD: Any) -> jax.Array:
+  """Logits BxLxV of the flat-BERT MLM head on encoder outputs (fp32)."""
+  from crossbert_jax.model import MlmHead  # pylint: disable=g-import-not-at-top
+
+  spec = inference_spec(config.model)
+  embedding_VxD = params["encoder"]["embeddings"]["tok_embeddings"]["embedding"]
+  return MlmHead(spec).apply({"params": params["head"]}, hidden_BxLxD, embedding_VxD)
+
+
+def export(config: ml_collections.ConfigDict, params: Any, tok: tokenizer_lib.Tokenizer,
+           output: str | epath.Path, *, do_verify: bool = False, force: bool = False,
+           info: dict | None = None) -> dict | None:
+  """Writes the HF folder `output` (atomically); with do_verify, checks it before the rename."""
+  if tok.vocab_size > config.model.vocab_size:
+    raise UserError(f"tokenizer has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}: "
+                    "pass the run's own tokenizer with --tokenizer")
+  output = epath.Path(output)
+  result = None
+  with _staging(output, force) as tmp:
+    write_hf(tmp, config, params, tok, info)
+    if do_verify:
+      result = verify(tmp, config, params, tok)
+      card_info = {**(info or {"step": None, "tokens_seen": None, "loss": None, "results": None}),
+                   "verify": result}
+      (tmp / "README.md").write_text(_model_card(config, card_info, result))
+  return result
+
+
+def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "",
+               do_verify: bool = False, force: bool = False) -> dict | None:
+  """Exports a training run's checkpoint (latest, or `step`) to the HF folder `output`."""
+  _check_output(epath.Path(output), force)
+  config, params, step = checkpoint.load_run(workdir, step)
+  tok_path = tokenizer or config.data.tokenizer
+  if not tok_path:
+    raise UserError(f"the run {workdir} records no data.tokenizer: pass --tokenizer=PATH/spm.model")
+  tok = tokenizer_lib.Tokenizer.load(tok_path)
+  info = _run_summary(epath.Path(workdir), config, step)
+  return export(config, params, tok, output, do_verify=do_verify, force=force, info=info)
+
+
+# -- import ----------------------------------------------------------------------------------
+
+
+def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers: bool = False
+            ) -> tuple[ml_collections.ConfigDict, dict]:
+  """(our config, params {'encoder': ...[, 'head': ...]}) from a ModernBERT safetensors folder."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+  folder = epath.Path(folder)
+  source = f"--hf {folder}"
+  for name in ("config.json", "model.safetensors"):
+    if not (folder / name).is_file():
+      raise UserError(f"{source} holds no {name}: point --hf at a ModernBERT model folder")
+  hf = json.loads((folder / "config.json").read_text())
+  model_values = hf_mapping.from_hf_config(hf, source)
+  tensors = load_file(str(folder / "model.safetensors"))
+  prefix = hf_mapping.MLM_ENCODER_PREFIX
+  has_prefix = any(k.startswith(prefix) for k in tensors)
+  with_head = objective == "mlm"
+  if with_head and "head.dense.weight" not in tensors:
+    raise UserError(f"{source} holds no MLM head (head.dense.weight): import it with --objective=crossbert")
+  if has_prefix and not with_head:
+    tensors = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+  config = config_lib.get_config(objective, "base").copy_and_resolve_references()
+  config.unlock()
+  for k, v in model_values.items():
+    config.model[k] = v
+  config.model.scan_layers = scan_layers
+  config.data.seq_len = int(hf.get("max_position_embeddings", config.data.seq_len))
+  config.lock()
+  spec = EncoderSpec.from_config(config.model)
+  flat = hf_mapping.from_hf({k: np.asarray(v, np.float32) if v.dtype != np.float32 else v
+                             for k, v in tensors.items()}, spec, with_head=with_head, source=source)
+  return config, unflatten(flat)
+
+
+def import_hf(hf: str, output: str, objective: str = "crossbert", scan_layers: bool = False,
+              force: bool = False) -> epath.Path:
+  """Writes `output`/params.safetensors (our param paths) + `output`/config.json (our config)."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
+  config, params = read_hf(hf, objective, scan_layers)
+  output = epath.Path(output)
+  with _staging(output, force) as tmp:
+    save_file(flatten(params), str(tmp / PARAMS_FILE))
+    _write_json(tmp / "config.json", config.to_dict())
+  return output
+
+
+def load_imported(folder: str | epath.Path) -> tuple[ml_collections.ConfigDict, dict]:
+  """(config, params) written by `import_hf`: params as nested numpy dicts ('encoder'[, 'head'])."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+  folder = epath.Path(folder)
+  if not (folder / PARAMS_FILE).is_file() or not (folder / "config.json").is_file():
+    raise UserError(f"{folder} holds no {PARAMS_FILE} + config.json: make it with "
+                    "`python -m crossbert_jax.export import --hf=DIR --output=DIR`")
+  config = checkpoint.config_from_dict(json.loads((folder / "config.json").read_text()))
+  return config, unflatten(load_file(str(folder / PARAMS_FILE)))
+
+
+# -- demo ------------------------------------------------------------------------------------
+
+
+def similarity(model_dir: str, pairs: Sequence[tuple[str, str]] = SIMILARITY_PAIRS) -> list[float]:
+  """Loads `model_dir` with sentence-transformers; prints and returns each pair's cosine similarity."""
+  from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
+
+  if not (epath.Path(model_dir) / "modules.json").is_file():
+    raise UserError(f"--model {model_dir} holds no modules.json: export a run with "
+                    "`python -m crossbert_jax.export --workdir=RUN --output=DIR` first")
+  st = SentenceTransformer(str(model_dir), device="cpu")
+  a = st.encode([p[0] for p in pairs], normalize_embeddings=True)
+  b = st.encode([p[1] for p in pairs], normalize_embeddings=True)
+  scores = [float(x) for x in (a * b).sum(-1)]
+  for (s1, s2), score in zip(pairs, scores):
+    print(f"{score:+.3f}  {s1!r} ~ {s2!r}")
+  return scores
+
+
+# -- CLI -------------------------------------------------------------------------------------
+
+def _define_flags() -> None:
+  """Defines the CLI flags (only when run as a program, so importers get no stray flags)."""
+  if "hf" in flags.FLAGS:
+    return
+  flags.DEFINE_string("workdir", None, "export: the training run's workdir.")
+  flags.DEFINE_integer("step", None, "export: checkpoint step (default: the latest).")
+  flags.DEFINE_string("output", None, "export: HF folder to write; import: params folder to write.")
+  flags.DEFINE_string("tokenizer", "", "export: SentencePiece model (default: the run's data.tokenizer).")
+  flags.DEFINE_bool("verify", False, "export: check the folder against transformers and sentence-transformers.")
+  flags.DEFINE_bool("force", False, "Overwrite a non-empty --output.")
+  flags.DEFINE_string("hf", None, "import: a ModernBERT folder (config.json + model.safetensors).")
+  flags.DEFINE_enum("objective", "crossbert", list(config_lib.OBJECTIVES),
+                    "import: objective of the written config (mlm also imports an MLM head).")
+  flags.DEFINE_bool("scan_layers", False, "import: write params in the scan-over-layers layout.")
+  flags.DEFINE_string("model", None, "similarity: an exported folder.")
+
+
+def _require(*names: str) -> None:
+  for name in names:
+    if not flags.FLAGS[name].value:
+      raise UserError(f"--{name} is required (see the usage in `python -m crossbert_jax.export --help`)")
+
+
+def main(argv: Sequence[str]) -> None:
+  """CLI: export (default), `import` or `similarity`."""
+  f = flags.FLAGS
+  command = argv[1] if len(argv) > 1 else "export"
+  if len(argv) > 2 or command not in ("export", "import", "similarity"):
+    raise UserError(f"unexpected arguments {argv[1:]}: use no command (export), `import` or `similarity`")
+  if command == "import":
+    _require("hf", "output")
+    out = import_hf(f.hf, f.output, f.objective, f.scan_layers, f.force)
+    print(f"imported {f.hf} -> {out}/{PARAMS_FILE} + config.json")
+  elif command == "similarity":
+    _require("model")
+    similarity(f.model)
+  else:
+    _require("workdir", "output")
+    result = export_run(f.workdir, f.output, f.step, f.tokenizer, f.verify, f.force)
+    print(f"exported {f.workdir} -> {f.output}")
+    if result:
+      print(" ".join(f"{k}={v:.2e}" for k, v in result.items()) + f" (tolerance {TOLERANCE:g}): verified")
+  sys.stdout.flush()
+
+
+def cli() -> None:
+  """Entry point of `python -m crossbert_jax.export`."""
+  _define_flags()
+  app.run(exit_on_user_error(main), flags_parser=parse_flags_or_exit)
+
+
+if __name__ == "__main__":
+  # Run the importable module, not this `__main__` copy (one set of classes and flags).
+  from crossbert_jax import export as export_lib  # pylint: disable=g-import-not-at-top,import-self
+
+  export_lib.cli()
