@@ -20,11 +20,13 @@ import uuid
 from typing import Any, Sequence
 
 from absl import app
+from absl import logging
 from absl import flags
 from etils import epath
 import jax
 import ml_collections
 import numpy as np
+import safetensors.numpy
 
 from crossbert_jax import checkpoint
 from crossbert_jax import config as config_lib
@@ -224,7 +226,7 @@ def _model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | No
       "---", "library_name: transformers", "pipeline_tag: feature-extraction",
       "tags: [modernbert, sentence-transformers, crossbert_jax]", "---", "",
       f"# {kind}", "",
-      "Pretrained with [crossbert_jax](https://github.com/) and exported to Hugging Face "
+      "Pretrained with `crossbert_jax` and exported to Hugging Face "
       "`ModernBertModel` format (no custom code).", "",
       "## Architecture", "",
       f"- ModernBERT layout: {m.num_layers} layers, width {m.embed_dim}, {m.num_heads} heads, "
@@ -258,13 +260,11 @@ def _model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | No
 def write_hf(out: epath.Path, config: ml_collections.ConfigDict, params: Any,
              tok: tokenizer_lib.Tokenizer, info: dict | None = None) -> None:
   """Writes the HF folder contents into `out` (an existing, empty folder)."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-
   spec = inference_spec(config.model)
   with_head = config.objective == "mlm"
   flat = {k: v for k, v in flatten(params).items() if k.startswith(("encoder/", "head/"))}
   tensors = hf_mapping.to_hf(flat, spec, with_head=with_head)
-  save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+  (out / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
   _write_json(out / "config.json", hf_config(config))
   _write_tokenizer(out, tok, config.data.seq_len)
   _sentence_transformers_files(out, spec.embed_dim, config.data.seq_len)
@@ -376,8 +376,6 @@ def export_run(workdir: str, output: str, step: int | None = None, tokenizer: st
 def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers: bool = False
             ) -> tuple[ml_collections.ConfigDict, dict]:
   """(our config, params {'encoder': ...[, 'head': ...]}) from a ModernBERT safetensors folder."""
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-
   folder = epath.Path(folder)
   source = f"--hf {folder}"
   for name in ("config.json", "model.safetensors"):
@@ -385,7 +383,7 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
       raise UserError(f"{source} holds no {name}: point --hf at a ModernBERT model folder")
   hf = json.loads((folder / "config.json").read_text())
   model_values = hf_mapping.from_hf_config(hf, source)
-  tensors = load_file(str(folder / "model.safetensors"))
+  tensors = safetensors.numpy.load((folder / "model.safetensors").read_bytes())
   prefix = hf_mapping.MLM_ENCODER_PREFIX
   has_prefix = any(k.startswith(prefix) for k in tensors)
   with_head = objective == "mlm"
@@ -409,26 +407,22 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
 def import_hf(hf: str, output: str, objective: str = "crossbert", scan_layers: bool = False,
               force: bool = False) -> epath.Path:
   """Writes `output`/params.safetensors (our param paths) + `output`/config.json (our config)."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-
   config, params = read_hf(hf, objective, scan_layers)
   output = epath.Path(output)
   with _staging(output, force) as tmp:
-    save_file(flatten(params), str(tmp / PARAMS_FILE))
+    (tmp / PARAMS_FILE).write_bytes(safetensors.numpy.save(flatten(params)))
     _write_json(tmp / "config.json", config.to_dict())
   return output
 
 
 def load_imported(folder: str | epath.Path) -> tuple[ml_collections.ConfigDict, dict]:
   """(config, params) written by `import_hf`: params as nested numpy dicts ('encoder'[, 'head'])."""
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-
   folder = epath.Path(folder)
   if not (folder / PARAMS_FILE).is_file() or not (folder / "config.json").is_file():
     raise UserError(f"{folder} holds no {PARAMS_FILE} + config.json: make it with "
                     "`python -m crossbert_jax.export import --hf=DIR --output=DIR`")
   config = checkpoint.config_from_dict(json.loads((folder / "config.json").read_text()))
-  return config, unflatten(load_file(str(folder / PARAMS_FILE)))
+  return config, unflatten(safetensors.numpy.load((folder / PARAMS_FILE).read_bytes()))
 
 
 # -- demo ------------------------------------------------------------------------------------
@@ -467,6 +461,7 @@ def _define_flags() -> None:
                     "import: objective of the written config (mlm also imports an MLM head).")
   flags.DEFINE_bool("scan_layers", False, "import: write params in the scan-over-layers layout.")
   flags.DEFINE_string("model", None, "similarity: an exported folder.")
+  flags.DEFINE_bool("similarity", False, "export: then print sentence-pair cosine similarities (demo).")
 
 
 def _require(*names: str) -> None:
@@ -478,6 +473,7 @@ def _require(*names: str) -> None:
 def main(argv: Sequence[str]) -> None:
   """CLI: export (default), `import` or `similarity`."""
   f = flags.FLAGS
+  logging.set_verbosity(logging.WARNING)  # Orbax restore chatter.
   command = argv[1] if len(argv) > 1 else "export"
   if len(argv) > 2 or command not in ("export", "import", "similarity"):
     raise UserError(f"unexpected arguments {argv[1:]}: use no command (export), `import` or `similarity`")
@@ -494,6 +490,8 @@ def main(argv: Sequence[str]) -> None:
     print(f"exported {f.workdir} -> {f.output}")
     if result:
       print(" ".join(f"{k}={v:.2e}" for k, v in result.items()) + f" (tolerance {TOLERANCE:g}): verified")
+    if f.similarity:
+      similarity(f.output)
   sys.stdout.flush()
 
 

@@ -1,0 +1,240 @@
+"""Hugging Face export/import: bitwise round trips, transformers / sentence-transformers parity,
+tokenizer parity, the CLI on a real tiny run, and safe writing.
+
+Parity runs on torch CPU in fp32 against a randomly initialised tiny encoder whose params are all
+perturbed (so a swapped norm or transposed kernel cannot hide behind an init of ones / zeros).
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from crossbert_jax import config as config_lib
+from crossbert_jax import corpus, export, hf_mapping, inference, objectives, tokenizer
+from crossbert_jax.encoder import EncoderSpec
+from crossbert_jax.errors import UserError
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+VOCAB = 512
+LOCAL_WINDOW = 8  # +-4 tokens: far below the verify sentences' lengths, so local != global.
+
+
+@pytest.fixture(scope="module")
+def tok_path(tmp_path_factory) -> str:
+  """A small SentencePiece model trained on the built-in corpus."""
+  path = tmp_path_factory.mktemp("tok") / "spm.model"
+  tokenizer.train_tokenizer(corpus.builtin_documents()[:4000], VOCAB, path)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def tok(tok_path) -> tokenizer.Tokenizer:
+  return tokenizer.Tokenizer.load(tok_path)
+
+
+def _config(objective="crossbert", global_every=1, scan_layers=False):
+  c = config_lib.get_config(objective, "tiny")
+  c.unlock()
+  c.model.vocab_size = VOCAB
+  c.model.num_layers = 4  # global_every=3: global, local, local, global.
+  c.model.global_every = global_every
+  c.model.local_window = LOCAL_WINDOW
+  c.model.scan_layers = scan_layers
+  c.lock()
+  return c
+
+
+def _params(c, seed=0):
+  """Random params of `c`'s model shapes (numpy-filled from eval_shape: no init compile).
+
+  Every leaf is random (norm scales around 1, the MLM bias too), so a swapped norm or a transposed
+  kernel cannot hide behind an init of ones or zeros.
+  """
+  abstract = jax.eval_shape(lambda k: objectives.init_params(c, k), jax.random.key(0))
+  rng = np.random.default_rng(seed)
+
+  def fill(path, x):
+    shape = x.value.shape if hasattr(x, "value") else x.shape
+    noise = rng.standard_normal(shape).astype(np.float32)
+    is_scale = getattr(path[-1], "key", None) == "scale"
+    return (1.0 + 0.1 * noise) if is_scale else 0.05 * noise
+
+  return jax.tree_util.tree_map_with_path(fill, abstract, is_leaf=lambda x: hasattr(x, "value"))
+
+
+def _assert_bitwise(a: dict, b: dict):
+  fa, fb = export.flatten(a), export.flatten(b)
+  assert fa.keys() == fb.keys(), f"param paths differ: {sorted(fa.keys() ^ fb.keys())}"
+  for k in fa:
+    assert fa[k].dtype == fb[k].dtype and fa[k].shape == fb[k].shape, k
+    np.testing.assert_array_equal(fa[k], fb[k], err_msg=f"{k} changed in the round trip")
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("global_every", [1, 3])
+def test_round_trip_is_bitwise(global_every, scan_layers):
+  """import(export(params)) == params, through the table and a config round trip."""
+  c = _config("mlm", global_every, scan_layers)
+  params = _params(c)
+  flat = {k: v for k, v in export.flatten(params).items() if k.startswith(("encoder/", "head/"))}
+  spec = EncoderSpec.from_config(c.model)
+  hf = hf_mapping.to_hf(flat, spec, with_head=True)
+  assert sorted(hf) == sorted(hf_mapping.hf_names(spec, with_head=True))
+  assert hf["model.layers.1.attn.Wqkv.weight"].shape == (3 * 64, 64)
+  assert hf["model.layers.1.mlp.Wi.weight"].shape == (2 * 128, 64)
+  assert "model.layers.0.attn_norm.weight" not in hf  # ModernBERT: Identity on layer 0.
+  hf_cfg = export.hf_config(c)
+  back_model = hf_mapping.from_hf_config(hf_cfg)
+  assert back_model == {k: c.model[k] for k in back_model}, "config round trip changed model.*"
+  _assert_bitwise(export.unflatten(hf_mapping.from_hf(hf, spec, with_head=True)),
+                  {"encoder": params["encoder"], "head": params["head"]})
+
+
+def test_round_trip_through_files_and_scan_relayout(tmp_path, tok):
+  """Files written by export and read by import are bitwise; scan <-> per-layer relayouts too."""
+  c = _config("crossbert", 3, scan_layers=True)
+  params = _params(c, seed=1)
+  export.export(c, params, tok, tmp_path / "hf")
+  back_cfg, back = export.read_hf(tmp_path / "hf", scan_layers=True)
+  _assert_bitwise(back, {"encoder": params["encoder"]})
+  assert back_cfg.model.to_dict() == c.model.to_dict()
+  _, flat_layout = export.read_hf(tmp_path / "hf", scan_layers=False)
+  assert "layers_3" in flat_layout["encoder"] and "layers" not in flat_layout["encoder"]
+  export.import_hf(str(tmp_path / "hf"), str(tmp_path / "imported"), scan_layers=True)
+  cfg2, params2 = export.load_imported(tmp_path / "imported")
+  _assert_bitwise(params2, {"encoder": params["encoder"]})
+  assert cfg2.model.global_every == 3 and cfg2.model.scan_layers
+
+
+@pytest.mark.parametrize("global_every", [1, 3])
+def test_transformers_and_sentence_transformers_parity(tmp_path, tok, global_every):
+  """last_hidden_state at non-pad positions and SentenceTransformer.encode within 1e-4 of JAX."""
+  c = _config("crossbert", global_every)
+  params = _params(c, seed=2)
+  result = export.export(c, params, tok, tmp_path / "hf", do_verify=True)
+  print(f"global_every={global_every}: {result}")
+  assert result["hidden_max_abs_diff"] <= 1e-4 and result["sentence_max_abs_diff"] <= 1e-4
+  hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert hf_cfg["architectures"] == ["ModernBertModel"]
+  assert hf_cfg["layer_types"] == hf_mapping.layer_types(4, global_every)
+  assert hf_cfg["local_attention"] == LOCAL_WINDOW
+  if global_every > 1:  # The local layers must really differ from global ones on these sentences.
+    ids = inference.tokenize(tok, export.VERIFY_SENTENCES, max_length=c.data.seq_len)
+    b = inference.pad_batch(ids, max(map(len, ids)))
+    run = lambda spec: np.asarray(inference.make_encode_fn(spec)(
+        params["encoder"], b["tokens"], b["positions"], b["segment_ids"]))
+    spec = export.inference_spec(c.model)
+    all_global = EncoderSpec(**{**spec.__dict__, "global_every": 1})
+    assert np.abs(run(spec) - run(all_global)).max() > 1e-2, "local window too wide to matter"
+
+
+def test_mlm_head_parity(tmp_path, tok):
+  """The BERT baseline exports as ModernBertForMaskedLM; logits match the JAX MlmHead."""
+  c = _config("mlm", 3)
+  result = export.export(c, _params(c, seed=3), tok, tmp_path / "hf", do_verify=True)
+  print(f"mlm: {result}")
+  assert result["mlm_logits_max_abs_diff"] <= 1e-4
+  hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert hf_cfg["architectures"] == ["ModernBertForMaskedLM"]
+
+
+UNUSUAL = [
+    "  leading,   inner   and trailing spaces  ", "tabs\tand\nnewlines\r\nmixed", "\u00a0non-breaking\u00a0space",
+    "\u3000ideographic space", "zero\u200bwidth joiner\u200d", "café naïve résumé Ångström façade", "e\u0301 combining",
+    "Ελληνικά, русский, 中文, 日本語, العربية", "emoji 😀🎉👍🏽 👨‍👩‍👧 flags 🇫🇷", "ﬁ ligature ① ＡＢＣ full-width",
+    "", " ", "\t", "a" * 300, "1,234.56 $ € £ ¥ % @ # & * ( ) [ ] { } < > / \\ | ~ `",
+]
+
+
+def test_tokenizer_parity(tok, shared_data):
+  """HF tokenizer ids == inference.tokenize on 500 Gutenberg lines and unusual text."""
+  books = sorted((shared_data / "gutenberg").glob("*.txt"))
+  lines = []
+  for book in books:
+    lines += [ln for ln in book.read_text(errors="replace").splitlines() if ln.strip()][200:230]
+    if len(lines) >= 500:
+      break
+  texts = lines[:500] + UNUSUAL
+  assert len(lines) >= 500
+  fast = export.hf_tokenizer(tok)
+  ours = inference.tokenize(tok, texts, max_length=10_000)
+  theirs = [e.ids for e in fast.encode_batch(texts)]
+  bad = [(t, a, b) for t, a, b in zip(texts, ours, theirs) if a != b]
+  assert not bad, f"{len(bad)} texts differ, first: {bad[0]}"
+
+
+def test_special_token_strings_in_raw_text(tok):
+  """Deliberate difference: HF reads "[MASK]" etc. in raw text as the special token; SentencePiece as text."""
+  fast = export.hf_tokenizer(tok)
+  ids = fast.encode("fill [MASK] here").ids
+  assert ids.count(tokenizer.MASK_ID) == 1 and ids[0] == tokenizer.CLS_ID and ids[-1] == tokenizer.SEP_ID
+  assert fast.encode("[SEP]").ids == [tokenizer.CLS_ID, tokenizer.SEP_ID, tokenizer.SEP_ID]
+
+
+def test_refuses_non_empty_output_unless_force(tmp_path, tok):
+  c = _config()
+  params = _params(c)
+  out = tmp_path / "hf"
+  out.mkdir()
+  (out / "keep.txt").write_text("user data")
+  with pytest.raises(UserError, match="not empty.*--force"):
+    export.export(c, params, tok, out)
+  assert (out / "keep.txt").exists()
+  export.export(c, params, tok, out, force=True)
+  assert (out / "model.safetensors").exists() and not (out / "keep.txt").exists()
+  assert [p.name for p in tmp_path.iterdir()] == ["hf"], "a temporary folder was left behind"
+
+
+def test_failed_verify_leaves_no_folder(tmp_path, tok, monkeypatch):
+  """A broken mapping fails --verify with one line, and nothing is left on disk."""
+  c = _config()
+  real = hf_mapping.to_hf
+
+  def broken(flat, spec, with_head=False):
+    out = real(flat, spec, with_head)
+    out["embeddings.norm.weight"] = out["embeddings.norm.weight"] * 1.01
+    return out
+
+  monkeypatch.setattr(hf_mapping, "to_hf", broken)
+  with pytest.raises(UserError, match="last_hidden_state differs") as e:
+    export.export(c, _params(c), tok, tmp_path / "hf", do_verify=True)
+  assert "\n" not in str(e.value)
+  assert list(tmp_path.iterdir()) == []
+
+
+def _cli(module_args, check=True):
+  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+  proc = subprocess.run([sys.executable, "-m", *module_args], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=600)
+  if check and proc.returncode != 0:
+    pytest.fail(f"{module_args} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+  return proc
+
+
+def test_cli_real_run_exports_verifies_and_imports(tmp_path, tok_path):
+  """Train a few steps, export --verify through the CLI, import back bitwise, print similarities."""
+  run = tmp_path / "run"
+  _cli(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={run}",
+        f"--config.data.tokenizer={tok_path}", f"--config.model.vocab_size={VOCAB}",
+        "--config.model.global_every=2", "--config.model.local_window=16", "--config.train.steps=2",
+        "--config.checkpoint.every_steps=2", "--config.metrics.progress_bar=False",
+        "--config.metrics.tensorboard=False"])
+  out = tmp_path / "hf"
+  proc = _cli(["crossbert_jax.export", f"--workdir={run}", f"--output={out}", "--verify",
+               "--similarity"])
+  assert "verified" in proc.stdout, proc.stdout
+  print(proc.stdout)
+  assert "tokens seen: 2,048" in (out / "README.md").read_text()
+  refused = _cli(["crossbert_jax.export", f"--workdir={run}", f"--output={out}"], check=False)
+  assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error: --output")
+  _cli(["crossbert_jax.export", "import", f"--hf={out}", f"--output={tmp_path / 'imported'}"])
+  from crossbert_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  _, params, _ = checkpoint.load_run(run)
+  _, imported = export.load_imported(tmp_path / "imported")
+  _assert_bitwise(imported, {"encoder": jax.tree.map(np.asarray, params["encoder"])})
