@@ -38,6 +38,23 @@ def tok(tok_path) -> tokenizer.Tokenizer:
   return tokenizer.Tokenizer.load(tok_path)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def real_run(tok_path, tmp_path_factory):
+  """A real tiny training run (the flat-BERT baseline: it compiles faster than CrossBERT and its
+  export exercises the MLM head too), started in the background at module setup so its compile
+  overlaps the in-process tests; the CLI test waits for it."""
+  workdir = tmp_path_factory.mktemp("real") / "run"
+  proc = _cli(["crossbert_jax.train", "--config=configs/bert.py:tiny", f"--workdir={workdir}",
+               f"--config.data.tokenizer={tok_path}", f"--config.model.vocab_size={VOCAB}",
+               "--config.model.global_every=2", "--config.model.local_window=16", "--config.train.steps=2",
+               "--config.checkpoint.every_steps=2", "--config.metrics.progress_bar=False",
+               "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False"], wait=False)
+  yield workdir, proc
+  if proc.poll() is None:
+    proc.kill()
+  proc.communicate()
+
+
 def _config(objective="crossbert", global_every=1, scan_layers=False):
   c = config_lib.get_config(objective, "tiny")
   c.unlock()
@@ -112,36 +129,32 @@ def test_round_trip_through_files_and_scan_relayout(tmp_path, tok):
   assert cfg2.model.global_every == 3 and cfg2.model.scan_layers
 
 
-@pytest.mark.parametrize("global_every", [1, 3])
-def test_transformers_and_sentence_transformers_parity(tmp_path, tok, global_every):
-  """last_hidden_state at non-pad positions and SentenceTransformer.encode within 1e-4 of JAX."""
-  c = _config("crossbert", global_every)
+@pytest.mark.parametrize("objective,global_every", [("crossbert", 3), ("mlm", 1)])
+def test_transformers_and_sentence_transformers_parity(tmp_path, tok, objective, global_every):
+  """last_hidden_state at non-pad positions, MLM logits (BERT baseline as ModernBertForMaskedLM)
+  and SentenceTransformer.encode within 1e-4 of JAX, for alternating local/global and all-global."""
+  c = _config(objective, global_every)
   params = _params(c, seed=2)
   result = export.export(c, params, tok, tmp_path / "hf", do_verify=True)
-  print(f"global_every={global_every}: {result}")
+  print(f"{objective} global_every={global_every}: {result}")
   assert result["hidden_max_abs_diff"] <= 1e-4 and result["sentence_max_abs_diff"] <= 1e-4
   hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
-  assert hf_cfg["architectures"] == ["ModernBertModel"]
+  if objective == "mlm":
+    assert result["mlm_logits_max_abs_diff"] <= 1e-4
+    assert hf_cfg["architectures"] == ["ModernBertForMaskedLM"]
+  else:
+    assert hf_cfg["architectures"] == ["ModernBertModel"]
   assert hf_cfg["layer_types"] == hf_mapping.layer_types(4, global_every)
   assert hf_cfg["local_attention"] == LOCAL_WINDOW
   if global_every > 1:  # The local layers must really differ from global ones on these sentences.
     ids = inference.tokenize(tok, export.VERIFY_SENTENCES, max_length=c.data.seq_len)
+    assert len({len(x) for x in ids}) > 1, "the verify batch must need padding"
     b = inference.pad_batch(ids, max(map(len, ids)))
     run = lambda spec: np.asarray(inference.make_encode_fn(spec)(
         params["encoder"], b["tokens"], b["positions"], b["segment_ids"]))
     spec = export.inference_spec(c.model)
     all_global = EncoderSpec(**{**spec.__dict__, "global_every": 1})
     assert np.abs(run(spec) - run(all_global)).max() > 1e-2, "local window too wide to matter"
-
-
-def test_mlm_head_parity(tmp_path, tok):
-  """The BERT baseline exports as ModernBertForMaskedLM; logits match the JAX MlmHead."""
-  c = _config("mlm", 3)
-  result = export.export(c, _params(c, seed=3), tok, tmp_path / "hf", do_verify=True)
-  print(f"mlm: {result}")
-  assert result["mlm_logits_max_abs_diff"] <= 1e-4
-  hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
-  assert hf_cfg["architectures"] == ["ModernBertForMaskedLM"]
 
 
 UNUSUAL = [
@@ -208,33 +221,33 @@ def test_failed_verify_leaves_no_folder(tmp_path, tok, monkeypatch):
   assert list(tmp_path.iterdir()) == []
 
 
-def _cli(module_args, check=True):
+def _cli(module_args, check=True, wait=True):
   env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-  proc = subprocess.run([sys.executable, "-m", *module_args], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=600)
+  cmd = [sys.executable, "-m", *module_args]
+  if not wait:
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   if check and proc.returncode != 0:
     pytest.fail(f"{module_args} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
   return proc
 
 
-def test_cli_real_run_exports_verifies_and_imports(tmp_path, tok_path):
-  """Train a few steps, export --verify through the CLI, import back bitwise, print similarities."""
-  run = tmp_path / "run"
-  _cli(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={run}",
-        f"--config.data.tokenizer={tok_path}", f"--config.model.vocab_size={VOCAB}",
-        "--config.model.global_every=2", "--config.model.local_window=16", "--config.train.steps=2",
-        "--config.checkpoint.every_steps=2", "--config.metrics.progress_bar=False",
-        "--config.metrics.tensorboard=False"])
+def test_cli_real_run_exports_verifies_and_imports(tmp_path, real_run):
+  """A real run exports with --verify through the CLI, imports back bitwise, prints similarities."""
+  run, train = real_run
+  _, err = train.communicate(timeout=600)
+  assert train.returncode == 0, f"training failed ({train.returncode}):\n{err[-3000:]}"
   out = tmp_path / "hf"
-  proc = _cli(["crossbert_jax.export", f"--workdir={run}", f"--output={out}", "--verify",
-               "--similarity"])
+  proc = _cli(["crossbert_jax.export", f"--workdir={run}", f"--output={out}", "--verify", "--similarity"])
   assert "verified" in proc.stdout, proc.stdout
   print(proc.stdout)
   assert "tokens seen: 2,048" in (out / "README.md").read_text()
-  refused = _cli(["crossbert_jax.export", f"--workdir={run}", f"--output={out}"], check=False)
-  assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error: --output")
-  _cli(["crossbert_jax.export", "import", f"--hf={out}", f"--output={tmp_path / 'imported'}"])
+  assert json.loads((out / "config.json").read_text())["layer_types"] == hf_mapping.layer_types(2, 2)
+  with pytest.raises(UserError, match="--output .* not empty"):
+    export.export_run(str(run), str(out))
+  _cli(["crossbert_jax.export", "import", f"--hf={out}", f"--output={tmp_path / 'imported'}",
+        "--objective=mlm"])
   from crossbert_jax import checkpoint  # pylint: disable=g-import-not-at-top
   _, params, _ = checkpoint.load_run(run)
   _, imported = export.load_imported(tmp_path / "imported")
-  _assert_bitwise(imported, {"encoder": jax.tree.map(np.asarray, params["encoder"])})
+  _assert_bitwise(imported, {k: jax.tree.map(np.asarray, params[k]) for k in ("encoder", "head")})
