@@ -363,14 +363,38 @@ def export_run(workdir: str, output: str, step: int | None = None, tokenizer: st
   _check_output(epath.Path(output), force)
   config, params, step = checkpoint.load_run(workdir, step)
   tok_path = tokenizer or config.data.tokenizer
-  if not tok_path:
-    raise UserError(f"the run {workdir} records no data.tokenizer: pass --tokenizer=PATH/spm.model")
+  if not tokenizer and (not tok_path or not epath.Path(tok_path).exists()):
+    raise UserError(f"the run's data.tokenizer {tok_path!r} is not found from here: pass "
+                    "--tokenizer=PATH/spm.model (or run from the directory the run was started in)")
   tok = tokenizer_lib.Tokenizer.load(tok_path)
   info = _run_summary(epath.Path(workdir), config, step)
   return export(config, params, tok, output, do_verify=do_verify, force=force, info=info)
 
 
 # -- import ----------------------------------------------------------------------------------
+
+
+_SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bfloat16"}
+
+
+def _load_float_tensors(data: bytes, source: str) -> dict[str, np.ndarray]:
+  """float32 arrays of a safetensors file (BF16 too, which safetensors.numpy cannot read)."""
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+
+  n = int.from_bytes(data[:8], "little")
+  header = json.loads(data[8:8 + n])
+  out = {}
+  for name, info in header.items():
+    if name == "__metadata__":
+      continue
+    dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+    if dtype is None:
+      raise UserError(f"{source}: tensor {name} has dtype {info['dtype']}; expected float weights")
+    dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    begin, end = info["data_offsets"]
+    x = np.frombuffer(data[8 + n + begin:8 + n + end], dtype=dtype).reshape(info["shape"])
+    out[name] = x if x.dtype == np.float32 else x.astype(np.float32)
+  return out
 
 
 def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers: bool = False
@@ -383,7 +407,7 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
       raise UserError(f"{source} holds no {name}: point --hf at a ModernBERT model folder")
   hf = json.loads((folder / "config.json").read_text())
   model_values = hf_mapping.from_hf_config(hf, source)
-  tensors = safetensors.numpy.load((folder / "model.safetensors").read_bytes())
+  tensors = _load_float_tensors((folder / "model.safetensors").read_bytes(), source)
   prefix = hf_mapping.MLM_ENCODER_PREFIX
   has_prefix = any(k.startswith(prefix) for k in tensors)
   with_head = objective == "mlm"
@@ -399,8 +423,7 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
   config.data.seq_len = int(hf.get("max_position_embeddings", config.data.seq_len))
   config.lock()
   spec = EncoderSpec.from_config(config.model)
-  flat = hf_mapping.from_hf({k: np.asarray(v, np.float32) if v.dtype != np.float32 else v
-                             for k, v in tensors.items()}, spec, with_head=with_head, source=source)
+  flat = hf_mapping.from_hf(tensors, spec, with_head=with_head, source=source)
   return config, unflatten(flat)
 
 

@@ -129,6 +129,31 @@ def test_round_trip_through_files_and_scan_relayout(tmp_path, tok):
   assert cfg2.model.global_every == 3 and cfg2.model.scan_layers
 
 
+def test_imports_legacy_config_and_bf16_weights(tmp_path, tok):
+  """A transformers-4.x style config (global_attn_every_n_layers, *_rope_theta) and bf16 weights."""
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  import safetensors.torch  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+
+  c = _config("crossbert", 3)
+  c.unlock()
+  c.model.rope_theta, c.model.local_rope_theta = 80_000.0, 5_000.0
+  c.lock()
+  params = _params(c, seed=4)
+  export.export(c, params, tok, tmp_path / "hf")
+  cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+  for key in ("layer_types", "rope_parameters"):
+    del cfg[key]
+  (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+  tensors = export._load_float_tensors((tmp_path / "hf" / "model.safetensors").read_bytes(), "test")
+  safetensors.torch.save_file({k: torch.from_numpy(np.array(v)).to(torch.bfloat16) for k, v in tensors.items()},
+                              str(tmp_path / "hf" / "model.safetensors"))
+  back_cfg, back = export.read_hf(tmp_path / "hf")
+  assert back_cfg.model.to_dict() == c.model.to_dict()
+  rounded = jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), params["encoder"])
+  _assert_bitwise(back, {"encoder": rounded})
+
+
 @pytest.mark.parametrize("objective,global_every", [("crossbert", 3), ("mlm", 1)])
 def test_transformers_and_sentence_transformers_parity(tmp_path, tok, objective, global_every):
   """last_hidden_state at non-pad positions, MLM logits (BERT baseline as ModernBertForMaskedLM)
