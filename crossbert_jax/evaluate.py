@@ -127,7 +127,7 @@ def jax_model(workdir: str, step: int | None, options: embedder_lib.Options, tok
 
 def evaluate_model(emb: embedder_lib.Embedder, tasks: Sequence[eval_tasks.Task], *, seed: int = 0,
                    max_examples: int = 0, cache_dir: str | None = None, retrieval_dirs: Sequence[str] = (),
-                   log=print) -> dict[str, Any]:
+                   retrieval_max_docs: int = 0, log=print) -> dict[str, Any]:
   """Every task's probes and every retrieval folder's scores for one model, with timings."""
   start = time.perf_counter()
   out: dict[str, Any] = {"tasks": {}, "retrieval": {}}
@@ -137,7 +137,8 @@ def evaluate_model(emb: embedder_lib.Embedder, tasks: Sequence[eval_tasks.Task],
     log(f"  {task.name}: {time.perf_counter() - t0:.1f}s")
   for folder in retrieval_dirs:
     t0 = time.perf_counter()
-    out["retrieval"][epath.Path(folder).name] = retrieval.evaluate_beir(emb, folder, cache_dir=cache_dir)
+    out["retrieval"][epath.Path(folder).name] = retrieval.evaluate_beir(
+        emb, folder, cache_dir=cache_dir, max_docs=retrieval_max_docs)
     log(f"  {epath.Path(folder).name}: {time.perf_counter() - t0:.1f}s")
   out["seconds"] = time.perf_counter() - start
   out["embedded_sentences"] = emb.sentences_seen
@@ -190,6 +191,8 @@ def _define_flags() -> None:
   flags.DEFINE_integer("max_examples", 0, "Per split, a seeded subset of this many rows (0: all).")
   flags.DEFINE_integer("seed", 0, "Seed of subsets, validation splits and folds.")
   flags.DEFINE_multi_string("retrieval", [], "BEIR folder(s), absolute or under --data_dir (e.g. beir/scifact).")
+  flags.DEFINE_integer("retrieval_max_docs", 0, "0: the whole corpus; N: the judged documents plus the first N "
+                       "others (smaller and easier: smoke tests only).")
   flags.DEFINE_string("cache_dir", "", "Embedding cache (default: <workdir>/eval_cache; --hf: none).")
   flags.DEFINE_bool("cache", True, "Cache embeddings on disk (--nocache: off).")
   flags.DEFINE_bool("progress", True, "Progress bars on the terminal.")
@@ -248,14 +251,15 @@ def main(argv: Sequence[str]) -> None:
     label = label if label not in results else f"{label} ({source})"
     print(f"{label}:", flush=True)
     results[label] = evaluate_model(emb, tasks, seed=f.seed, max_examples=f.max_examples, cache_dir=cache_dir,
-                                    retrieval_dirs=retrieval_dirs)
+                                    retrieval_dirs=retrieval_dirs, retrieval_max_docs=f.retrieval_max_docs)
     results[label]["source"] = {"kind": kind, "path": os.path.abspath(source)}
   table = markdown_table(results)
   print(table, flush=True)
   if f.output:
     settings = {"tasks": [t.name for t in tasks], "retrieval": f.retrieval, "layers": list(options.layers),
                 "pooling": f.pooling, "pair_mode": f.pair_mode, "max_length": f.max_length,
-                "max_examples": f.max_examples, "seed": f.seed, "step": f.step}
+                "max_examples": f.max_examples, "seed": f.seed, "step": f.step,
+                "retrieval_max_docs": f.retrieval_max_docs}
     out = epath.Path(f.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"settings": settings, "models": results}, indent=1, default=_json_default))

@@ -33,12 +33,14 @@ class MtebEncoder:
   """Wraps an `Embedder` in mteb's EncoderProtocol: `encode(inputs, ...) -> NxD numpy`."""
 
   def __init__(self, emb: embedder_lib.Embedder, name: str = "crossbert_jax/local", normalize: bool = True):
-    self.embedder, self.normalize = emb, normalize
-    try:
-      from mteb.models import ModelMeta  # Local: mteb is heavy and optional at import time.
-      self.mteb_model_meta = ModelMeta.create_empty({"name": name, "revision": "local"})
-    except Exception:  # noqa: BLE001 - an mteb without this API still accepts duck-typed encoders.
-      self.mteb_model_meta = None
+    self.embedder, self.normalize, self.name = emb, normalize, name
+
+  @property
+  def mteb_model_meta(self):
+    """mteb's ModelMeta for the results (imported here: mteb is slow to import)."""
+    from mteb.models import ModelMeta
+
+    return ModelMeta.create_empty({"name": self.name, "revision": "local"})
 
   def encode(self, inputs: Any, *, batch_size: int = 32, task_metadata: Any = None, hf_split: str | None = None,
              hf_subset: str | None = None, prompt_type: Any = None, **kwargs: Any) -> np.ndarray:

@@ -104,11 +104,13 @@ def score_rankings(rankings: dict[str, list[str]], qrels: dict[str, dict[str, in
 
 def evaluate_beir(embedder: embedder_lib.Embedder, folder: str | epath.Path, *, split: str = "test",
                   cache_dir: str | epath.Path | None = None, max_docs: int = 0) -> dict[str, float]:
-  """Retrieval scores of `embedder` on a BEIR folder (max_docs > 0 keeps the first documents)."""
+  """Retrieval scores of `embedder` on a BEIR folder (max_docs > 0: judged docs + the first max_docs)."""
   data = read_beir(folder, split)
   doc_ids, docs = data.doc_ids, data.docs
-  if max_docs > 0:
-    doc_ids, docs = doc_ids[:max_docs], docs[:max_docs]
+  if max_docs > 0:  # The judged documents plus the first others: a smaller, easier corpus for smoke tests.
+    judged = {d for rels in data.qrels.values() for d in rels}
+    keep = [i for i, d in enumerate(doc_ids) if d in judged or i < max_docs]
+    doc_ids, docs = [doc_ids[i] for i in keep], [docs[i] for i in keep]
   name = epath.Path(str(folder)).name
   cache = {"cache_dir": cache_dir, "task": f"beir_{name}"}
   doc_emb = embedder_lib.embed_cached(embedder, docs, split="corpus", part="doc", **cache)
