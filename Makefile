@@ -1,5 +1,5 @@
 # Fresh-machine entry points. Each target sets up .venv with the pinned stack when needed.
-#   make demo   tokenizer on the built-in corpus, then a tiny CrossBERT pretraining run
+#   make demo   tokenizer on the built-in corpus, a tiny CrossBERT pretraining run, HF export
 #   make test   the test suite (CROSSBERT_DATA defaults to ../shared/data)
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,6 +22,7 @@ demo: setup
 	$(PY) -m crossbert_jax.tokenizer --input=builtin --vocab_size=1024 --output=$(RUN)/tokenizer/spm.model
 	$(PY) -m crossbert_jax.train --config=configs/crossbert.py:tiny --workdir=$(RUN)/crossbert \
 	    --config.data.tokenizer=$(RUN)/tokenizer/spm.model
+	$(PY) -m crossbert_jax.export --workdir=$(RUN)/crossbert --output=$(RUN)/hf --verify --similarity --force
 
 test: setup
 	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q $(PYTEST_ARGS)

@@ -88,6 +88,7 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.steps = steps
   c.train.batch_size = batch  # Global batch (sequences), split across processes and the batch mesh axes.
+  c.train.init_from = ""  # Encoder (and MLM head) params from `python -m crossbert_jax.export import`.
   c.train.stop_at_step = 0  # Checkpoint and stop after this step, schedule unchanged (0: run to steps).
   c.train.grad_accum = 1  # Micro-batches per step; batch_size must divide evenly.
   c.train.seed = 0  # Params init and the masking base key.

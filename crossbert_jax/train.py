@@ -102,6 +102,29 @@ def _probe_scores(c: ml_collections.ConfigDict, state: step.TrainState, tok, pri
   return evaluate.probe_scores(c, encoder, tok) if primary else {}
 
 
+# Model keys an imported encoder must share with the run's config.
+_IMPORT_KEYS = ("vocab_size", "embed_dim", "num_heads", "num_layers", "mlp_dim", "global_every",
+                "local_window", "rope_theta", "local_rope_theta", "norm_eps", "scan_layers")
+
+
+def _init_from_imported(c: ml_collections.ConfigDict, state: step.TrainState,
+                        shardings: step.TrainState) -> step.TrainState:
+  """The fresh state with its encoder (and MLM head) replaced by `train.init_from`'s params."""
+  from crossbert_jax import export  # Local: pulls in the Hugging Face conversion code.
+
+  imported_cfg, imported = export.load_imported(c.train.init_from)
+  for k in _IMPORT_KEYS:
+    if imported_cfg.model[k] != c.model[k]:
+      raise UserError(f"config train.init_from={c.train.init_from} has model.{k}={imported_cfg.model[k]!r} but "
+                      f"the config says {c.model[k]!r}; set --config.model.{k}={imported_cfg.model[k]!r}")
+  params = dict(state.params)
+  for part in ("encoder", "head"):
+    if part in imported and part in params:
+      params[part] = jax.tree.map(lambda new, old: jax.device_put(np.asarray(new, old.dtype), old.sharding),
+                                  imported[part], params[part])
+  return state.replace(params=params)
+
+
 def run(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains `c` in `workdir` (resuming if it holds a checkpoint); returns the last logged scalars."""
   config_lib.validate(c)
@@ -125,6 +148,8 @@ def run(c: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     state = ckpt.restore(latest, abstract, shardings, data_iter)
   else:
     state = step.init_state(c, tx, mesh, rules, shardings)
+    if c.train.init_from:
+      state = _init_from_imported(c, state, shardings)
   start = int(jax.device_get(state.step))
   if primary:
     (workdir / "config.json").write_text(c.to_json_best_effort(indent=2))
