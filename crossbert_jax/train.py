@@ -9,7 +9,6 @@ TensorBoard, fetched one step late so the host never blocks the device.
 """
 
 import signal
-import sys
 import time
 from typing import Any
 

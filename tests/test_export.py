@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from crossbert_jax import config as config_lib
-from crossbert_jax import corpus, export, hf_mapping, inference, objectives, tokenizer
+from crossbert_jax import corpus, export, hf_files, hf_mapping, inference, objectives, tokenizer
 from crossbert_jax.encoder import EncoderSpec
 from crossbert_jax.errors import UserError
 
@@ -106,7 +106,7 @@ def test_round_trip_is_bitwise(global_every, scan_layers):
   assert hf["model.layers.1.attn.Wqkv.weight"].shape == (3 * 64, 64)
   assert hf["model.layers.1.mlp.Wi.weight"].shape == (2 * 128, 64)
   assert "model.layers.0.attn_norm.weight" not in hf  # ModernBERT: Identity on layer 0.
-  hf_cfg = export.hf_config(c)
+  hf_cfg = hf_files.hf_config(c)
   back_model = hf_mapping.from_hf_config(hf_cfg)
   assert back_model == {k: c.model[k] for k in back_model}, "config round trip changed model.*"
   _assert_bitwise(export.unflatten(hf_mapping.from_hf(hf, spec, with_head=True)),
@@ -200,7 +200,7 @@ def test_tokenizer_parity(tok, shared_data):
       break
   texts = lines[:500] + UNUSUAL
   assert len(lines) >= 500
-  fast = export.hf_tokenizer(tok)
+  fast = hf_files.hf_tokenizer(tok)
   ours = inference.tokenize(tok, texts, max_length=10_000)
   theirs = [e.ids for e in fast.encode_batch(texts)]
   bad = [(t, a, b) for t, a, b in zip(texts, ours, theirs) if a != b]
@@ -209,7 +209,7 @@ def test_tokenizer_parity(tok, shared_data):
 
 def test_special_token_strings_in_raw_text(tok):
   """Deliberate difference: HF reads "[MASK]" etc. in raw text as the special token; SentencePiece as text."""
-  fast = export.hf_tokenizer(tok)
+  fast = hf_files.hf_tokenizer(tok)
   ids = fast.encode("fill [MASK] here").ids
   assert ids.count(tokenizer.MASK_ID) == 1 and ids[0] == tokenizer.CLS_ID and ids[-1] == tokenizer.SEP_ID
   assert fast.encode("[SEP]").ids == [tokenizer.CLS_ID, tokenizer.SEP_ID, tokenizer.SEP_ID]

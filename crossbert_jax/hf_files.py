@@ -1,0 +1,154 @@
+"""The non-weight files of an exported Hugging Face folder.
+
+config.json (`ModernBertConfig`), the tokenizer (our SentencePiece model converted offline with
+transformers' converter), the sentence-transformers module files (mean pooling) and the model
+card. `export.py` writes them next to model.safetensors.
+"""
+
+import contextlib
+import json
+from typing import Any
+
+from etils import epath
+import ml_collections
+
+from crossbert_jax import hf_mapping
+from crossbert_jax import tokenizer as tokenizer_lib
+
+
+def write_json(path: epath.Path, obj: Any) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+# -- tokenizer -------------------------------------------------------------------------------
+
+
+def hf_tokenizer(tok: tokenizer_lib.Tokenizer):
+  """Our SentencePiece model as a `tokenizers.Tokenizer` that adds [CLS] ... [SEP] (offline)."""
+  from tokenizers import AddedToken, processors  # pylint: disable=g-import-not-at-top
+  from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf  # pylint: disable=g-import-not-at-top
+
+  proto = import_protobuf().ModelProto()
+  proto.ParseFromString(tok.serialized_proto)
+  vocab = [(p.piece, p.score) for p in proto.pieces]
+  if proto.trainer_spec.model_type == 2:  # BPE: merges are rebuilt from the piece scores.
+    vocab = {p.piece: i for i, p in enumerate(proto.pieces)}
+  # legacy=True reproduces SentencePiece's dummy prefix exactly (also before a leading "▁").
+  fast = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab, legacy=True)
+  fast.add_special_tokens([AddedToken(p, special=True, normalized=False)
+                           for p in tokenizer_lib.SPECIAL_PIECES])
+  cls, sep = tokenizer_lib.CLS, tokenizer_lib.SEP
+  fast.post_processor = processors.TemplateProcessing(
+      single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+      special_tokens=[(cls, tokenizer_lib.CLS_ID), (sep, tokenizer_lib.SEP_ID)])
+  return fast
+
+
+def special_tokens_map() -> dict[str, str]:
+  return {"pad_token": tokenizer_lib.PAD, "unk_token": tokenizer_lib.UNK, "cls_token": tokenizer_lib.CLS,
+          "sep_token": tokenizer_lib.SEP, "mask_token": tokenizer_lib.MASK}
+
+
+def write_tokenizer(out: epath.Path, tok: tokenizer_lib.Tokenizer, seq_len: int) -> None:
+  (out / "tokenizer.json").write_text(hf_tokenizer(tok).to_str(pretty=True))
+  added = {str(i): {"content": p, "lstrip": False, "normalized": False, "rstrip": False,
+                    "single_word": False, "special": True}
+           for i, p in enumerate(tokenizer_lib.SPECIAL_PIECES)}
+  write_json(out / "tokenizer_config.json", {
+      "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_len,
+      "padding_side": "right", "truncation_side": "right", "clean_up_tokenization_spaces": False,
+      "model_input_names": ["input_ids", "attention_mask"], "added_tokens_decoder": added,
+      **special_tokens_map()})
+  write_json(out / "special_tokens_map.json", special_tokens_map())
+
+
+def sentence_transformers_files(out: epath.Path, embed_dim: int, seq_len: int) -> None:
+  # The classic module names load in sentence-transformers 2.x to 6.x.
+  write_json(out / "modules.json", [
+      {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+      {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])
+  write_json(out / "1_Pooling" / "config.json", {
+      "word_embedding_dimension": embed_dim, "pooling_mode_cls_token": False,
+      "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+      "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+      "pooling_mode_lasttoken": False, "include_prompt": True})
+  write_json(out / "sentence_bert_config.json", {"max_seq_length": seq_len, "do_lower_case": False})
+  write_json(out / "config_sentence_transformers.json", {
+      "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
+
+
+def hf_config(config: ml_collections.ConfigDict) -> dict:
+  """config.json contents for `config` (ModernBertModel, or ModernBertForMaskedLM for objective mlm)."""
+  from transformers import ModernBertConfig  # pylint: disable=g-import-not-at-top  (no torch needed)
+
+  with_head = config.objective == "mlm"
+  out = ModernBertConfig(**hf_mapping.to_hf_config(config.model, config.data.seq_len)).to_dict()
+  out.update(hf_mapping.legacy_config_keys(config.model))
+  out["architectures"] = ["ModernBertForMaskedLM" if with_head else "ModernBertModel"]
+  out["dtype"] = "float32"
+  return out
+
+
+def run_summary(workdir: epath.Path | None, config: ml_collections.ConfigDict, step: int) -> dict:
+  info = {"step": step, "tokens_seen": None, "loss": None, "results": None}
+  if workdir is None:
+    return info
+  metrics_path = workdir / "metrics.jsonl"
+  if metrics_path.exists():
+    rows = []
+    for line in metrics_path.read_text().splitlines():
+      with contextlib.suppress(json.JSONDecodeError):
+        rows.append(json.loads(line))
+    rows = [r for r in rows if r.get("step", 0) <= step]
+    if rows:
+      info["tokens_seen"] = rows[-1].get("tokens_seen")
+      info["loss"] = rows[-1].get("loss")
+    probes = {k: v for r in rows for k, v in r.items() if k.startswith("probe/")}
+    info["results"] = probes or None
+  for name in ("results.json", "eval_results.json"):
+    if (workdir / name).exists():
+      info["results"] = json.loads((workdir / name).read_text())
+  return info
+
+
+def model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | None) -> str:
+  m = config.model
+  kind = "CrossBERT encoder (reconstructor discarded)" if config.objective == "crossbert" else \
+      "flat BERT baseline (MLM head included as ModernBertForMaskedLM)"
+  layout = "all global" if m.global_every == 1 else \
+      f"global every {m.global_every} layers, local window {m.local_window}"
+  tokens = "unknown" if info["tokens_seen"] is None else f"{int(info['tokens_seen']):,}"
+  lines = [
+      "---", "library_name: transformers", "pipeline_tag: feature-extraction",
+      "tags: [modernbert, sentence-transformers, crossbert_jax]", "---", "",
+      f"# {kind}", "",
+      "Pretrained with `crossbert_jax` and exported to Hugging Face "
+      "`ModernBertModel` format (no custom code).", "",
+      "## Architecture", "",
+      f"- ModernBERT layout: {m.num_layers} layers, width {m.embed_dim}, {m.num_heads} heads, "
+      f"GeGLU MLP {m.mlp_dim}, vocabulary {m.vocab_size}",
+      f"- Attention: {layout}; RoPE theta {m.rope_theta:g} (global), {m.local_rope_theta:g} (local)",
+      f"- Trained sequence length {config.data.seq_len}; embeddings: mean over non-pad tokens", "",
+      "## Training", "",
+      f"- Objective: `{config.objective}`, masking ratio {config.masking.ratio}"
+      + (f", {config.masking.views} complementary views" if config.objective == "crossbert" else ""),
+      f"- Data: `{config.data.path}` (tokenizer: SentencePiece, {m.vocab_size} pieces)",
+      f"- Steps: {info['step']}; batch {config.train.batch_size} x {config.data.seq_len}; tokens seen: {tokens}",
+  ]
+  if info["loss"] is not None:
+    lines.append(f"- Final training loss: {info['loss']:.4f}")
+  lines += ["", "## Evaluation", ""]
+  if info["results"]:
+    lines += ["```json", json.dumps(info["results"], indent=2), "```"]
+  else:
+    lines.append("No evaluation results were recorded with this run.")
+  if verify:
+    lines += ["", "## Export check", "",
+              f"- transformers `last_hidden_state` vs JAX: max abs diff {verify['hidden_max_abs_diff']:.2e}",
+              f"- sentence-transformers embedding vs JAX: max abs diff {verify['sentence_max_abs_diff']:.2e}",
+              "- tokenizer ids identical on the check sentences"]
+  lines += ["", "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer",
+            "model = SentenceTransformer('PATH')", "emb = model.encode(['A sentence.', 'Another one.'])",
+            "```", ""]
+  return "\n".join(lines)
