@@ -34,7 +34,7 @@ from ml_collections import config_flags
 
 from crossbert_jax import config as config_lib
 from crossbert_jax import flops, optimizer, sharding, step
-from crossbert_jax.errors import UserError, exit_on_user_error
+from crossbert_jax.errors import UserError, exit_on_user_error, parse_flags_or_exit
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/crossbert.py:small.",
                                           lock_config=True)
@@ -356,12 +356,11 @@ def _dumps(obj: Any) -> str:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
-  if _CONFIG.value is None:
-    raise UserError("--config is required, e.g. --config=configs/crossbert.py:small")
-  config_lib.validate(_CONFIG.value)
-  run(_CONFIG.value, seq_len=_SEQ_LEN.value, steps=_STEPS.value, warmup=_WARMUP.value, out=_OUT.value,
+  c = config_lib.from_flag(_CONFIG.value)
+  config_lib.validate(c)
+  run(c, seq_len=_SEQ_LEN.value, steps=_STEPS.value, warmup=_WARMUP.value, out=_OUT.value,
       case_names=_CASES.value, matmul_size=_MATMUL.value, matmul_repeats=_MATMUL_REPEATS.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags_or_exit)

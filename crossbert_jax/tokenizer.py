@@ -18,7 +18,7 @@ from etils import epath
 import sentencepiece as spm
 
 from crossbert_jax.errors import UserError
-from crossbert_jax.errors import exit_on_user_error
+from crossbert_jax.errors import exit_on_user_error, parse_flags_or_exit
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 NUM_SPECIAL = 5
@@ -202,7 +202,7 @@ def main(argv: Sequence[str]) -> None:
 def cli() -> None:
   """Entry point of `python -m crossbert_jax.tokenizer`."""
   _define_flags()
-  app.run(exit_on_user_error(main))
+  app.run(exit_on_user_error(main), flags_parser=parse_flags_or_exit)
 
 
 if __name__ == "__main__":
