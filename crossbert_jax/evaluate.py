@@ -75,6 +75,18 @@ def _cached_task(name: str, data_dir: str) -> eval_tasks.Task:
   return eval_tasks.load_task(name, data_dir)
 
 
+def _on_one_device(params):
+  """The params on this process's first device: small probe batches run faster unsharded."""
+  import jax  # Local: the CLI imports jax through the embedder anyway; keep the top light.
+
+  leaves = jax.tree.leaves(params)
+  if all(getattr(x, "is_fully_addressable", True) for x in leaves):
+    return jax.device_put(params, jax.local_devices()[0])
+  from jax.experimental import multihost_utils
+
+  return jax.device_put(multihost_utils.process_allgather(params, tiled=True), jax.local_devices()[0])
+
+
 def probe_scores(config, encoder_params, tokenizer: tokenizer_lib.Tokenizer) -> dict[str, float]:
   """{"probe/<task>/<probe>": score} on a fixed, seeded subset (config.eval) of each eval task.
 
@@ -82,7 +94,7 @@ def probe_scores(config, encoder_params, tokenizer: tokenizer_lib.Tokenizer) -> 
   evaluation split (e.g. SST-2 dev accuracy, STS-B dev Spearman); STS tasks add cosine_spearman.
   """
   spec = EncoderSpec.from_config(config.model)
-  emb = embedder_lib.JaxEmbedder(spec, encoder_params, tokenizer,
+  emb = embedder_lib.JaxEmbedder(spec, _on_one_device(encoder_params), tokenizer,
                                  embedder_lib.Options(max_length=min(PROBE_MAX_LENGTH, config.data.seq_len * 2)))
   out = {}
   for name in eval_tasks.parse_tasks(config.eval.tasks):
