@@ -206,7 +206,8 @@ def read_generic(spec: GenericSpec) -> Task:
       labels = np.array([float(v) for v in raw], np.float32)
     except (TypeError, ValueError):
       labels = None
-    return [str(r[spec.text]) for r in records], raw, labels, ([str(r[spec.pair]) for r in records] if spec.pair else None)
+    pairs = [str(r[spec.pair]) for r in records] if spec.pair else None
+    return [str(r[spec.text]) for r in records], raw, labels, pairs
 
   parts = {"train": split(spec.train)} | ({"eval": split(spec.eval)} if spec.eval else {})
   if spec.kind == REGRESSION:
