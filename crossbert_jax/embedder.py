@@ -165,6 +165,10 @@ class HFEmbedder(Embedder):
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     self.num_layers = self.model.config.num_hidden_layers
     self._takes_token_types = "token_type_ids" in inspect.signature(self.model.forward).parameters
+    for l in options.layers:
+      if not -self.num_layers - 1 <= l <= self.num_layers:
+        raise UserError(f"--layers: {l} is out of range; {path} has layers 0 (embeddings) .. "
+                        f"{self.num_layers} (final, also -1)")
     self.identity = f"hf:{os.path.abspath(path)}"
 
   def _embed(self, texts, pairs):
@@ -182,7 +186,9 @@ class HFEmbedder(Embedder):
           enc.pop("token_type_ids", None)
         res = self.model(**enc, output_hidden_states=not final_only)
         mask = enc["attention_mask"].unsqueeze(-1).float()
-        hiddens = [res.last_hidden_state] if final_only else [res.hidden_states[l] for l in opts.layers]
+        # The last entry of hidden_states may precede the final norm: use last_hidden_state, as ours.
+        hiddens = [res.last_hidden_state if l % (self.num_layers + 1) == self.num_layers else res.hidden_states[l]
+                   for l in opts.layers]
         pooled = [h[:, 0] if opts.pooling == "cls" else (h * mask).sum(1) / mask.sum(1).clamp(min=1.0)
                   for h in hiddens]
         emb = torch.stack(pooled).mean(0).float().numpy()
