@@ -60,12 +60,13 @@ def dot_product_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array,
   logits_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK * scale, k_BxSxHxK,
                               preferred_element_type=jnp.float32)
   logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, jnp.finfo(jnp.float32).min)
-  probs_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1)
-  # Without this a fully masked row would spread uniform weight over every key, reading other
-  # documents (a reconstruction query whose document has no visible token in this view).
-  has_key_Bx1xTx1 = jnp.any(mask_BxTxS, axis=-1)[:, None, :, None]
-  probs_BxHxTxS = jnp.where(has_key_Bx1xTx1, probs_BxHxTxS, 0.0).astype(v_BxSxHxK.dtype)
-  return jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS, v_BxSxHxK)
+  probs_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(v_BxSxHxK.dtype)
+  out_BxTxHxK = jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS, v_BxSxHxK)
+  # A fully masked row would spread uniform weight over every key, reading other documents (a
+  # reconstruction query whose document has no visible token in this view): zero its output.
+  # Done on the output, not the BxHxTxS probabilities: the same result, a much smaller tensor.
+  has_key_BxTx1x1 = jnp.any(mask_BxTxS, axis=-1)[:, :, None, None]
+  return out_BxTxHxK * has_key_BxTx1x1.astype(out_BxTxHxK.dtype)
 
 
 class Dense(nn.Module):

@@ -26,9 +26,16 @@ class LossStats(NamedTuple):
 
 
 def _token_losses(logits_BxQxV: Array, targets_BxQ: Array, weights_BxQ: Array) -> tuple[Array, LossStats]:
-  ce_BxQ = optax.softmax_cross_entropy_with_integer_labels(logits_BxQxV, targets_BxQ)
+  # One max and one logsumexp over the vocabulary serve both the loss and the accuracy (a
+  # separate argmax would be another pass over the largest tensor of the step).
+  max_BxQ = jax.lax.stop_gradient(jnp.max(logits_BxQxV, axis=-1))
+  shifted_BxQxV = logits_BxQxV - max_BxQ[..., None]
+  lse_BxQ = jnp.log(jnp.sum(jnp.exp(shifted_BxQxV), axis=-1))
+  target_BxQ = jnp.take_along_axis(shifted_BxQxV, targets_BxQ[..., None], axis=-1)[..., 0]
+  ce_BxQ = lse_BxQ - target_BxQ
   w_BxQ = weights_BxQ.astype(jnp.float32)
-  correct_BxQ = (jnp.argmax(logits_BxQxV, axis=-1) == targets_BxQ).astype(jnp.float32)
+  # Counts ties as correct (argmax would pick one); with float32 logits ties are negligible.
+  correct_BxQ = (target_BxQ >= 0.0).astype(jnp.float32)
   return jnp.sum(ce_BxQ * w_BxQ), LossStats(jnp.sum(w_BxQ), jnp.sum(correct_BxQ * w_BxQ))
 
 
