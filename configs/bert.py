@@ -9,7 +9,7 @@ Launch:
 Defaults: masking ratio 0.15 (the paper's comparison also runs 0.30).
 """
 
-from crossbert_jax import config as config_lib
+from crossbert_jax.core import config as config_lib
 
 
 def get_config(variant: str = "tiny"):

@@ -9,7 +9,7 @@ Launch:
 Defaults: complementary masking, K = 2 views at ratio 0.5.
 """
 
-from crossbert_jax import config as config_lib
+from crossbert_jax.core import config as config_lib
 
 
 def get_config(variant: str = "tiny"):

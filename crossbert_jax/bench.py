@@ -32,9 +32,9 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from crossbert_jax import config as config_lib
-from crossbert_jax import flops, optimizer, sharding, step
-from crossbert_jax.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.training import flops, optimizer, sharding, step
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/crossbert.py:small.",
                                           lock_config=True)

@@ -9,62 +9,14 @@ score BEIR-format folders with `python -m crossbert_jax.evaluate --retrieval=DIR
 
 import os
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
-import numpy as np
 from absl import app
 from absl import flags
 
-from crossbert_jax import embedder as embedder_lib
-from crossbert_jax.errors import UserError, exit_on_user_error, parse_flags_or_exit
-
-
-def _texts(inputs: Any) -> list[str]:
-  """Sentences from a list of strings or from mteb 2.x's DataLoader of {"text": [...]} batches."""
-  if isinstance(inputs, str):
-    return [inputs]
-  items = list(inputs)
-  if items and isinstance(items[0], dict):
-    return [str(t) for batch in items for t in batch["text"]]
-  return [str(t) for t in items]
-
-
-class MtebEncoder:
-  """Wraps an `Embedder` in mteb's EncoderProtocol: `encode(inputs, ...) -> NxD numpy`."""
-
-  def __init__(self, emb: embedder_lib.Embedder, name: str = "crossbert_jax/local", normalize: bool = True):
-    self.embedder, self.normalize, self.name = emb, normalize, name
-
-  @property
-  def mteb_model_meta(self):
-    """mteb's ModelMeta for the results (imported here: mteb is slow to import)."""
-    from mteb.models import ModelMeta
-
-    return ModelMeta.create_empty({"name": self.name, "revision": "local"})
-
-  def encode(self, inputs: Any, *, batch_size: int = 32, task_metadata: Any = None, hf_split: str | None = None,
-             hf_subset: str | None = None, prompt_type: Any = None, **kwargs: Any) -> np.ndarray:
-    """NxD float32 embeddings (unit length when normalize); batching is the embedder's own."""
-    del batch_size, task_metadata, hf_split, hf_subset, prompt_type, kwargs
-    out = self.embedder.embed(_texts(inputs))
-    if self.normalize:
-      out = out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
-    return out
-
-  def similarity(self, embeddings1, embeddings2):
-    """Cosine similarity matrix (as sentence-transformers)."""
-    import torch
-
-    a, b = (torch.nn.functional.normalize(torch.as_tensor(np.asarray(e)), dim=-1) for e in (embeddings1, embeddings2))
-    return a @ b.T
-
-  def similarity_pairwise(self, embeddings1, embeddings2):
-    """Row-wise cosine similarity."""
-    import torch
-
-    a, b = (torch.nn.functional.normalize(torch.as_tensor(np.asarray(e)), dim=-1) for e in (embeddings1, embeddings2))
-    return (a * b).sum(-1)
-
+from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.evaluation import embedder as embedder_lib
+from crossbert_jax.evaluation.mteb import MtebEncoder
 
 def _define_flags() -> None:
   flags.DEFINE_string("workdir", "", "Training run workdir.")
@@ -93,6 +45,7 @@ def main(argv: Sequence[str]) -> None:
   options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), max_length=f.max_length)
   if f.workdir:
     from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
+
     emb, label = evaluate.jax_model(f.workdir, f.step, options, f.tokenizer)
   else:
     emb, label = embedder_lib.HFEmbedder(f.hf, options, progress=True), os.path.basename(f.hf.rstrip("/"))
@@ -119,3 +72,4 @@ def cli() -> None:
 if __name__ == "__main__":
   cli()
   sys.exit(0)
+

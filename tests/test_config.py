@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from crossbert_jax import config as config_lib
-from crossbert_jax.errors import UserError
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.core.errors import UserError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_FILES = ("configs/crossbert.py", "configs/bert.py")

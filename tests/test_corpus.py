@@ -3,7 +3,7 @@
 import os
 import sysconfig
 
-from crossbert_jax import corpus
+from crossbert_jax.data import corpus
 
 
 def test_builtin_corpus_is_big_english_prose():

@@ -8,12 +8,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from crossbert_jax import config as config_lib
-from crossbert_jax import corpus
-from crossbert_jax import data
-from crossbert_jax import tokenizer as tokenizer_lib
-from crossbert_jax.errors import UserError
-from crossbert_jax.tokenizer import CLS_ID, PAD_ID, SEP_ID
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import corpus
+from crossbert_jax.data import pipeline as data
+from crossbert_jax.data import sources
+from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
 
 _WORDS = ("the model reads a long document and every token counts toward the packed row while "
           "short lines fill the gaps left by others so padding stays rare").split()
@@ -229,16 +230,16 @@ def test_resolve_paths(tmp_path):
   for name in ("d/b.txt", "d/a.txt", "d/sub/c.txt", "d/.hidden.txt", "e.jsonl", "f.txt"):
     (tmp_path / name).write_text("x\n")
   names = lambda paths: [str(p.relative_to(tmp_path)) for p in paths]
-  assert names(data.resolve_paths(str(tmp_path / "f.txt"))) == ["f.txt"]
-  assert names(data.resolve_paths(str(tmp_path / "d"))) == ["d/a.txt", "d/b.txt", "d/sub/c.txt"]
-  assert names(data.resolve_paths(str(tmp_path / "d" / "*.txt"))) == ["d/a.txt", "d/b.txt"]
-  assert names(data.resolve_paths(f"{tmp_path}/f.txt, {tmp_path}/*.jsonl,{tmp_path}/d/sub")) == [
+  assert names(sources.resolve_paths(str(tmp_path / "f.txt"))) == ["f.txt"]
+  assert names(sources.resolve_paths(str(tmp_path / "d"))) == ["d/a.txt", "d/b.txt", "d/sub/c.txt"]
+  assert names(sources.resolve_paths(str(tmp_path / "d" / "*.txt"))) == ["d/a.txt", "d/b.txt"]
+  assert names(sources.resolve_paths(f"{tmp_path}/f.txt, {tmp_path}/*.jsonl,{tmp_path}/d/sub")) == [
       "f.txt", "e.jsonl", "d/sub/c.txt"]
   missing = str(tmp_path / "nope.txt")
   with pytest.raises(UserError, match=missing):
-    data.resolve_paths(f"{tmp_path}/f.txt,{missing}")
+    sources.resolve_paths(f"{tmp_path}/f.txt,{missing}")
   with pytest.raises(UserError, match="matches no files"):
-    data.resolve_paths(str(tmp_path / "*.parquet"))
+    sources.resolve_paths(str(tmp_path / "*.parquet"))
 
 
 # ----------------------------------------------------------------------------- formats
@@ -247,7 +248,7 @@ def test_resolve_paths(tmp_path):
 def test_text_units(tmp_path):
   path = tmp_path / "t.txt"
   path.write_text("First para line one.\nline two.\n  \t\nSecond para.\n\n\nThird.\n")
-  read = lambda unit: list(data.document_source(data_cfg(path, text_unit=unit)))
+  read = lambda unit: list(sources.document_source(data_cfg(path, text_unit=unit)))
   assert read("line") == ["First para line one.", "line two.", "Second para.", "Third."]
   assert read("paragraph") == ["First para line one.\nline two.", "Second para.", "Third."]
   assert read("file") == [path.read_text().strip()]
@@ -267,26 +268,26 @@ def test_jsonl_parquet_arrayrecord(tmp_path, tok):
     writer.write(d.encode())  # Raw UTF-8 records.
   writer.close()
 
-  jsonl = data.document_source(data_cfg(tmp_path / "a.jsonl"))
+  jsonl = sources.document_source(data_cfg(tmp_path / "a.jsonl"))
   assert list(jsonl) == docs[:5]
-  parquet = data.document_source(data_cfg(tmp_path / "b.parquet", text_field="body"))
+  parquet = sources.document_source(data_cfg(tmp_path / "b.parquet", text_field="body"))
   assert list(parquet) == docs[5:10]
   spec = f"{tmp_path}/c.arrayrecord,{tmp_path}/d.array_record"
-  records = data.document_source(data_cfg(spec, text_field="body"))
+  records = sources.document_source(data_cfg(spec, text_field="body"))
   assert [records[i] for i in range(len(records))] == docs[10:]
   # All formats in one pipeline (text_field differs, so jsonl gets its own run).
   batch = next(data.make_iterator(data_cfg(f"{tmp_path}/b.parquet,{spec}", text_field="body"),
                                   tok, batch_size=2, seed=0))
   assert batch["tokens"].shape == (2, 32)
   with pytest.raises(UserError, match="text_field"):
-    data.document_source(data_cfg(tmp_path / "a.jsonl", text_field="body"))
+    sources.document_source(data_cfg(tmp_path / "a.jsonl", text_field="body"))
   with pytest.raises(UserError, match="text_field"):
-    data.document_source(data_cfg(tmp_path / "b.parquet", text_field="text"))
+    sources.document_source(data_cfg(tmp_path / "b.parquet", text_field="text"))
 
 
 def test_builtin_path_uses_the_corpus(monkeypatch):
   monkeypatch.setattr(corpus, "builtin_documents", lambda: ["One doc here.", "Two docs here."])
-  assert list(data.document_source(data_cfg("builtin"))) == ["One doc here.", "Two docs here."]
+  assert list(sources.document_source(data_cfg("builtin"))) == ["One doc here.", "Two docs here."]
 
 
 # ----------------------------------------------------------------------------- user errors
@@ -296,12 +297,12 @@ def test_user_errors_name_the_input(tmp_path, tok):
   empty = tmp_path / "empty.txt"
   empty.write_text("\n  \n")
   with pytest.raises(UserError, match=f"{empty}.*no documents"):
-    data.document_source(data_cfg(empty))
+    sources.document_source(data_cfg(empty))
 
   latin1 = tmp_path / "latin1.txt"
   latin1.write_bytes("Caf\u00e9 au lait.\n".encode("latin-1"))
   with pytest.raises(UserError, match=f"{latin1}.*offset 3.*UTF-8"):
-    data.document_source(data_cfg(latin1))
+    sources.document_source(data_cfg(latin1))
 
   missing = tmp_path / "missing"
   with pytest.raises(UserError, match=str(missing)):
@@ -310,15 +311,15 @@ def test_user_errors_name_the_input(tmp_path, tok):
   bad = tmp_path / "bad.parquet"
   bad.write_bytes(b"definitely not parquet")
   with pytest.raises(UserError, match=f"{bad}.*Parquet"):
-    data.document_source(data_cfg(bad))
+    sources.document_source(data_cfg(bad))
 
   odd = tmp_path / "x.csv"
   odd.write_text("a,b\n")
   with pytest.raises(UserError, match="data.format"):
-    data.document_source(data_cfg(odd))
+    sources.document_source(data_cfg(odd))
 
   for err in (UserError, ):
     try:
-      data.document_source(data_cfg(latin1))
+      sources.document_source(data_cfg(latin1))
     except err as e:
       assert "\n" not in str(e)  # One line.

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from crossbert_jax import eval_tasks
-from crossbert_jax.errors import UserError
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.evaluation import tasks as eval_tasks
 
 # task -> {split: rows}, from shared/data/SOURCES.md.
 COUNTS = {

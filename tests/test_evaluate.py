@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from crossbert_jax import corpus, tokenizer
+from crossbert_jax.data import corpus, tokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
@@ -101,7 +101,8 @@ def test_cli_user_errors(tmp_path):
 
 def test_probe_scores_cache_and_mteb_wrapper(run_dir, shared_data, tmp_path):
   """probe_scores: the expected keys, finite, deterministic; the mteb wrapper's encode contract."""
-  from crossbert_jax import checkpoint, embedder, evaluate, mteb_eval
+  from crossbert_jax.training import checkpoint
+  from crossbert_jax.evaluation import embedder, runner as evaluate, mteb as mteb_eval
 
   cache_dir = tmp_path / "cache"
   config, params, _ = checkpoint.load_run(run_dir)

@@ -15,10 +15,14 @@ import jax
 import numpy as np
 import pytest
 
-from crossbert_jax import config as config_lib
-from crossbert_jax import corpus, export, hf_files, hf_mapping, inference, objectives, tokenizer
-from crossbert_jax.encoder import EncoderSpec
-from crossbert_jax.errors import UserError
+from crossbert_jax import export as export_cli
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import corpus, tokenizer
+from crossbert_jax.hf import convert as export, files as hf_files, mapping as hf_mapping
+from crossbert_jax.model import inference
+from crossbert_jax.model.encoder import EncoderSpec
+from crossbert_jax.training import objectives
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 512
@@ -269,10 +273,10 @@ def test_cli_real_run_exports_verifies_and_imports(tmp_path, real_run):
   assert "tokens seen: 2,048" in (out / "README.md").read_text()
   assert json.loads((out / "config.json").read_text())["layer_types"] == hf_mapping.layer_types(2, 2)
   with pytest.raises(UserError, match="--output .* not empty"):
-    export.export_run(str(run), str(out))
+    export_cli.export_run(str(run), str(out))
   _cli(["crossbert_jax.export", "import", f"--hf={out}", f"--output={tmp_path / 'imported'}",
         "--objective=mlm"])
-  from crossbert_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
   _, params, _ = checkpoint.load_run(run)
   _, imported = export.load_imported(tmp_path / "imported")
   _assert_bitwise(imported, {k: jax.tree.map(np.asarray, params[k]) for k in ("encoder", "head")})

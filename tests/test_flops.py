@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from crossbert_jax import config as config_lib
-from crossbert_jax import flops
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.training import flops
 
 # Tiny shapes for every hand count below: d=8, H=2, I=16, N=2, V=32, L=8, batch=2;
 # reconstructor dr=8, Ir=16, Nr=1 unless a test says otherwise.

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from crossbert_jax import masking
+from crossbert_jax.training import masking
 
 L = 24  # Divisible by 2, 3 and 4 (complementary views need L % K == 0).
 VOCAB = 1024

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from crossbert_jax import metrics
-from crossbert_jax.errors import UserError
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.training import metrics
 
 
 def _logger(workdir, **kwargs):

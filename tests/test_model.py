@@ -7,10 +7,11 @@ import numpy as np
 import optax
 import pytest
 
-from crossbert_jax import config as config_lib
-from crossbert_jax import layers, masking
-from crossbert_jax.encoder import Encoder, EncoderBlock, EncoderSpec
-from crossbert_jax.model import MlmHead, build_model
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.model import layers
+from crossbert_jax.model.encoder import Encoder, EncoderBlock, EncoderSpec
+from crossbert_jax.model.models import MlmHead, build_model
+from crossbert_jax.training import masking
 
 VOCAB = 64
 FIRST_REGULAR = 5

@@ -5,7 +5,8 @@ import pathlib
 import subprocess
 import sys
 
-from crossbert_jax import corpus, metrics, tokenizer
+from crossbert_jax.data import corpus, tokenizer
+from crossbert_jax.training import metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@ import pytest
 from scipy import stats
 from sklearn import metrics as sk
 
-from crossbert_jax import eval_tasks, probes
+from crossbert_jax.evaluation import tasks as eval_tasks, probes
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from crossbert_jax import retrieval
+from crossbert_jax.evaluation import retrieval
 
 
 def test_metrics_match_hand_computation():

@@ -7,9 +7,9 @@ import numpy as np
 import optax
 import pytest
 
-from crossbert_jax import config as config_lib
-from crossbert_jax import objectives, optimizer, sharding, step
-from crossbert_jax.errors import UserError
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.training import objectives, optimizer, sharding, step
 
 STEPS = 3
 LOSS_RTOL = 1e-5

@@ -10,10 +10,11 @@ from absl import flags
 import pytest
 import sentencepiece as spm
 
-from crossbert_jax import corpus
-from crossbert_jax import tokenizer as tokenizer_lib
-from crossbert_jax.errors import UserError
-from crossbert_jax.errors import exit_on_user_error
+from crossbert_jax import tokenizer as tokenizer_cli
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.core.errors import exit_on_user_error
+from crossbert_jax.data import corpus
+from crossbert_jax.data import tokenizer as tokenizer_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -90,9 +91,9 @@ def test_cli_end_to_end(tmp_path):
 
 
 def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
-  tokenizer_lib._define_flags()  # pylint: disable=protected-access
+  tokenizer_cli._define_flags()  # pylint: disable=protected-access
   fv = flags.FLAGS
-  wrapped = exit_on_user_error(tokenizer_lib.main)
+  wrapped = exit_on_user_error(tokenizer_cli.main)
   fv(["tokenizer", f"--input={tmp_path}/missing.txt", "--vocab_size=300",
       f"--output={tmp_path}/x.model"])
   try:

@@ -15,7 +15,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from crossbert_jax import corpus, metrics, tokenizer
+from crossbert_jax.data import corpus, tokenizer
+from crossbert_jax.training import metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,8 @@ from typing import Any
 from etils import epath
 import ml_collections
 
-from crossbert_jax import hf_mapping
-from crossbert_jax import tokenizer as tokenizer_lib
+from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.hf import mapping as hf_mapping
 
 
 def write_json(path: epath.Path, obj: Any) -> None:

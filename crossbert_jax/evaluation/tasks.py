@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 from etils import epath
 
-from crossbert_jax.errors import UserError
+from crossbert_jax.core.errors import UserError
 
 CLASSIFICATION, PAIR_CLASSIFICATION, REGRESSION = "classification", "pair_classification", "regression"
 KINDS = (CLASSIFICATION, PAIR_CLASSIFICATION, REGRESSION)

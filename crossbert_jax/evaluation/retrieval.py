@@ -14,9 +14,9 @@ import math
 import numpy as np
 from etils import epath
 
-from crossbert_jax import embedder as embedder_lib
-from crossbert_jax import probes
-from crossbert_jax.errors import UserError
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.evaluation import embedder as embedder_lib
+from crossbert_jax.evaluation import probes
 
 TOP_K = 100
 

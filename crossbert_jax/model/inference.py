@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from crossbert_jax import tokenizer as tokenizer_lib
-from crossbert_jax.encoder import Encoder, EncoderSpec
+from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.model.encoder import Encoder, EncoderSpec
 
 Array = jax.Array
 

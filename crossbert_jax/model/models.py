@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from crossbert_jax import layers
-from crossbert_jax.encoder import Encoder, EncoderSpec
-from crossbert_jax.reconstructor import Reconstructor, ReconstructorSpec
+from crossbert_jax.model import layers
+from crossbert_jax.model.encoder import Encoder, EncoderSpec
+from crossbert_jax.model.reconstructor import Reconstructor, ReconstructorSpec
 
 Array = jax.Array
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from crossbert_jax import layers
+from crossbert_jax.model import layers
 
 Array = jax.Array
 

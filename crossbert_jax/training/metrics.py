@@ -15,7 +15,7 @@ import tqdm
 from absl import logging
 from etils import epath
 
-from crossbert_jax.errors import UserError
+from crossbert_jax.core.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"

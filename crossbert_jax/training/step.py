@@ -15,7 +15,7 @@ import ml_collections
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from crossbert_jax import objectives, optimizer, sharding
+from crossbert_jax.training import objectives, optimizer, sharding
 
 Array = jax.Array
 

@@ -10,10 +10,10 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 
-from crossbert_jax import masking, tokenizer
-from crossbert_jax.model import build_model
+from crossbert_jax.data import tokenizer
+from crossbert_jax.model.models import build_model
+from crossbert_jax.training import masking
 
 Array = jax.Array
 Batch = dict[str, Array]

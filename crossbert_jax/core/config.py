@@ -6,7 +6,7 @@ keys as attributes and never supplies a default of its own (no `config.get(key, 
 
 import ml_collections
 
-from crossbert_jax.errors import UserError
+from crossbert_jax.core.errors import UserError
 
 OBJECTIVES = ("crossbert", "mlm")
 VARIANTS = ("tiny", "small", "base", "large")
@@ -247,3 +247,11 @@ def from_flag(value) -> ml_collections.ConfigDict:
     detail = " ".join(str(e).split())
     raise UserError(f"--config could not be loaded ({detail}); use e.g. --config=configs/crossbert.py:tiny") from None
   return value
+
+
+def from_dict(saved: dict) -> ml_collections.ConfigDict:
+  """A locked config from a saved `to_dict()` (JSON turns tuples into lists)."""
+  c = ml_collections.ConfigDict(saved)
+  c.mesh.rules = tuple(tuple(r) for r in c.mesh.rules)
+  c.lock()
+  return c

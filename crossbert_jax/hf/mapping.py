@@ -13,9 +13,9 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from crossbert_jax import tokenizer as tokenizer_lib
-from crossbert_jax.encoder import EncoderSpec
-from crossbert_jax.errors import UserError
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.model.encoder import EncoderSpec
 
 Transform = Callable[[np.ndarray, EncoderSpec], np.ndarray]
 SCAN_PREFIX = "encoder/layers/block/"  # nn.scan over layers 1..N-1 (leading axis = layer - 1).

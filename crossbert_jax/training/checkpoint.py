@@ -13,7 +13,8 @@ import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
 
-from crossbert_jax.errors import UserError
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.core.errors import UserError
 
 # Keys whose change makes an old checkpoint unusable for a run (shapes or semantics differ).
 _MODEL_KEYS = ("objective", "model", "reconstructor")
@@ -82,21 +83,13 @@ class Checkpointer:
     self._manager.close()
 
 
-def config_from_dict(saved: dict) -> ml_collections.ConfigDict:
-  """A locked config from a saved `to_dict()` (JSON turns tuples into lists)."""
-  c = ml_collections.ConfigDict(saved)
-  c.mesh.rules = tuple(tuple(r) for r in c.mesh.rules)
-  c.lock()
-  return c
-
-
 def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_collections.ConfigDict, Any, int]:
   """(config, params, step) of a training run's checkpoint (latest if `step` is None), on one device.
 
   For evaluation and export: restores the train state onto the first local device and keeps the
   params (the model's full tree: "encoder" plus "reconstructor" or "head").
   """
-  from crossbert_jax import optimizer, step as step_lib  # Local: step imports the model stack.
+  from crossbert_jax.training import optimizer, step as step_lib  # Local: step imports the model stack.
 
   directory = epath.Path(str(workdir))
   if not (directory / "checkpoints").exists():
@@ -110,7 +103,7 @@ def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_col
       step = max(steps)
     elif step not in steps:
       raise UserError(f"--step={step}: {directory} has checkpoints at steps {sorted(steps)}")
-    config = config_from_dict(ckpt.saved_config(step))
+    config = config_lib.from_dict(ckpt.saved_config(step))
     tx = optimizer.make_optimizer(config.train)
     abstract = jax.eval_shape(lambda k: step_lib.create_state(config, tx, k), jax.random.key(0))
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

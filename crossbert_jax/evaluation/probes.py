@@ -14,7 +14,7 @@ import numpy as np
 from sklearn import exceptions as sk_exceptions
 from sklearn import linear_model
 
-from crossbert_jax import eval_tasks
+from crossbert_jax.evaluation import tasks as eval_tasks
 
 C_GRID = (0.01, 0.1, 1.0, 10.0)  # Logistic regression inverse regularisation strengths.
 ALPHA_GRID = (0.1, 1.0, 10.0, 100.0, 1000.0)  # Ridge penalties.

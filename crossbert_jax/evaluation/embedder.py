@@ -25,10 +25,10 @@ import numpy as np
 import tqdm
 from etils import epath
 
-from crossbert_jax import inference
-from crossbert_jax import tokenizer as tokenizer_lib
-from crossbert_jax.encoder import EncoderSpec
-from crossbert_jax.errors import UserError
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.model import inference
+from crossbert_jax.model.encoder import EncoderSpec
 
 BUCKETS = (32, 64, 128, 256, 512)
 TOKENS_PER_BATCH = 4096  # Measured best on CPU: attention cost grows with length.

@@ -1,0 +1,1 @@
+"""Frozen evaluation: embedders, task readers, probes, retrieval, the MTEB wrapper."""

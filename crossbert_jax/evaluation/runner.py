@@ -1,0 +1,147 @@
+"""Frozen evaluation of an embedder: probes and retrieval per task, one markdown table.
+
+`evaluate_model` scores an `Embedder` on tasks and BEIR folders; `probe_scores` gives the same
+probes on a small fixed subset during pretraining. The CLI is `crossbert_jax.evaluate`.
+"""
+
+import functools
+import time
+from typing import Any, Sequence
+
+from etils import epath
+
+from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.evaluation import embedder as embedder_lib
+from crossbert_jax.evaluation import tasks as eval_tasks, probes, retrieval
+from crossbert_jax.model.encoder import EncoderSpec
+
+PROBE_MAX_LENGTH = 128  # probe_scores: SST-2 / STS-B sentences fit easily.
+
+
+# ----------------------------------------------------------------------------- one task
+
+def evaluate_task(emb: embedder_lib.Embedder, task: eval_tasks.Task, *, seed: int = 0, max_examples: int = 0,
+                  cache_dir: str | None = None, scored: tuple[str, ...] | None = None,
+                  cosine_splits: tuple[str, ...] | None = None) -> dict[str, Any]:
+  """{"scores", "chosen", "sizes", "note"} of the linear and KNN probes (+ cosine for STS) on `task`."""
+  scored = task.scored if scored is None else scored
+  cosine_splits = task.cosine_splits if cosine_splits is None else cosine_splits
+  needed = sorted({task.fit, *scored, *cosine_splits})
+  splits = {s: task.splits[s].subset(max_examples, seed) for s in needed}
+  task = eval_tasks.Task(task.name, task.kind, task.metrics, splits, task.fit, scored, task.note, cosine_splits)
+  features, pair_emb = {}, {}
+  for name in {task.fit, *scored}:
+    sp = splits[name]
+    cache = {"cache_dir": cache_dir, "task": task.name, "split": name}
+    if sp.pairs is None:
+      features[name] = embedder_lib.embed_cached(emb, sp.texts, **cache)
+    else:
+      features[name] = embedder_lib.pair_features(emb, sp.texts, sp.pairs, **cache)
+  for name in cosine_splits:
+    sp = splits[name]
+    cache = {"cache_dir": cache_dir, "task": task.name, "split": name}
+    pair_emb[name] = (embedder_lib.embed_cached(emb, sp.texts, part="a", **cache),
+                      embedder_lib.embed_cached(emb, sp.pairs, part="b", **cache))
+  scores, chosen = probes.score_task(task, features, seed=seed, pair_embeddings=pair_emb)
+  return {"scores": scores, "chosen": chosen, "sizes": {s: len(splits[s]) for s in needed}, "note": task.note}
+
+
+def headline(task: eval_tasks.Task, result: dict[str, Any]) -> dict[str, float]:
+  """{probe: the task's first metric on its first scored split (or cv)}, plus cosine_spearman."""
+  split = task.scored[0] if task.scored else "cv"
+  out = {p: result["scores"][f"{p}/{split}/{task.metrics[0]}"] for p in probes.PROBES}
+  for s in task.cosine_splits[:1]:
+    out["cosine_spearman"] = result["scores"][f"cosine/{s}/spearman"]
+  return out
+
+
+# ----------------------------------------------------------------------------- during pretraining
+
+@functools.lru_cache(maxsize=32)
+def _cached_task(name: str, data_dir: str) -> eval_tasks.Task:
+  return eval_tasks.load_task(name, data_dir)
+
+
+def _on_one_device(params):
+  """The params on this process's first device: small probe batches run faster unsharded."""
+  import jax  # Local: the CLI imports jax through the embedder anyway; keep the top light.
+
+  leaves = jax.tree.leaves(params)
+  if all(getattr(x, "is_fully_addressable", True) for x in leaves):
+    return jax.device_put(params, jax.local_devices()[0])
+  from jax.experimental import multihost_utils
+
+  return jax.device_put(multihost_utils.process_allgather(params, tiled=True), jax.local_devices()[0])
+
+
+def probe_scores(config, encoder_params, tokenizer: tokenizer_lib.Tokenizer) -> dict[str, float]:
+  """{"probe/<task>/<probe>": score} on a fixed, seeded subset (config.eval) of each eval task.
+
+  Deterministic for given params. Each probe's score is the task's headline metric on its first
+  evaluation split (e.g. SST-2 dev accuracy, STS-B dev Spearman); STS tasks add cosine_spearman.
+  """
+  spec = EncoderSpec.from_config(config.model)
+  emb = embedder_lib.JaxEmbedder(spec, _on_one_device(encoder_params), tokenizer,
+                                 embedder_lib.Options(max_length=min(PROBE_MAX_LENGTH, config.data.seq_len * 2)))
+  out = {}
+  for name in eval_tasks.parse_tasks(config.eval.tasks):
+    task = _cached_task(name, str(config.eval.data_dir))
+    scored = task.scored[:1]
+    result = evaluate_task(emb, task, seed=config.eval.seed, max_examples=config.eval.max_examples,
+                           scored=scored, cosine_splits=task.cosine_splits[:1])
+    task_view = eval_tasks.Task(task.name, task.kind, task.metrics, task.splits, task.fit, scored, task.note,
+                                task.cosine_splits[:1])
+    for probe, value in headline(task_view, result).items():
+      out[f"probe/{name}/{probe}"] = float(value)
+  return out
+
+
+# ----------------------------------------------------------------------------- models
+
+def evaluate_model(emb: embedder_lib.Embedder, tasks: Sequence[eval_tasks.Task], *, seed: int = 0,
+                   max_examples: int = 0, cache_dir: str | None = None, retrieval_dirs: Sequence[str] = (),
+                   retrieval_max_docs: int = 0, log=print) -> dict[str, Any]:
+  """Every task's probes and every retrieval folder's scores for one model, with timings."""
+  start = time.perf_counter()
+  out: dict[str, Any] = {"tasks": {}, "retrieval": {}}
+  for task in tasks:
+    t0 = time.perf_counter()
+    out["tasks"][task.name] = evaluate_task(emb, task, seed=seed, max_examples=max_examples, cache_dir=cache_dir)
+    log(f"  {task.name}: {time.perf_counter() - t0:.1f}s")
+  for folder in retrieval_dirs:
+    t0 = time.perf_counter()
+    out["retrieval"][epath.Path(folder).name] = retrieval.evaluate_beir(
+        emb, folder, cache_dir=cache_dir, max_docs=retrieval_max_docs)
+    log(f"  {epath.Path(folder).name}: {time.perf_counter() - t0:.1f}s")
+  out["seconds"] = time.perf_counter() - start
+  out["embedded_sentences"] = emb.sentences_seen
+  out["sentences_per_second"] = emb.sentences_seen / emb.seconds if emb.seconds > 0 else None
+  return out
+
+
+# ----------------------------------------------------------------------------- table
+
+def flat_scores(result: dict[str, Any]) -> dict[str, float]:
+  """{"<task>/<probe>/<split>/<metric>" or "retrieval/<name>/<metric>": value} of one model."""
+  out = {f"{t}/{k}": v for t, r in result["tasks"].items() for k, v in r["scores"].items()}
+  for name, r in result["retrieval"].items():
+    out.update({f"{name}/{k}": v for k, v in r.items() if "@" in k})
+  return out
+
+
+def markdown_table(results: dict[str, dict[str, Any]]) -> str:
+  """One row per score, one column per model; notes on the protocol below."""
+  labels = list(results)
+  flats = {m: flat_scores(r) for m, r in results.items()}
+  keys = list(dict.fromkeys(k for f in flats.values() for k in f))
+  lines = ["| score | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+  for k in keys:
+    cells = [f"{100 * flats[m][k]:.1f}" if k in flats[m] else "" for m in labels]
+    lines.append(f"| {k} | " + " | ".join(cells) + " |")
+  notes = {f"{t}: {r['note']}" for res in results.values() for t, r in res["tasks"].items() if r["note"]}
+  lines += [""] + [f"- {n}" for n in sorted(notes)] if notes else []
+  lines += ["", "Scores x100. Splits: cv = cross-validation on the only split; stsb test = STS Benchmark test."]
+  return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- CLI

@@ -1,0 +1,63 @@
+"""The package layering: a module imports only from its own package or the layers below it."""
+
+import ast
+import pathlib
+
+import crossbert_jax
+
+ROOT = pathlib.Path(crossbert_jax.__file__).parent
+# Lowest first. Packages on one rank do not import each other; the top-level modules are commands.
+RANK = {"core": 0, "data": 1, "model": 2, "evaluation": 3, "hf": 3, "training": 4}
+TOP = 5
+MAX_LINES = 400
+
+
+def _layer(module: str) -> tuple[str, int]:
+  parts = module.split(".")
+  if len(parts) > 2 or parts[1] in RANK:
+    return parts[1], RANK[parts[1]]
+  return parts[1], TOP
+
+
+def _imports(path: pathlib.Path) -> list[str]:
+  """Every crossbert_jax module imported anywhere in `path` (function-local imports too)."""
+  out = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("crossbert_jax"):
+      if node.module == "crossbert_jax":
+        out += [f"crossbert_jax.{a.name}" for a in node.names]
+      else:
+        out.append(node.module)
+    elif isinstance(node, ast.Import):
+      out += [a.name for a in node.names if a.name.startswith("crossbert_jax.")]
+  return out
+
+
+def _modules():
+  for path in sorted(ROOT.rglob("*.py")):
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    name = ".".join(rel.parts).removesuffix(".__init__")
+    if name != "crossbert_jax":
+      yield name, path
+
+
+def test_no_import_from_a_higher_or_sibling_layer():
+  bad = []
+  for name, path in _modules():
+    pkg, rank = _layer(name)
+    for imported in _imports(path):
+      other_pkg, other_rank = _layer(imported)
+      if other_pkg != pkg and (other_rank > rank or (other_rank == rank and rank != TOP)):
+        bad.append(f"{name} imports {imported}")
+  assert not bad, "layering broken (see crossbert_jax/__init__.py):\n" + "\n".join(bad)
+
+
+def test_commands_do_not_import_each_other_except_mteb_eval():
+  bad = [f"{name} imports {imp}" for name, path in _modules() if _layer(name)[1] == TOP
+         for imp in _imports(path) if _layer(imp)[1] == TOP and name != "crossbert_jax.mteb_eval"]
+  assert not bad, "\n".join(bad)
+
+
+def test_modules_stay_small():
+  big = {name: n for name, path in _modules() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+  assert not big, f"modules over {MAX_LINES} lines (split them by concern): {big}"
