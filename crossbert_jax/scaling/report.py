@@ -152,10 +152,11 @@ def _claims(spec, results, sizes, keys) -> list[str]:
   for label in spec["objectives"]:
     losses = [mean(_by(results, s, label), lambda r: r.final_loss) for s in sizes]
     probe = [mean(_by(results, s, label), lambda r: r.final_probe("avg/linear")) for s in sizes]
-    mono_l = all(a > b for a, b in zip(losses, losses[1:]))
-    mono_p = all(a < b for a, b in zip(probe, probe[1:]))
-    out.append(f"- {label}: loss {' -> '.join(_fmt(x, 4) for x in losses)} ({'monotonic' if mono_l else 'not monotonic'}); "
-               f"avg/linear {' -> '.join(_fmt(x, 4) for x in probe)} ({'monotonic' if mono_p else 'not monotonic'})")
+    verdict = lambda ok: "n/a: one size" if len(sizes) < 2 else ("monotonic" if ok else "not monotonic")
+    mono_l = verdict(all(a > b for a, b in zip(losses, losses[1:])))
+    mono_p = verdict(all(a < b for a, b in zip(probe, probe[1:])))
+    out.append(f"- {label}: loss {' -> '.join(_fmt(x, 4) for x in losses)} ({mono_l}); "
+               f"avg/linear {' -> '.join(_fmt(x, 4) for x in probe)} ({mono_p})")
   return out
 
 
