@@ -27,7 +27,7 @@ def test_every_objective_of_a_size_gets_the_same_flops():
       assert r.steps % count == 0 and r.overrides["eval.every_steps"] * count == r.steps
       assert abs(r.flops - s["flops"]) <= count / 2 * r.flops_per_step, (
           f"{r.name}: {r.flops:.4g} FLOPs vs budget {s['flops']:.4g} (step {r.flops_per_step:.3g})")
-      assert abs(r.flops - s["flops"]) / s["flops"] < 0.01, f"{r.name}: more than 1% off the budget"
+      assert abs(r.flops - s["flops"]) / s["flops"] < 0.02, f"{r.name}: more than 2% off the budget"
 
 
 def _cli(module, *args):

@@ -6,9 +6,11 @@ and skipped. Subprocesses keep one run's crash (or memory) from taking the sweep
 run's output goes to its train.log.
 """
 
+import functools
 import json
 import pathlib
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -42,14 +44,24 @@ def _last_step(workdir: pathlib.Path) -> int:
 
 
 def _run_logged(cmd: list[str], log: pathlib.Path) -> int:
+  """Runs `cmd` to its end; a stop request reaches it so that it saves a checkpoint first."""
   log.parent.mkdir(parents=True, exist_ok=True)
   with log.open("a") as f:
     f.write(f"$ {shlex.join(cmd)}\n")
     f.flush()
-    return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    # SIGTERM is forwarded; Ctrl-C already reaches the child through the terminal's process group,
+    # so the sweep only waits (a second SIGINT sent by us would make the trainer abort unsaved).
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, _: proc.send_signal(signum)),
+                signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    try:
+      return proc.wait()
+    finally:
+      for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
-def run_sweep(spec: dict, runs: list[plan_lib.Run], root: pathlib.Path, log=print) -> None:
+def run_sweep(spec: dict, runs: list[plan_lib.Run], root: pathlib.Path, log=functools.partial(print, flush=True)) -> None:
   """Trains the tokenizer if missing, then every unfinished run in order."""
   python = sys.executable
   tok = tokenizer_path(root)
