@@ -34,9 +34,9 @@ OBJECTIVES = {
 # about 1 : 2.6 : 5.6 training MFLOPs across the rungs (BERT r=0.15: 0.93, 2.46, 5.20); budgets
 # grow 1 : 3.7 : 10.8 so that the larger models also see more tokens (1 : 1.4 : 2).
 SIZES = {
-    "xs": dict(embed_dim=64, num_heads=4, num_layers=2, mlp_dim=128, flops=1.3e12),
-    "s": dict(embed_dim=96, num_heads=6, num_layers=3, mlp_dim=192, flops=4.8e12),
-    "m": dict(embed_dim=128, num_heads=4, num_layers=4, mlp_dim=256, flops=1.4e13),
+    "xs": dict(embed_dim=64, num_heads=4, num_layers=2, mlp_dim=128, flops=1.2e12),
+    "s": dict(embed_dim=96, num_heads=6, num_layers=3, mlp_dim=192, flops=4.4e12),
+    "m": dict(embed_dim=128, num_heads=4, num_layers=4, mlp_dim=256, flops=1.3e13),
 }
 
 

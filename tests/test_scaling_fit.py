@@ -27,8 +27,8 @@ def test_too_few_points_is_said_not_fitted():
 
 
 def test_lower_envelope_keeps_the_best_point_per_bin():
-  c = np.array([1.0, 1.1, 10.0, 11.0, 100.0])
-  y = np.array([5.0, 4.0, 3.0, 3.5, 1.0])
+  c = np.array([1.0, 1.1, 5.0, 20.0, 100.0])  # Two log bins: [1, 10) and [10, 100].
+  y = np.array([5.0, 4.0, 4.5, 3.5, 1.0])
   xs, ys = fit.lower_envelope(c, y, bins=2)
   assert list(ys) == [4.0, 1.0] and list(xs) == [1.1, 100.0], (xs, ys)
   assert (np.diff(xs) > 0).all()
