@@ -25,6 +25,12 @@ def _mean_std(values: list[float]) -> str:
   return f"{np.mean(v):.4f}" + (f" ± {np.std(v, ddof=1):.4f} (n={len(v)})" if len(v) > 1 else "")
 
 
+def _nanmean(values: list[float]) -> float:
+  """Mean of the finite values; NaN (no warning) when there is none."""
+  v = [x for x in values if math.isfinite(x)]
+  return float(np.mean(v)) if v else float("nan")
+
+
 def _by(results: list[RunResult], size: str, label: str) -> list[RunResult]:
   return [r for r in results if r.run.size == size and r.run.label == label]
 
@@ -114,10 +120,10 @@ def _efficiency(spec, results, sizes, keys) -> list[str]:
            "|---|---|---|" + "---|" * (len(spec["objectives"]) + 1)]
   for size in sizes:
     for key in avg:
-      target = np.nanmean([r.final_probe(key) for r in _by(results, size, bert)] or [np.nan])
+      target = _nanmean([r.final_probe(key) for r in _by(results, size, bert)])
       if not math.isfinite(target):
         continue
-      need = {label: np.nanmean([collect_lib.tokens_to_reach(r, key, target) for r in _by(results, size, label)] or [np.nan])
+      need = {label: _nanmean([collect_lib.tokens_to_reach(r, key, target) for r in _by(results, size, label)])
               for label in spec["objectives"]}
       ratio = need[k2] / need[k1] if k1 and k2 and need[k1] > 0 else float("nan")
       lines.append(f"| {size} | {key} | {target:.4f} | " + " | ".join(_fmt(need[l]) for l in spec["objectives"])
@@ -130,7 +136,7 @@ def _claims(spec, results, sizes, keys) -> list[str]:
   bert = _find(spec, "mlm", 0.15, 1)
   k1, k2 = _find(spec, "crossbert", 0.5, 1), _find(spec, "crossbert", 0.5, 2)
   seeds = len(spec["seeds"])
-  mean = lambda rs, f: float(np.nanmean([f(r) for r in rs])) if rs else float("nan")
+  mean = lambda rs, f: _nanmean([f(r) for r in rs])
   out = [f"Measured at this scale with {seeds} seed(s) per run; differences smaller than the seed spread "
          "(run table) or the fit intervals are not evidence either way.", ""]
   out.append("**(1) Throughput, CrossBERT at r >= 0.5 over BERT r=0.15** (median training tokens/s):")
@@ -167,7 +173,7 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
   labels = [l for l in spec["objectives"] if any(r.run.label == l for r in results)]
   sizes = [s for s in spec["sizes"] if any(r.run.size == s for r in results)]
   keys = collect_lib.probe_keys(results)
-  tput = {(s, l): float(np.nanmean([r.tokens_per_second for r in _by(results, s, l)] or [np.nan]))
+  tput = {(s, l): _nanmean([r.tokens_per_second for r in _by(results, s, l)])
           for s in sizes for l in labels}
   fit_lines, fit_figs = _fits(results, labels, keys, out)
   figs = [plots.loss_vs_flops(results, labels, sizes, out / "loss_vs_flops.png"),
