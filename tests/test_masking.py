@@ -260,3 +260,77 @@ def test_random_masking_rounding_tie_full_row():
     assert len(rec) == round(ratio * seq_len) and len(vis) == seq_len - round(ratio * seq_len), (
         f"full row at L={seq_len}, r={ratio}: {len(vis)} valid visible / {len(rec)} reconstructed, expected "
         f"{seq_len - round(ratio * seq_len)} / {round(ratio * seq_len)}")
+
+
+# ----------------------------------------------------------------------------- targets
+# [CLS]/[SEP] out of the targets (masking.exclude_special) and BERT's replacements from the tokenizer.
+
+def _packed_tokens(seg, seed=0):
+  """Regular ids in real slots, [CLS] at each segment's start and [SEP] at its end, pads 0."""
+  from crossbert_jax.data import tokenizer
+  rng = np.random.default_rng(seed)
+  tokens = np.where(seg > 0, rng.integers(NUM_SPECIAL, VOCAB, seg.shape), 0).astype(np.int32)
+  for b in range(seg.shape[0]):
+    for s in set(seg[b][seg[b] > 0].tolist()):
+      where = np.flatnonzero(seg[b] == s)
+      tokens[b, where[0]], tokens[b, where[-1]] = tokenizer.CLS_ID, tokenizer.SEP_ID
+  return tokens
+
+
+def test_specials_are_excluded_from_targets_by_default():
+  from crossbert_jax.core import config as config_lib
+  from crossbert_jax.training import objectives
+  for objective in ("crossbert", "mlm"):
+    assert config_lib.get_config(objective, "tiny").masking.exclude_special, f"{objective}: specials must be excluded by default"
+  seg = _segments(ALL_ROWS)
+  tokens = _packed_tokens(seg)
+  ok = np.asarray(objectives.targetable(jnp.asarray(tokens), jnp.asarray(seg), True))
+  assert ok.sum() < (seg > 0).sum() and not ok[tokens < NUM_SPECIAL].any(), "specials and pads must not be targetable"
+  assert np.asarray(objectives.targetable(jnp.asarray(tokens), jnp.asarray(seg), False)).sum() == (seg > 0).sum()
+  for ratio, views in ((0.5, 2), (0.75, 4), (0.5, 1)):
+    plain = _masks(seg, ratio, views, seed=4)
+    m = _np(jax.jit(masking.crossbert_masks, static_argnums=(2, 3, 4))(
+        jax.random.key(4), jnp.asarray(seg), ratio, views, 1.0, jnp.asarray(ok)))
+    _check_shapes(m, seg, ratio, views)
+    np.testing.assert_array_equal(m.vis_idx_KxBxT, plain.vis_idx_KxBxT, "excluding specials changed the visible sets")
+    np.testing.assert_array_equal(m.vis_valid_KxBxT, plain.vis_valid_KxBxT)
+    for b in range(seg.shape[0]):
+      shown, predicted = collections.Counter(), collections.Counter()
+      for k in range(views):
+        vis, rec = _view_sets(m, seg, k, b)
+        shown.update(vis)
+        predicted.update(rec)
+        _, rec_plain = _view_sets(plain, seg, k, b)
+        assert rec == {p for p in rec_plain if ok[b, p]}, f"K={views}, view {k}, row {b}: targets must be the hidden non-specials"
+      real, targets = set(np.flatnonzero(seg[b] > 0).tolist()), set(np.flatnonzero(ok[b]).tolist())
+      if views > 1:
+        assert set(shown) == real and set(shown.values()) <= {1}, f"K={views}, row {b}: views must still partition the row"
+        assert set(predicted) == targets and set(predicted.values()) <= {views - 1}, (
+            f"K={views}, row {b}: every non-special token must be a target in K-1 views; {dict(predicted)}")
+  for ratio in (0.15, 0.3):
+    mm = _np(jax.jit(masking.mlm_masks, static_argnums=(2,))(jax.random.key(6), jnp.asarray(seg), ratio, jnp.asarray(ok)))
+    for b in range(seg.shape[0]):
+      sel = mm.mask_idx_BxM[b][mm.mask_valid_BxM[b]]
+      assert len(sel) == round(ratio * ok[b].sum()), f"BERT row {b}: {len(sel)} masked, expected round(r * n_targetable)"
+      assert ok[b, sel].all(), f"BERT row {b}: masked a special or a pad: tokens {tokens[b, sel]}"
+
+
+def test_bert_random_replacements_come_from_the_tokenizer(tmp_path):
+  """With model.vocab_size above the tokenizer's, replacements still draw only pieces the tokenizer has."""
+  from crossbert_jax.core import config as config_lib
+  from crossbert_jax.data import corpus, tokenizer
+  from crossbert_jax.training import objectives
+  spm = tmp_path / "spm.model"
+  tokenizer.train_tokenizer(corpus.builtin_documents()[:2000], 512, spm)
+  c = config_lib.get_config("mlm", "tiny")
+  c.model.vocab_size, c.data.tokenizer = VOCAB, str(spm)
+  n_pieces = objectives.replacement_vocab_size(c)
+  assert n_pieces == 512, f"replacements must end at the tokenizer's 512 pieces, not model.vocab_size={VOCAB}: {n_pieces}"
+  seg = np.ones((64, L), np.int32)
+  tokens = np.full((64, L), 7, np.int32)
+  masks = _mlm_masks(jax.random.key(0), jnp.asarray(seg), 0.5)
+  out = np.asarray(_corrupt(jax.random.key(1), jnp.asarray(tokens), masks, mask_prob=0.0, random_prob=1.0,
+                            mask_id=MASK_ID, first_regular_id=NUM_SPECIAL, vocab_size=n_pieces))
+  replaced = out[out != tokens]
+  assert len(replaced) > 500 and replaced.min() >= NUM_SPECIAL and replaced.max() < 512, (
+      f"replacements {replaced.min()}..{replaced.max()} must be regular pieces in [{NUM_SPECIAL}, 512)")

@@ -67,12 +67,13 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
 
   c.mlm = ml_collections.ConfigDict()  # Flat-BERT corruption of the selected positions.
   c.mlm.mask_prob = 0.8  # -> [MASK]
-  c.mlm.random_prob = 0.1  # -> a random non-special token; the rest stay unchanged.
+  c.mlm.random_prob = 0.1  # -> a random non-special piece of data.tokenizer; the rest stay unchanged.
 
   c.masking = ml_collections.ConfigDict()
   c.masking.ratio = 0.5 if objective == "crossbert" else 0.15
   c.masking.views = 2 if objective == "crossbert" else 1  # Complementary views K (crossbert only).
   c.masking.reconstruct_ratio = 1.0  # CrossMAE partial reconstruction: fraction of masked slots predicted.
+  c.masking.exclude_special = True  # [CLS]/[SEP] are never targets (as HF's collators); False predicts them too.
 
   c.data = ml_collections.ConfigDict()
   c.data.path = "builtin"  # "builtin", or file / directory / glob, comma-separated; gs:// works.

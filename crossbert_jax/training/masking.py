@@ -10,6 +10,13 @@ Slots are static: T = L/K (K > 1) or L - round(r*L) (K = 1) visible slots, Q = L
 reconstruction slots (times `reconstruct_ratio`, CrossMAE partial reconstruction). A row with
 pads fills spare visible slots with pad positions (segment 0, so attention ignores them) and
 marks spare reconstruction slots invalid (weight 0 in the loss).
+
+`targetable_BxL` (optional) marks the real tokens that may be predicted ([CLS]/[SEP] are not,
+by default). CrossBERT ranks and shows every real token as above, so the views still partition
+the row and the slot counts stay static; a hidden non-targetable token just gets an invalid
+reconstruction slot (each targetable token is still hidden with probability r). BERT masks
+round(r * n_targetable) targetable tokens and leaves the others in its input, as the Hugging Face
+collator does.
 Shape letters: K views, B batch, L length, T visible slots, Q reconstruction slots, M masked slots.
 """
 
@@ -75,7 +82,7 @@ def _view(perm_BxL: Array, n_real_B: Array, lo_B: Array, hi_B: Array, n_vis: int
 
 
 def crossbert_masks(key: Array, segment_ids_BxL: Array, ratio: float, views: int,
-                    reconstruct_ratio: float = 1.0) -> ViewMasks:
+                    reconstruct_ratio: float = 1.0, targetable_BxL: Array | None = None) -> ViewMasks:
   """Random (K = 1) or complementary (K > 1) masks for every row; see the module doc."""
   seq_len = segment_ids_BxL.shape[-1]
   n_vis, n_rec = slot_counts(seq_len, ratio, views, reconstruct_ratio)
@@ -85,14 +92,19 @@ def crossbert_masks(key: Array, segment_ids_BxL: Array, ratio: float, views: int
   else:
     bounds = [((k * n_real_B) // views, ((k + 1) * n_real_B) // views) for k in range(views)]
   per_view = [_view(perm_BxL, n_real_B, lo, hi, n_vis, n_rec) for lo, hi in bounds]
-  return ViewMasks(*(jnp.stack(parts) for parts in zip(*per_view)))
+  masks = ViewMasks(*(jnp.stack(parts) for parts in zip(*per_view)))
+  if targetable_BxL is None:
+    return masks
+  ok_KxBxQ = jnp.stack([jnp.take_along_axis(targetable_BxL, idx_BxQ, axis=-1) for idx_BxQ in masks.rec_idx_KxBxQ])
+  return masks._replace(rec_valid_KxBxQ=masks.rec_valid_KxBxQ & ok_KxBxQ)
 
 
-def mlm_masks(key: Array, segment_ids_BxL: Array, ratio: float) -> MlmMasks:
-  """round(ratio * n_real) random real positions per row, in M = round(ratio * L) static slots."""
+def mlm_masks(key: Array, segment_ids_BxL: Array, ratio: float, targetable_BxL: Array | None = None) -> MlmMasks:
+  """round(ratio * n) random targetable positions per row (n of them), in M = round(ratio * L) static slots."""
   seq_len = segment_ids_BxL.shape[-1]
   n_slots = round(ratio * seq_len)
-  perm_BxL, n_real_B = random_ranks(key, segment_ids_BxL)
+  # Only the ranks below n are masked: ranking the targetable tokens first keeps the rest unmasked.
+  perm_BxL, n_real_B = random_ranks(key, segment_ids_BxL if targetable_BxL is None else targetable_BxL)
   n_mask_Bx1 = _rounded_counts(ratio, n_real_B, seq_len)[:, None]
   j_M = jnp.arange(n_slots, dtype=jnp.int32)[None, :]
   return MlmMasks(perm_BxL[:, :n_slots], j_M < n_mask_Bx1)

@@ -39,14 +39,37 @@ def _token_losses(logits_BxQxV: Array, targets_BxQ: Array, weights_BxQ: Array) -
   return jnp.sum(ce_BxQ * w_BxQ), LossStats(jnp.sum(w_BxQ), jnp.sum(correct_BxQ * w_BxQ))
 
 
+def targetable(tokens_BxL: Array, segment_ids_BxL: Array, exclude_special: bool) -> Array:
+  """Real tokens that may be prediction targets: all, or all but [CLS]/[SEP] (masking.exclude_special)."""
+  real_BxL = segment_ids_BxL > 0
+  if not exclude_special:
+    return real_BxL
+  # [CLS] opens and [SEP] closes every packed document: trivially predictable, so never targets.
+  return real_BxL & (tokens_BxL != tokenizer.CLS_ID) & (tokens_BxL != tokenizer.SEP_ID)
+
+
+def replacement_vocab_size(c: ml_collections.ConfigDict) -> int:
+  """End (exclusive) of the ids BERT's random replacements draw from: the tokenizer's vocabulary.
+
+  model.vocab_size may be larger (padded for the MXU); ids past the tokenizer's never occur in
+  the data, so drawing them would teach nothing. Shape-only callers without a tokenizer get
+  model.vocab_size.
+  """
+  if not c.data.tokenizer:
+    return c.model.vocab_size
+  return min(c.model.vocab_size, tokenizer.Tokenizer.load(c.data.tokenizer).vocab_size)
+
+
 def make_loss_fn(c: ml_collections.ConfigDict) -> Callable[[dict, Batch, Array], tuple[Array, LossStats]]:
   """The loss function for `c.objective` (params, batch, key) -> (summed loss, stats)."""
   model = build_model(c)
   mk = c.masking
+  random_end = replacement_vocab_size(c) if c.objective == "mlm" else 0
 
   def crossbert_loss(params, batch: Batch, key: Array):
     tokens_BxL, seg_BxL, pos_BxL = batch["tokens"], batch["segment_ids"], batch["positions"]
-    masks = masking.crossbert_masks(key, seg_BxL, mk.ratio, mk.views, mk.reconstruct_ratio)
+    masks = masking.crossbert_masks(key, seg_BxL, mk.ratio, mk.views, mk.reconstruct_ratio,
+                                    targetable(tokens_BxL, seg_BxL, mk.exclude_special))
     k = mk.views
     # The K views run as one batch of K*B rows (view-major), sharing one encoder call.
     tile = lambda a: jnp.concatenate([a] * k, axis=0) if k > 1 else a
@@ -61,10 +84,10 @@ def make_loss_fn(c: ml_collections.ConfigDict) -> Callable[[dict, Batch, Array],
   def mlm_loss(params, batch: Batch, key: Array):
     tokens_BxL, seg_BxL, pos_BxL = batch["tokens"], batch["segment_ids"], batch["positions"]
     k_mask, k_corrupt = jax.random.split(key)
-    masks = masking.mlm_masks(k_mask, seg_BxL, mk.ratio)
+    masks = masking.mlm_masks(k_mask, seg_BxL, mk.ratio, targetable(tokens_BxL, seg_BxL, mk.exclude_special))
     corrupted_BxL = masking.corrupt(
         k_corrupt, tokens_BxL, masks, mask_prob=c.mlm.mask_prob, random_prob=c.mlm.random_prob,
-        mask_id=tokenizer.MASK_ID, first_regular_id=tokenizer.NUM_SPECIAL, vocab_size=c.model.vocab_size)
+        mask_id=tokenizer.MASK_ID, first_regular_id=tokenizer.NUM_SPECIAL, vocab_size=random_end)
     logits_BxMxV = model.apply({"params": params}, corrupted_BxL, pos_BxL, seg_BxL, masks.mask_idx_BxM)
     targets_BxM = jnp.take_along_axis(tokens_BxL, masks.mask_idx_BxM, axis=1)
     return _token_losses(logits_BxMxV, targets_BxM, masks.mask_valid_BxM)

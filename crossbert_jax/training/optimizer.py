@@ -6,14 +6,19 @@ import optax
 
 
 def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup to the peak, then cosine or linear decay to final_lr_ratio * peak."""
+  """Linear warmup to the peak, then cosine or linear decay to final_lr_ratio * peak.
+
+  Step i < warmup_steps runs at peak * (i + 1) / warmup_steps: the first update already moves
+  the params (a warmup from 0 would waste it) and the last warmup step reaches the peak.
+  """
   peak, end = t.learning_rate, t.learning_rate * t.final_lr_ratio
   decay_steps = max(1, t.steps - t.warmup_steps)
   if t.decay == "cosine":
     decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=t.final_lr_ratio)
   else:
     decay = optax.linear_schedule(peak, end, decay_steps)
-  warmup = optax.linear_schedule(0.0, peak, t.warmup_steps)
+  warmup_steps = max(1, t.warmup_steps)
+  warmup = lambda count: peak * (count + 1) / warmup_steps
   return optax.join_schedules([warmup, decay], [t.warmup_steps])
 
 

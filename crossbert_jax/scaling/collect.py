@@ -1,0 +1,96 @@
+"""Per-run results of a sweep, read from each run's metrics rows: curves, probes, throughput."""
+
+import dataclasses
+import json
+import pathlib
+
+import numpy as np
+
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.scaling import plan as plan_lib
+from crossbert_jax.scaling import runner
+
+PROBE_PREFIX = "probe/"
+PROBE_KINDS = ("linear", "knn")
+
+
+@dataclasses.dataclass
+class RunResult:
+  """What the report needs from one run; probes maps 'task/probe' (and 'avg/probe') to [(step, score)]."""
+  run: plan_lib.Run
+  done: bool
+  steps_logged: int
+  loss_curve: np.ndarray  # (n, 2): step, loss.
+  probes: dict[str, list[tuple[int, float]]]
+  tokens_per_second: float  # Median over steps (robust to the compile step and the probe pauses).
+  wall_s: float
+
+  @property
+  def final_loss(self) -> float:
+    """Mean loss over the last 5% of logged steps (single steps are noisy)."""
+    if len(self.loss_curve) == 0:
+      return float("nan")
+    n = max(1, len(self.loss_curve) // 20)
+    return float(np.mean(self.loss_curve[-n:, 1]))
+
+  def final_probe(self, key: str) -> float:
+    points = self.probes.get(key, [])
+    return points[-1][1] if points else float("nan")
+
+
+def _result(run: plan_lib.Run, run_dir: pathlib.Path) -> RunResult | None:
+  try:
+    rows = runner.read_rows(run_dir)
+  except UserError:
+    return None
+  by_step = {}
+  for row in rows:  # A resumed run may repeat a step: the last row wins.
+    by_step[int(row["step"])] = row
+  steps = sorted(by_step)
+  curve = np.array([(s, by_step[s]["loss"]) for s in steps if by_step[s].get("loss") is not None], float).reshape(-1, 2)
+  probes: dict[str, list[tuple[int, float]]] = {}
+  for s in steps:
+    scores = {k[len(PROBE_PREFIX):]: v for k, v in by_step[s].items() if k.startswith(PROBE_PREFIX) and v is not None}
+    for key, value in scores.items():
+      probes.setdefault(key, []).append((s, float(value)))
+    for kind in PROBE_KINDS:
+      per_task = [v for k, v in scores.items() if k.endswith("/" + kind)]
+      if per_task:
+        probes.setdefault(f"avg/{kind}", []).append((s, float(np.mean(per_task))))
+  tps = [by_step[s]["tokens_per_second"] for s in steps[1:] if by_step[s].get("tokens_per_second")]
+  wall_file = run_dir / "sweep_wall.json"
+  wall = json.loads(wall_file.read_text())["wall_s"] if wall_file.is_file() else float("nan")
+  return RunResult(run, plan_lib.is_done(run_dir), steps[-1] if steps else 0, curve, probes,
+                   float(np.median(tps)) if tps else float("nan"), wall)
+
+
+def collect(root: pathlib.Path) -> tuple[dict, list[RunResult], list[str]]:
+  """(spec, results of the runs that logged anything, names of runs with no metrics yet)."""
+  spec, runs = plan_lib.load_plan(root)
+  results, missing = [], []
+  for run in runs:
+    r = _result(run, root / "runs" / run.name)
+    (results.append(r) if r is not None else missing.append(run.name))
+  if not results:
+    raise UserError(f"--root={root}: no run has logged metrics yet; run the sweep first")
+  return spec, results, missing
+
+
+def probe_keys(results: list[RunResult]) -> list[str]:
+  """Every 'task/probe' key seen (linear and knn only), the averages first."""
+  keys = {k for r in results for k in r.probes if k.split("/")[-1] in PROBE_KINDS}
+  return sorted(keys, key=lambda k: (not k.startswith("avg/"), k))
+
+
+def tokens_to_reach(result: RunResult, key: str, target: float) -> float:
+  """Training tokens at which the probe score first reaches `target` (linear between probes); NaN if never."""
+  points = result.probes.get(key, [])
+  prev_step, prev_score = 0, None
+  for step, score in points:
+    if score >= target:
+      if prev_score is None or score == prev_score:
+        return float(step * result.run.tokens_per_step)
+      frac = (target - prev_score) / (score - prev_score)
+      return float((prev_step + frac * (step - prev_step)) * result.run.tokens_per_step)
+    prev_step, prev_score = step, score
+  return float("nan")

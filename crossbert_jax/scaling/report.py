@@ -1,0 +1,202 @@
+"""The sweep report: Markdown with the run table, fits, sample efficiency, claim checks, and plots.
+
+Every number comes from the runs' metrics rows and ROOT/plan.json; the claim section states what
+was measured at this scale, with the seed count, and never more.
+"""
+
+import math
+import pathlib
+
+import numpy as np
+
+from crossbert_jax.scaling import collect as collect_lib
+from crossbert_jax.scaling import fit, plots
+from crossbert_jax.scaling.collect import RunResult
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+  return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}g}"
+
+
+def _mean_std(values: list[float]) -> str:
+  v = [x for x in values if math.isfinite(x)]
+  if not v:
+    return "n/a"
+  return f"{np.mean(v):.4f}" + (f" ± {np.std(v, ddof=1):.4f} (n={len(v)})" if len(v) > 1 else "")
+
+
+def _nanmean(values: list[float]) -> float:
+  """Mean of the finite values; NaN (no warning) when there is none."""
+  v = [x for x in values if math.isfinite(x)]
+  return float(np.mean(v)) if v else float("nan")
+
+
+def _by(results: list[RunResult], size: str, label: str) -> list[RunResult]:
+  return [r for r in results if r.run.size == size and r.run.label == label]
+
+
+def _find(spec: dict, objective: str, ratio: float, views: int) -> str | None:
+  for label, o in spec["objectives"].items():
+    if (o["objective"] == objective and abs(o["ratio"] - ratio) < 1e-9 and o["views"] == views
+        and o.get("reconstructor_width", 1.0) == 1.0):
+      return label
+  return None
+
+
+def _run_table(results: list[RunResult], keys: list[str]) -> list[str]:
+  avg = [k for k in keys if k.startswith("avg/")]
+  head = ["run", "objective", "ratio", "K", "steps", "FLOPs", "tokens", "wall s", "tokens/s", "final loss", *avg]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for r in results:
+    o = r.run.overrides
+    status = "" if r.done else f" (partial: step {r.steps_logged})"
+    cells = [r.run.name + status, r.run.objective, o["masking.ratio"], o["masking.views"], r.run.steps,
+             _fmt(r.run.flops), _fmt(float(r.run.steps * r.run.tokens_per_step)), _fmt(r.wall_s, 4),
+             _fmt(r.tokens_per_second, 4), _fmt(r.final_loss, 4), *[_fmt(r.final_probe(k), 3) for k in avg]]
+    lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+  return lines
+
+
+def _config_lines(spec: dict) -> list[str]:
+  lines = ["| size | d | heads | layers | mlp | FLOPs budget |", "|---|---|---|---|---|---|"]
+  for name, s in spec["sizes"].items():
+    lines.append(f"| {name} | {s['embed_dim']} | {s['num_heads']} | {s['num_layers']} | {s['mlp_dim']} | {s['flops']:.3g} |")
+  lines += ["", "| objective | config | ratio | K | reconstructor width |", "|---|---|---|---|---|"]
+  for label, o in spec["objectives"].items():
+    lines.append(f"| {label} | {o['objective']} | {o['ratio']} | {o['views']} | {o.get('reconstructor_width', 1.0)} |")
+  return lines
+
+
+def _fits(results, labels, keys, out: pathlib.Path) -> tuple[list[str], list[str]]:
+  """Power laws on the compute frontier per objective (loss, and 1 - average probe score)."""
+  lines, figures = [], []
+  targets = [("loss", "training loss", lambda r: (r.loss_curve[:, 0], r.loss_curve[:, 1]))]
+  for k in keys:
+    if k.startswith("avg/"):
+      targets.append((k, f"1 - {k} score", lambda r, k=k: (np.array([s for s, _ in r.probes.get(k, [])], float),
+                                                           1 - np.array([v for _, v in r.probes.get(k, [])], float))))
+  lines += ["| objective | " + " | ".join(f"{name}: alpha [95% CI] / E" for _, name, _ in targets) + " |",
+            "|---|" + "---|" * len(targets)]
+  laws_by_target = []
+  for key, name, extract in targets:
+    points, laws = {}, {}
+    for label in labels:
+      c, y = [], []
+      for r in results:
+        if r.run.label == label:
+          s, v = extract(r)
+          # Skip warmup (the first 10% of each run): it is schedule, not scaling.
+          keep = s > 0.1 * r.run.steps
+          c.append(s[keep] * r.run.flops_per_step)
+          y.append(v[keep])
+      c, y = (np.concatenate(c), np.concatenate(y)) if c else (np.array([]), np.array([]))
+      points[label] = fit.lower_envelope(c, y) if key == "loss" else (c, y)
+      laws[label] = fit.fit_power_law(*points[label])
+    laws_by_target.append(laws)
+    figures.append(plots.fits(points, laws, name, out / f"fit_{key.replace('/', '_')}.png"))
+  for label in labels:
+    cells = []
+    for laws in laws_by_target:
+      law = laws[label]
+      if law.alpha is None:
+        cells.append(law.note)
+      else:
+        ci = f"[{law.alpha_ci[0]:.3f}, {law.alpha_ci[1]:.3f}]" if law.alpha_ci else "[n/a]"
+        cells.append(f"{law.alpha:.3f} {ci} / {law.e:.3f} ({law.n_points} pts){' ' + law.note if law.note else ''}")
+    lines.append(f"| {label} | " + " | ".join(cells) + " |")
+  return lines, figures
+
+
+def _efficiency(spec, results, sizes, keys) -> list[str]:
+  """Tokens each objective needs to reach BERT r=0.15's final probe score; K=2 vs K=1."""
+  bert = _find(spec, "mlm", 0.15, 1)
+  k1, k2 = _find(spec, "crossbert", 0.5, 1), _find(spec, "crossbert", 0.5, 2)
+  avg = [k for k in keys if k.startswith("avg/")]
+  if not bert or not avg:
+    return ["Needs a BERT r=0.15 objective and probes in the spec."]
+  lines = [f"Reference: {bert}'s final score (seed mean). Tokens to reach it (linear interpolation between probes; "
+           "n/a = not reached within the budget).", "",
+           "| size | probe | target | " + " | ".join(spec["objectives"]) + " | K=2 / K=1 tokens |",
+           "|---|---|---|" + "---|" * (len(spec["objectives"]) + 1)]
+  for size in sizes:
+    for key in avg:
+      target = _nanmean([r.final_probe(key) for r in _by(results, size, bert)])
+      if not math.isfinite(target):
+        continue
+      need = {label: _nanmean([collect_lib.tokens_to_reach(r, key, target) for r in _by(results, size, label)])
+              for label in spec["objectives"]}
+      ratio = need[k2] / need[k1] if k1 and k2 and need[k1] > 0 else float("nan")
+      lines.append(f"| {size} | {key} | {target:.4f} | " + " | ".join(_fmt(need[l]) for l in spec["objectives"])
+                   + f" | {_fmt(ratio)} |")
+  return lines
+
+
+def _claims(spec, results, sizes, keys) -> list[str]:
+  """The paper's four claims, each as the measured numbers behind it."""
+  bert = _find(spec, "mlm", 0.15, 1)
+  k1, k2 = _find(spec, "crossbert", 0.5, 1), _find(spec, "crossbert", 0.5, 2)
+  seeds = len(spec["seeds"])
+  mean = lambda rs, f: _nanmean([f(r) for r in rs])
+  out = [f"Measured at this scale with {seeds} seed(s) per run; differences smaller than the seed spread "
+         "(run table) or the fit intervals are not evidence either way.", ""]
+  out.append("**(1) Throughput, CrossBERT at r >= 0.5 over BERT r=0.15** (median training tokens/s):")
+  for size in sizes:
+    base = mean(_by(results, size, bert), lambda r: r.tokens_per_second) if bert else float("nan")
+    parts = [f"{label} {mean(_by(results, size, label), lambda r: r.tokens_per_second) / base:.2f}x"
+             for label, o in spec["objectives"].items() if o["objective"] == "crossbert" and o["ratio"] >= 0.5]
+    out.append(f"- {size}: " + ", ".join(parts))
+  out += ["", "**(2) Sample efficiency, K=2 over K=1** at r=0.5: see the table above (K=2 / K=1 tokens < 1 "
+          "means K=2 needs fewer tokens)."]
+  out += ["", "**(3) Frozen probes vs BERT** (final average score; CrossBERT minus BERT r=0.15):"]
+  for key in [k for k in keys if k.startswith("avg/")]:
+    for size in sizes:
+      b = mean(_by(results, size, bert), lambda r: r.final_probe(key))
+      parts = [f"{label} {mean(_by(results, size, label), lambda r: r.final_probe(key)) - b:+.4f}"
+               for label, o in spec["objectives"].items() if label != bert]
+      out.append(f"- {key}, {size} (BERT {b:.4f}): " + ", ".join(parts))
+  out += ["", "**(4) Monotonic scaling** (final loss falls and average linear probe rises with size):"]
+  for label in spec["objectives"]:
+    losses = [mean(_by(results, s, label), lambda r: r.final_loss) for s in sizes]
+    probe = [mean(_by(results, s, label), lambda r: r.final_probe("avg/linear")) for s in sizes]
+    verdict = lambda ok: "n/a: one size" if len(sizes) < 2 else ("monotonic" if ok else "not monotonic")
+    mono_l = verdict(all(a > b for a, b in zip(losses, losses[1:])))
+    mono_p = verdict(all(a < b for a, b in zip(probe, probe[1:])))
+    out.append(f"- {label}: loss {' -> '.join(_fmt(x, 4) for x in losses)} ({mono_l}); "
+               f"avg/linear {' -> '.join(_fmt(x, 4) for x in probe)} ({mono_p})")
+  return out
+
+
+def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+  """Writes out/report.md and its PNGs from the sweep in `root`; returns the report's path."""
+  spec, results, missing = collect_lib.collect(root)
+  out.mkdir(parents=True, exist_ok=True)
+  labels = [l for l in spec["objectives"] if any(r.run.label == l for r in results)]
+  sizes = [s for s in spec["sizes"] if any(r.run.size == s for r in results)]
+  keys = collect_lib.probe_keys(results)
+  tput = {(s, l): _nanmean([r.tokens_per_second for r in _by(results, s, l)])
+          for s in sizes for l in labels}
+  fit_lines, fit_figs = _fits(results, labels, keys, out)
+  figs = [plots.loss_vs_flops(results, labels, sizes, out / "loss_vs_flops.png"),
+          plots.throughput_bars(tput, labels, sizes, out / "throughput.png")]
+  if keys:
+    figs.insert(1, plots.probes_vs_flops(results, labels, keys, out / "probes_vs_flops.png"))
+  done = sum(r.done for r in results)
+  md = [f"# Scaling sweep: {spec['name']}", "",
+        f"{done} of {len(results) + len(missing)} runs finished" + (f"; not started: {', '.join(missing)}" if missing else "")
+        + f". Data: `{spec['data_path']}`; probes: `{spec['probes']['tasks']}` "
+        f"({spec['probes']['max_examples']} examples per split, {spec['probes']['count']} per run).", "",
+        "## Ladder", "", *_config_lines(spec), "",
+        "## Training loss vs FLOPs", "", f"![loss]({figs[0]})", ""]
+  if keys:
+    md += ["## Frozen probes vs FLOPs", "", "Mean-pooled frozen encoder; linear and KNN probes per task, and their "
+           "average over tasks.", "", f"![probes]({figs[1]})", ""]
+  md += ["## Throughput", "", f"![throughput]({figs[-1]})", "",
+         "## Sample efficiency", "", *_efficiency(spec, results, sizes, keys), "",
+         "## Power-law fits", "", "error = E + A * C^-alpha on each objective's compute frontier (loss: best loss per "
+         "log-FLOPs bin over all sizes; probes: every probe point), warmup excluded; 95% bootstrap intervals.", "",
+         *fit_lines, "", *[f"![fit]({f})" for f in fit_figs], "",
+         "## What the paper claims, as measured here", "", *_claims(spec, results, sizes, keys), "",
+         "## Every run", "", *_run_table(results, keys), ""]
+  path = out / "report.md"
+  path.write_text("\n".join(md))
+  return path

@@ -1,0 +1,87 @@
+"""The sweep planner (equal FLOPs per size) and a tiny two-run sweep end to end: resumable, reported."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from crossbert_jax.scaling import plan as plan_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_every_objective_of_a_size_gets_the_same_flops():
+  spec = plan_lib.load_spec(str(ROOT / "experiments" / "gutenberg_cpu.py"))
+  runs = plan_lib.plan(spec, "unused.model")
+  assert len(runs) == len(spec["sizes"]) * len(spec["objectives"]) * len(spec["seeds"]) and len(spec["sizes"]) >= 3
+  count = spec["probes"]["count"]
+  for size, s in spec["sizes"].items():
+    sized = [r for r in runs if r.size == size]
+    assert {r.label for r in sized} == set(spec["objectives"])
+    assert len({r.flops_per_step for r in sized}) > 1, "objectives differ in FLOPs per step, so in steps"
+    for r in sized:
+      # Steps are a multiple of the probe count (the last probe lands on the last step), so a run is
+      # within count/2 steps of the budget.
+      assert r.steps % count == 0 and r.overrides["eval.every_steps"] * count == r.steps
+      assert abs(r.flops - s["flops"]) <= count / 2 * r.flops_per_step, (
+          f"{r.name}: {r.flops:.4g} FLOPs vs budget {s['flops']:.4g} (step {r.flops_per_step:.3g})")
+      assert abs(r.flops - s["flops"]) / s["flops"] < 0.02, f"{r.name}: more than 2% off the budget"
+
+
+def _cli(module, *args):
+  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=900)
+
+
+TINY_SPEC = '''
+def get_spec():
+  return dict(
+      name="tiny_two_runs", variant="tiny", data_path="builtin", tokenizer_vocab_size=512,
+      common={"model.vocab_size": 512, "data.seq_len": 32, "train.batch_size": 8, "checkpoint.every_steps": 1000,
+              "metrics.tensorboard": False},
+      sizes={"xs": dict(embed_dim=32, num_heads=2, num_layers=1, mlp_dim=64, flops=FLOPS)},
+      objectives={"bert_r15": dict(objective="mlm", ratio=0.15, views=1),
+                  "cb_r50_k2": dict(objective="crossbert", ratio=0.5, views=2)},
+      seeds=[0], warmup_fraction=0.1,
+      probes=dict(count=2, tasks="stsb", data_dir=DATA, max_examples=50),
+  )
+'''
+
+
+def test_tiny_sweep_resumes_and_reports(tmp_path, shared_data):
+  spec_file = tmp_path / "tiny.py"
+  # ~12 steps per run: seconds of training, two probes each.
+  spec_file.write_text(TINY_SPEC.replace("FLOPS", "3e9").replace("DATA", repr(str(shared_data))))
+  root = tmp_path / "sweep"
+  first = _cli("crossbert_jax.sweep", f"--spec={spec_file}", f"--root={root}")
+  assert first.returncode == 0, first.stderr[-3000:]
+  runs = plan_lib.load_plan(root)[1]
+  assert len(runs) == 2 and all(plan_lib.is_done(root / "runs" / r.name) for r in runs), first.stdout
+  metrics_before = {r.name: (root / "runs" / r.name / "metrics.jsonl").read_text() for r in runs}
+  again = _cli("crossbert_jax.sweep", f"--spec={spec_file}", f"--root={root}")
+  assert again.returncode == 0 and again.stdout.count("done, skipped") == 2, again.stdout + again.stderr[-2000:]
+  assert metrics_before == {r.name: (root / "runs" / r.name / "metrics.jsonl").read_text() for r in runs}
+  out = tmp_path / "report"
+  rep = _cli("crossbert_jax.report", f"--root={root}", f"--output={out}")
+  assert rep.returncode == 0, rep.stderr[-3000:]
+  text = (out / "report.md").read_text()
+  for section in ("## Training loss vs FLOPs", "## Frozen probes vs FLOPs", "## Throughput", "## Sample efficiency",
+                  "## Power-law fits", "## What the paper claims", "## Every run"):
+    assert section in text, f"report.md lacks {section}"
+  for r in runs:
+    assert r.name in text, f"the run table lacks {r.name}"
+  assert "too few points" in text or "alpha" in text
+  pngs = sorted(p.name for p in out.glob("*.png"))
+  assert {"loss_vs_flops.png", "probes_vs_flops.png", "throughput.png", "fit_loss.png"} <= set(pngs), pngs
+  assert all((out / p).stat().st_size > 5000 for p in pngs), "a plot is suspiciously small"
+
+
+def test_bad_spec_is_one_line_error(tmp_path):
+  bad = tmp_path / "bad.py"
+  bad.write_text("def get_spec():\n  return dict(name='x')\n")
+  proc = _cli("crossbert_jax.sweep", f"--spec={bad}", f"--root={tmp_path / 'r'}", "--dry_run")
+  assert proc.returncode == 2 and proc.stderr.strip().startswith("error:") and "missing keys" in proc.stderr
+  assert "Traceback" not in proc.stderr
