@@ -5,7 +5,6 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
 
 from crossbert_jax.scaling import plan as plan_lib
 

@@ -134,7 +134,6 @@ def _efficiency(spec, results, sizes, keys) -> list[str]:
 def _claims(spec, results, sizes, keys) -> list[str]:
   """The paper's four claims, each as the measured numbers behind it."""
   bert = _find(spec, "mlm", 0.15, 1)
-  k1, k2 = _find(spec, "crossbert", 0.5, 1), _find(spec, "crossbert", 0.5, 2)
   seeds = len(spec["seeds"])
   mean = lambda rs, f: _nanmean([f(r) for r in rs])
   out = [f"Measured at this scale with {seeds} seed(s) per run; differences smaller than the seed spread "
