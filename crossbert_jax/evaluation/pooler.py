@@ -164,6 +164,16 @@ class TrainOptions:
   seed: int = 0
 
 
+def pooler_loss(model: Pooler, params: dict, hidden_KxBxLxD, mask_KxBxL, scale: float):
+  """Contrastive loss of anchors (k = 0), positives (1) and negatives (2) pooled from cached states.
+
+  Its only params are the pooler's: the frozen encoder's outputs enter as data, so no gradient
+  can flow to the encoder (tests/test_evaluate.py checks the gradient tree).
+  """
+  out = [model.apply({"params": params}, hidden_KxBxLxD[k], mask_KxBxL[k]) for k in range(hidden_KxBxLxD.shape[0])]
+  return contrastive_loss(*out, scale=scale)
+
+
 def train_pooler(features: Features, triples_Tx3: np.ndarray, opts: TrainOptions, log=print
                  ) -> tuple[dict, list[float]]:
   """(pooler params, loss per step): AdamW with cosine decay on the cached frozen features.
@@ -185,10 +195,7 @@ def train_pooler(features: Features, triples_Tx3: np.ndarray, opts: TrainOptions
 
   @jax.jit
   def step(params, opt_state, hidden_KxBxLxD, mask_KxBxL):
-    def loss_fn(p):
-      out = [model.apply({"params": p}, hidden_KxBxLxD[k], mask_KxBxL[k]) for k in range(hidden_KxBxLxD.shape[0])]
-      return contrastive_loss(*out, scale=opts.scale)
-    loss, grads = jax.value_and_grad(loss_fn)(params)
+    loss, grads = jax.value_and_grad(pooler_loss, argnums=1)(model, params, hidden_KxBxLxD, mask_KxBxL, opts.scale)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
