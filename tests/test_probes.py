@@ -136,16 +136,18 @@ def test_cosine_threshold_scores_on_a_pair_task():
 
 
 @pytest.mark.parametrize("kind", ["classification", "regression"])
-def test_probes_run_at_the_generic_minimum_sizes(kind):
-  """The smallest data the generic reader accepts goes through both probes under CV without error."""
+@pytest.mark.parametrize("cv", [True, False])
+def test_probes_run_at_the_generic_minimum_sizes(kind, cv):
+  """The smallest data the generic reader accepts goes through both probes (CV, or an eval split)."""
   from crossbert_jax.evaluation import generic
 
   rng = np.random.default_rng(1)
   if kind == "classification":
-    y = np.repeat([0, 1], generic.MIN_PER_CLASS_CV)
+    y = np.repeat([0, 1], generic.MIN_PER_CLASS_CV if cv else generic.MIN_PER_CLASS)
   else:
-    y = rng.normal(size=generic.MIN_REGRESSION_ROWS_CV).astype(np.float32)
+    y = rng.normal(size=generic.MIN_REGRESSION_ROWS_CV if cv else generic.MIN_REGRESSION_ROWS).astype(np.float32)
   metrics = ("accuracy", "f1") if kind == "classification" else ("spearman", "pearson")
-  task = eval_tasks.Task("tiny", kind, metrics, {"train": eval_tasks.Split([""] * len(y), y)}, fit="train", scored=())
-  scores, _ = probes.score_task(task, {"train": rng.normal(size=(len(y), 4))})
+  splits = {"train": eval_tasks.Split([""] * len(y), y), "eval": eval_tasks.Split(["", ""], y[[0, -1]])}
+  task = eval_tasks.Task("tiny", kind, metrics, splits, fit="train", scored=() if cv else ("eval",))
+  scores, _ = probes.score_task(task, {"train": rng.normal(size=(len(y), 4)), "eval": rng.normal(size=(2, 4))})
   assert all(np.isfinite(v) for v in scores.values()) and len(scores) == 4
