@@ -118,11 +118,8 @@ def _with_poolers(emb: embedder_lib.Embedder, label: str, poolers: list[pooler_l
   """(label, embedder) of the model, then one '+pooler' column per pooler trained on it."""
   out = [(label, emb)]
   for i, p in enumerate(poolers):
-    if p.meta.get("identity") == emb.identity:
-      base = emb if emb.options.layers == (-1,) and emb.options.pooling == "mean" else None
-      if base is None:
-        raise UserError("--pooler: a pooler reads the final layer with mean pooling; drop --layers/--pooling")
-      out.append((f"{label}+pooler" + (f"{i}" if i else ""), pooler_lib.PoolerEmbedder(base, p)))
+    if p.meta.get("identity") == emb.identity:  # PoolerEmbedder refuses --layers/--pooling it was not trained on.
+      out.append((f"{label}+pooler{i or ''}", pooler_lib.PoolerEmbedder(emb, p)))
       used.add(i)
   return out
 
