@@ -281,3 +281,23 @@ def test_mteb_offline_matches_our_stsb(run_dir, shared_data, tmp_path):
   assert abs(theirs - ours) < 0.01, (theirs, ours)
   scifact = mteb_eval.local_tasks(str(shared_data), ("SciFact",))[0].dataset["default"]["test"]
   assert (len(scifact["corpus"]), len(scifact["queries"]), len(scifact["relevant_docs"])) == (5183, 300, 300)
+
+
+def test_pooler_and_task_file_user_errors(tmp_path):
+  """Bad inputs to the new commands and flags: one `error:` line, exit status 2, nothing written."""
+  bad_tsv = tmp_path / "bad.tsv"
+  bad_tsv.write_text("a\tb\nonly one field\n")
+  task_file = tmp_path / "tasks.json"
+  task_file.write_text(json.dumps([{"name": "t", "type": "regression", "train": "bad.tsv",
+                                    "columns": {"text": "a", "label": "b"}}]))
+  cases = [(["crossbert_jax.pooler", f"--workdir={tmp_path}", f"--pairs={bad_tsv}", "--pairs_columns=a,b"],
+            "line 2 has 1 tab-separated fields"),
+           (["crossbert_jax.evaluate", f"--workdir={tmp_path}", f"--task_file={task_file}"],
+            "line 2 has 1 tab-separated fields")]
+  for args, message in cases:
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=120)
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.tsv", "tasks.json"]
