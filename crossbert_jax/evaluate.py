@@ -23,6 +23,8 @@ from etils import epath
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.evaluation import embedder as embedder_lib
+from crossbert_jax.evaluation import generic
+from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.evaluation import tasks as eval_tasks
 from crossbert_jax.evaluation.runner import evaluate_model, markdown_table
 from crossbert_jax.model.encoder import EncoderSpec
@@ -59,8 +61,8 @@ def _define_flags() -> None:
   flags.DEFINE_multi_string("hf", [], "Local Hugging Face encoder folder(s) (transformers, torch CPU).")
   flags.DEFINE_string("tokenizer", "", "SentencePiece model for --workdir runs (default: the run's config).")
   flags.DEFINE_string("data_dir", "", "Root of the task data (the folder holding SOURCES.md).")
-  flags.DEFINE_string("tasks", "all", f"Comma-separated tasks ({','.join(eval_tasks.ALL_TASKS)}) or 'all'; "
-                      "may be empty with --retrieval or --generic_train.")
+  flags.DEFINE_string("tasks", None, f"Comma-separated tasks ({','.join(eval_tasks.ALL_TASKS)}) or 'all' "
+                      "(default: all, or none when --generic_train, --task_file or --retrieval is given).")
   flags.DEFINE_string("output", "", "JSON output path; the markdown table goes next to it as .md.")
   flags.DEFINE_string("layers", "-1", "Layer(s) to pool: -1 final, 0 embeddings; several are averaged.")
   flags.DEFINE_enum("pooling", "mean", list(embedder_lib.POOLINGS), "Pooling over tokens.")
@@ -79,22 +81,47 @@ def _define_flags() -> None:
   flags.DEFINE_string("generic_train", "", "Your own task: a .tsv (with header) or .jsonl file to fit on.")
   flags.DEFINE_string("generic_eval", "", "Its evaluation file (empty: 5-fold cross-validation on train).")
   flags.DEFINE_string("generic_text", "text", "Column of the (first) text.")
-  flags.DEFINE_string("generic_pair", "", "Column of the second text (pair_classification only).")
+  flags.DEFINE_string("generic_pair", "", "Column of the second text: a pair task (zero-shot cosine too).")
   flags.DEFINE_string("generic_label", "label", "Column of the label.")
-  flags.DEFINE_string("generic_type", eval_tasks.CLASSIFICATION, f"One of {', '.join(eval_tasks.KINDS)}.")
+  flags.DEFINE_string("generic_type", eval_tasks.CLASSIFICATION, f"One of {', '.join(generic.TYPES)}.")
   flags.DEFINE_string("generic_name", "generic", "Name of your task in the output.")
+  flags.DEFINE_multi_string("task_file", [], "JSON (or YAML) file listing your own tasks (docs/evaluation.md).")
+  flags.DEFINE_multi_string("pooler", [], "Pooler folder(s) from crossbert_jax.pooler: adds a '+pooler' column "
+                            "next to the model it was trained on.")
 
 
 def _load_tasks(f) -> list[eval_tasks.Task]:
-  names = eval_tasks.parse_tasks(f.tasks)
+  own = bool(f.generic_train or f.task_file)
+  names = eval_tasks.parse_tasks(f.tasks if f.tasks is not None else ("" if own or f.retrieval else "all"))
   if names and not f.data_dir:
     raise UserError("--data_dir is empty: point it at the shared data root (e.g. ../shared/data)")
-  tasks = [eval_tasks.load_task(n, f.data_dir) for n in names]
-  if f.generic_train:
-    tasks.append(eval_tasks.read_generic(eval_tasks.GenericSpec(
-        f.generic_train, f.generic_eval, f.generic_text, f.generic_pair, f.generic_label, f.generic_type,
-        f.generic_name)))
+  tasks = [eval_tasks.load_task(n, f.data_dir) for n in names] + _own_tasks(f)
+  seen = set()
+  for t in tasks:
+    if t.name in seen:
+      raise UserError(f"task name {t.name!r} is used twice; rename your task (--generic_name or the task file)")
+    seen.add(t.name)
   return tasks
+
+
+def _own_tasks(f) -> list[eval_tasks.Task]:
+  """--generic_* and --task_file tasks."""
+  specs = [generic.GenericSpec(f.generic_train, f.generic_eval, f.generic_text, f.generic_pair, f.generic_label,
+                               f.generic_type, f.generic_name)] if f.generic_train else []
+  for path in f.task_file:
+    specs += generic.read_task_file(path)
+  return [generic.read_generic(s) for s in specs]
+
+
+def _with_poolers(emb: embedder_lib.Embedder, label: str, poolers: list[pooler_lib.LoadedPooler],
+                  used: set[int]) -> list[tuple[str, embedder_lib.Embedder]]:
+  """(label, embedder) of the model, then one '+pooler' column per pooler trained on it."""
+  out = [(label, emb)]
+  for i, p in enumerate(poolers):
+    if p.meta.get("identity") == emb.identity:  # PoolerEmbedder refuses --layers/--pooling it was not trained on.
+      out.append((f"{label}+pooler{i or ''}", pooler_lib.PoolerEmbedder(emb, p)))
+      used.add(i)
+  return out
 
 
 def _retrieval_dirs(f) -> list[str]:
@@ -118,8 +145,10 @@ def main(argv: Sequence[str]) -> None:
   options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), f.pooling, f.max_length, f.pair_mode)
   tasks, retrieval_dirs = _load_tasks(f), _retrieval_dirs(f)
   if not tasks and not retrieval_dirs:
-    raise UserError("--tasks is empty and no --retrieval or --generic_train: name something to evaluate")
+    raise UserError("--tasks is empty and no --retrieval, --generic_train or --task_file: name something to evaluate")
+  poolers, used = [pooler_lib.load_pooler(p) for p in f.pooler], set()
   results: dict[str, dict[str, Any]] = {}
+  models = []  # (label, embedder, cache dir, kind, source): every model is loaded before any is scored.
   sources = [("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf]
   for kind, source in sources:
     if kind == "workdir":
@@ -128,15 +157,22 @@ def main(argv: Sequence[str]) -> None:
     else:
       emb = embedder_lib.HFEmbedder(source, options, f.progress)
       label, cache_dir = f"hf:{epath.Path(source).name}", (f.cache_dir or None) if f.cache else None
-    label = label if label not in results else f"{label} ({source})"
+    label = label if label not in [m[0] for m in models] else f"{label} ({source})"
+    models += [(l, m, cache_dir, kind, source) for l, m in _with_poolers(emb, label, poolers, used)]
+  unused = [i for i in range(len(poolers)) if i not in used]
+  if unused:
+    raise UserError(f"--pooler={f.pooler[unused[0]]} was trained on {poolers[unused[0]].meta.get('identity')}, "
+                    "which is not among the models scored here; add that --workdir (and --step) or --hf")
+  for label, model, cache_dir, kind, source in models:
     print(f"{label}:", flush=True)
-    results[label] = evaluate_model(emb, tasks, seed=f.seed, max_examples=f.max_examples, cache_dir=cache_dir,
+    results[label] = evaluate_model(model, tasks, seed=f.seed, max_examples=f.max_examples, cache_dir=cache_dir,
                                     retrieval_dirs=retrieval_dirs, retrieval_max_docs=f.retrieval_max_docs)
     results[label]["source"] = {"kind": kind, "path": os.path.abspath(source)}
   table = markdown_table(results)
   print(table, flush=True)
   if f.output:
-    settings = {"tasks": [t.name for t in tasks], "retrieval": f.retrieval, "layers": list(options.layers),
+    settings = {"tasks": [t.name for t in tasks], "task_files": f.task_file, "poolers": f.pooler,
+                "retrieval": f.retrieval, "layers": list(options.layers),
                 "pooling": f.pooling, "pair_mode": f.pair_mode, "max_length": f.max_length,
                 "max_examples": f.max_examples, "seed": f.seed, "step": f.step,
                 "retrieval_max_docs": f.retrieval_max_docs}

@@ -1,10 +1,11 @@
 r"""MTEB on our checkpoints: an encoder wrapper for the `mteb` package, and a CLI.
 
   python -m crossbert_jax.mteb_eval --workdir=runs/demo/crossbert --tasks=STSBenchmark,SciFact \
-      --output_dir=runs/demo/mteb
+      --data_dir=../shared/data --output_dir=runs/demo/mteb
 
-MTEB downloads each task's data from the Hugging Face Hub, so this needs the internet. Offline,
-score BEIR-format folders with `python -m crossbert_jax.evaluate --retrieval=DIR` instead.
+With --data_dir, STSBenchmark and SciFact are mteb's own task objects with their data read from
+the shared files: mteb's evaluators, no network. Without it, MTEB downloads each task's data
+from the Hugging Face Hub (needs the internet).
 """
 
 import os
@@ -16,7 +17,7 @@ from absl import flags
 
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.evaluation import embedder as embedder_lib
-from crossbert_jax.evaluation.mteb import MtebEncoder
+from crossbert_jax.evaluation.mteb import MtebEncoder, local_tasks
 
 def _define_flags() -> None:
   flags.DEFINE_string("workdir", "", "Training run workdir.")
@@ -28,6 +29,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer("max_length", 512, "Max tokens per text.")
   flags.DEFINE_bool("normalize", True, "Unit-length embeddings.")
   flags.DEFINE_string("output_dir", "mteb_results", "Where mteb writes its results.")
+  flags.DEFINE_string("data_dir", "", "Shared data root: run the local copies of STSBenchmark / SciFact offline.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -49,16 +51,19 @@ def main(argv: Sequence[str]) -> None:
     emb, label = evaluate.jax_model(f.workdir, f.step, options, f.tokenizer)
   else:
     emb, label = embedder_lib.HFEmbedder(f.hf, options, progress=True), os.path.basename(f.hf.rstrip("/"))
-  try:
-    tasks = mteb.get_tasks(tasks=names)
-  except (KeyError, ValueError) as e:
-    raise UserError(f"--tasks: {str(e).splitlines()[0]}; see mteb.get_tasks() for names") from None
+  if f.data_dir:
+    tasks = local_tasks(f.data_dir, tuple(names))
+  else:
+    try:
+      tasks = mteb.get_tasks(tasks=names)
+    except (KeyError, ValueError) as e:
+      raise UserError(f"--tasks: {str(e).splitlines()[0]}; see mteb.get_tasks() for names") from None
   encoder = MtebEncoder(emb, name=f"crossbert_jax/{label}", normalize=f.normalize)
   try:
     result = mteb.evaluate(encoder, tasks, cache=mteb.ResultCache(f.output_dir))
   except (OSError, ConnectionError) as e:
     raise UserError(f"MTEB could not fetch its task data ({type(e).__name__}); it needs the internet "
-                    "(Hugging Face Hub) - offline, use crossbert_jax.evaluate --retrieval=BEIR_DIR") from None
+                    "(Hugging Face Hub) - offline, pass --data_dir for the local STSBenchmark/SciFact") from None
   for task_result in result.task_results:
     print(task_result.task_name, task_result.get_score(), flush=True)
 

@@ -129,3 +129,175 @@ def test_probe_scores_cache_and_mteb_wrapper(run_dir, shared_data, tmp_path):
   out = enc.encode(batches, batch_size=2)
   assert out.shape == (3, config.model.embed_dim) and np.allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
   np.testing.assert_allclose(enc.encode(["third"]), out[2:], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- Evaluation II
+
+def _tsv(path: pathlib.Path, header: list[str], rows) -> str:
+  path.write_text("\t".join(header) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows))
+  return str(path)
+
+
+def _run_embedder(run_dir, max_length=64):
+  from crossbert_jax.evaluation import embedder
+  from crossbert_jax.model.encoder import EncoderSpec
+  from crossbert_jax.training import checkpoint
+
+  config, params, step = checkpoint.load_run(run_dir)
+  tok = tokenizer.Tokenizer.load(config.data.tokenizer)
+  emb = embedder.JaxEmbedder(EncoderSpec.from_config(config.model), params["encoder"], tok,
+                             embedder.Options(max_length=max_length), identity=f"{os.path.abspath(run_dir)}@{step}")
+  return emb, params
+
+
+def test_generic_pair_regression_and_task_file_cli(run_dir, shared_data, tmp_path):
+  """One command, no --tasks/--data_dir: a generic pair-regression TSV (zero-shot cosine Spearman,
+  equal to the cosine computed here) plus a task file of three tasks, one model load, one cache."""
+  from crossbert_jax.evaluation import probes, tasks as eval_tasks
+
+  sts_train = eval_tasks.read_sts_benchmark(shared_data, "train").subset(300, 0)
+  sts_test = eval_tasks.read_sts_benchmark(shared_data, "test").subset(200, 0)
+  train = _tsv(tmp_path / "sts_train.tsv", ["sentence1", "sentence2", "score"],
+               zip(sts_train.texts, sts_train.pairs, sts_train.labels))
+  test = _tsv(tmp_path / "sts_test.tsv", ["sentence1", "sentence2", "score"],
+              zip(sts_test.texts, sts_test.pairs, sts_test.labels))
+  sst = eval_tasks.load_task("sst2", shared_data)
+  for split, n in (("train", 200), ("dev", 100)):
+    sp = sst.splits[split].subset(n, 0)
+    (tmp_path / f"sst_{split}.jsonl").write_text("\n".join(
+        json.dumps({"review": t, "stars": ["neg", "pos"][int(y)]}) for t, y in zip(sp.texts, sp.labels)))
+  mrpc = eval_tasks.load_task("mrpc", shared_data).splits["train"].subset(200, 0)
+  _tsv(tmp_path / "mrpc.tsv", ["a", "b", "paraphrase"], zip(mrpc.texts, mrpc.pairs, mrpc.labels))
+  snli = eval_tasks.load_task("snli", shared_data).splits["dev"].subset(150, 0)
+  (tmp_path / "data").mkdir()
+  _tsv(tmp_path / "data" / "snli.tsv", ["premise", "hypothesis", "label"], zip(snli.texts, snli.pairs, snli.labels))
+  task_file = tmp_path / "tasks.json"
+  task_file.write_text(json.dumps({"tasks": [
+      {"name": "sst", "type": "classification", "train": str(tmp_path / "sst_train.jsonl"),
+       "eval": {"dev": str(tmp_path / "sst_dev.jsonl")}, "columns": {"text": "review", "label": "stars"}},
+      {"name": "para", "type": "pair_classification", "train": "mrpc.tsv",
+       "columns": {"text": "a", "pair": "b", "label": "paraphrase"}},
+      {"name": "nli", "type": "pair_classification", "train": "data/snli.tsv",
+       "columns": {"text": "premise", "pair": "hypothesis", "label": "label"}}]}))
+  out, cache = tmp_path / "results.json", tmp_path / "cache"
+  cmd = [sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={run_dir}", f"--generic_train={train}",
+         f"--generic_eval={test}", "--generic_text=sentence1", "--generic_pair=sentence2", "--generic_label=score",
+         "--generic_type=regression", "--generic_name=sts_pairs", f"--task_file={task_file}", "--max_length=64",
+         f"--output={out}", "--noprogress", f"--cache_dir={cache}"]
+  proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(out.read_text())["models"]["run@5"]["tasks"]
+  assert list(result) == ["sts_pairs", "sst", "para", "nli"]
+  emb, _ = _run_embedder(run_dir)
+  expected = probes.spearman(probes.cosine(emb.embed(sts_test.texts), emb.embed(sts_test.pairs)), sts_test.labels)
+  assert result["sts_pairs"]["scores"]["cosine/eval/spearman"] == pytest.approx(expected, abs=1e-5)
+  assert {"linear/eval/spearman", "knn/eval/spearman"} <= set(result["sts_pairs"]["scores"])
+  assert set(result["sst"]["scores"]) == {f"{p}/dev/{m}" for p in ("linear", "knn") for m in ("accuracy", "f1")}
+  assert {"cosine/cv/accuracy", "cosine/cv/f1", "linear/cv/f1"} <= set(result["para"]["scores"])
+  assert not any(k.startswith("cosine") for k in result["nli"]["scores"])  # Three classes: no threshold.
+  assert result["nli"]["sizes"] == {"train": 150}
+  assert {p.name.split("-")[0] for p in cache.iterdir()} == {"sts_pairs", "sst", "para", "nli"}
+
+
+def test_pooler_training_leaves_the_encoder_untouched(run_dir, shared_data):
+  """Bitwise-equal encoder params after training; the loss's gradient tree is the pooler's alone;
+  the attention pooler at init is exactly the mean-pooled embedding (padding handled)."""
+  import jax
+  from crossbert_jax.evaluation import pooler
+
+  emb, params = _run_embedder(run_dir)
+  before = jax.tree.map(np.array, params["encoder"])
+  anchors, positives, negatives = pooler.read_pairs(str(shared_data / "senteval/downstream/SNLI"), "dev")
+  assert len(anchors) == len(negatives) > 2000
+  texts, triples = pooler.triples_from(anchors[:160], positives[:160], negatives[:160])
+  features = pooler.frozen_features(emb, "attention", texts)
+  trained, losses = pooler.train_pooler(features, triples, pooler.TrainOptions("attention", steps=30, batch_size=32,
+                                                                               learning_rate=3e-3), log=None)
+  assert np.mean(losses[-5:]) < np.mean(losses[:5]), losses
+  same = jax.tree.map(lambda a, b: a.dtype == b.dtype and np.array_equal(a, np.asarray(b)), before, params["encoder"])
+  assert all(jax.tree.leaves(same)) and emb.params is params["encoder"]
+  model = pooler.Pooler("attention", emb.spec.embed_dim)
+  grads = jax.grad(pooler.pooler_loss, argnums=1)(model, trained, features.hidden_NxLxD[triples.T[:, :32]],
+                                                  features.mask_NxL[triples.T[:, :32]], 20.0)
+  assert jax.tree.structure(grads) == jax.tree.structure(trained)
+  assert sorted(jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(grads)) == [
+      "['dense']['bias']", "['dense']['kernel']", "['query']"]
+  init = model.init(jax.random.key(0), features.hidden_NxLxD[:1], features.mask_NxL[:1])["params"]
+  at_init = pooler.PoolerEmbedder(emb, pooler.LoadedPooler("attention", jax.device_get(init), {}, "init"))
+  np.testing.assert_allclose(at_init.embed(texts[:50]), emb.embed(texts[:50]), atol=1e-5)
+
+
+def _digest(folder: pathlib.Path) -> dict[str, str]:
+  import hashlib
+  return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_pooler_cli_export_and_side_by_side(run_dir, shared_data, tmp_path):
+  """The pooler CLI trains on SNLI, exports a sentence-transformers folder matching JAX within 1e-4,
+  leaves the run's checkpoints bitwise unchanged; evaluate scores the run with and without it."""
+  from sentence_transformers import SentenceTransformer
+  from crossbert_jax.evaluation import pooler, tasks as eval_tasks
+
+  ckpt_before = _digest(run_dir / "checkpoints")
+  out, st_dir = tmp_path / "pooler", tmp_path / "st"
+  cmd = [sys.executable, "-m", "crossbert_jax.pooler", f"--workdir={run_dir}",
+         f"--pairs={shared_data / 'senteval/downstream/SNLI'}", "--steps=40", "--batch_size=32", "--max_length=64",
+         f"--output={out}", f"--export={st_dir}"]
+  proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "verified" in proc.stdout and _digest(run_dir / "checkpoints") == ckpt_before
+  sts = eval_tasks.read_sts_benchmark(shared_data, "test").subset(40, 1)
+  st = SentenceTransformer(str(st_dir), device="cpu")
+  assert [type(m).__name__ for m in st] == ["Transformer", "Pooling", "Dense"]
+  emb, _ = _run_embedder(run_dir, max_length=st.max_seq_length)  # The folder truncates at the run's seq_len.
+  ours = pooler.PoolerEmbedder(emb, pooler.load_pooler(str(out))).embed(sts.texts)
+  np.testing.assert_allclose(st.encode(sts.texts, convert_to_numpy=True), ours, atol=1e-4)
+  res = tmp_path / "results.json"
+  cmd = [sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={run_dir}", f"--pooler={out}",
+         f"--data_dir={shared_data}", "--tasks=stsb", "--max_examples=200", "--max_length=64", "--noprogress",
+         f"--output={res}", "--nocache"]
+  proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  models = json.loads(res.read_text())["models"]
+  assert list(models) == ["run@5", "run@5+pooler"]
+  plain, pooled = (models[m]["tasks"]["stsb"]["scores"]["cosine/test/spearman"] for m in models)
+  assert plain != pooled and "| score | run@5 | run@5+pooler |" in res.with_suffix(".md").read_text()
+
+
+def test_mteb_offline_matches_our_stsb(run_dir, shared_data, tmp_path):
+  """mteb's own STSBenchmark evaluator on the local file (HF_HUB_OFFLINE=1) agrees with our figure."""
+  from crossbert_jax.evaluation import mteb as mteb_eval, probes, tasks as eval_tasks
+
+  cmd = [sys.executable, "-m", "crossbert_jax.mteb_eval", f"--workdir={run_dir}", "--tasks=STSBenchmark",
+         f"--data_dir={shared_data}", "--max_length=64", f"--output_dir={tmp_path / 'mteb'}"]
+  proc = subprocess.run(cmd, cwd=ROOT, env={**ENV, "HF_DATASETS_OFFLINE": "1"}, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  theirs = float(next(l for l in proc.stdout.splitlines() if l.startswith("STSBenchmark ")).split()[1])
+  test = eval_tasks.read_sts_benchmark(shared_data, "test")
+  emb, _ = _run_embedder(run_dir)
+  ours = probes.spearman(probes.cosine(emb.embed(test.texts), emb.embed(test.pairs)), test.labels)
+  assert abs(theirs - ours) < 0.01, (theirs, ours)
+  scifact = mteb_eval.local_tasks(str(shared_data), ("SciFact",))[0].dataset["default"]["test"]
+  assert (len(scifact["corpus"]), len(scifact["queries"]), len(scifact["relevant_docs"])) == (5183, 300, 300)
+
+
+def test_pooler_and_task_file_user_errors(tmp_path):
+  """Bad inputs to the new commands and flags: one `error:` line, exit status 2, nothing written."""
+  bad_tsv = tmp_path / "bad.tsv"
+  bad_tsv.write_text("a\tb\nonly one field\n")
+  task_file = tmp_path / "tasks.json"
+  task_file.write_text(json.dumps([{"name": "t", "type": "regression", "train": "bad.tsv",
+                                    "columns": {"text": "a", "label": "b"}}]))
+  cases = [(["crossbert_jax.pooler", f"--workdir={tmp_path}", f"--pairs={bad_tsv}", "--pairs_columns=a,b"],
+            "line 2 has 1 tab-separated fields"),
+           (["crossbert_jax.evaluate", f"--workdir={tmp_path}", f"--task_file={task_file}"],
+            "line 2 has 1 tab-separated fields")]
+  for args, message in cases:
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=120)
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.tsv", "tasks.json"]

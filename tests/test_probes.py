@@ -96,3 +96,58 @@ def test_nearest_matches_brute_force():
   full = probes._unit(queries) @ probes._unit(keys).T
   np.testing.assert_array_equal(idx, np.argsort(-full, axis=1)[:, :7])
   np.testing.assert_allclose(sims, np.sort(full, axis=1)[:, ::-1][:, :7], rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_best_threshold_matches_brute_force(seed):
+  """The vectorised search equals trying every midpoint, both directions, with ties on a coarse grid."""
+  rng = np.random.default_rng(seed)
+  sims = np.round(rng.normal(size=120), 1)
+  y = (sims + rng.normal(scale=0.8, size=120) < 0).astype(np.int64)  # Class 1 = less similar here.
+  cuts = np.unique(sims)
+  cands = np.r_[cuts[0] - 1, (cuts[1:] + cuts[:-1]) / 2, cuts[-1] + 1]
+  for metric in ("accuracy", "f1"):
+    brute = max(probes.METRICS[metric](y, ((sims > t) == h).astype(np.int64)) for t in cands for h in (True, False))
+    t, higher = probes.best_threshold(sims, y, metric)
+    assert probes.METRICS[metric](y, probes._threshold_predict(sims, t, higher)) == pytest.approx(brute)
+    assert not higher
+
+
+def test_cosine_threshold_scores_on_a_pair_task():
+  """Binary pairs: similar pairs are class 1; the threshold chosen on train scores 100% on test, and CV."""
+  rng = np.random.default_rng(0)
+  y = rng.integers(0, 2, 400)
+  u = rng.normal(size=(400, 8))
+  v = np.where(y[:, None] == 1, u + 0.1 * rng.normal(size=(400, 8)), rng.normal(size=(400, 8)))
+  fit = eval_tasks.Split([""] * 300, y[:300], [""] * 300)
+  test = eval_tasks.Split([""] * 100, y[300:], [""] * 100)
+  task = eval_tasks.Task("pairs", eval_tasks.PAIR_CLASSIFICATION, ("accuracy", "f1"), {"train": fit, "test": test},
+                         fit="train", scored=("test",), cosine_splits=("test",))
+  feats = {"train": np.concatenate([u, v], 1)[:300], "test": np.concatenate([u, v], 1)[300:]}
+  scores, chosen = probes.score_task(task, feats, pair_embeddings={"train": (u[:300], v[:300]),
+                                                                   "test": (u[300:], v[300:])})
+  assert scores["cosine/test/accuracy"] == 1.0 and scores["cosine/test/f1"] == 1.0
+  assert "cosine/train/accuracy" not in scores and chosen["cosine/accuracy_higher_is_positive"] == 1
+  cv = eval_tasks.Task("pairs", eval_tasks.PAIR_CLASSIFICATION, ("accuracy", "f1"),
+                       {"train": eval_tasks.Split([""] * 400, y, [""] * 400)}, fit="train", scored=(),
+                       cosine_splits=("train",))
+  scores, _ = probes.score_task(cv, {"train": np.concatenate([u, v], 1)}, pair_embeddings={"train": (u, v)})
+  assert scores["cosine/cv/accuracy"] == 1.0 and scores["cosine/cv/f1"] == 1.0
+
+
+@pytest.mark.parametrize("kind", ["classification", "regression"])
+@pytest.mark.parametrize("cv", [True, False])
+def test_probes_run_at_the_generic_minimum_sizes(kind, cv):
+  """The smallest data the generic reader accepts goes through both probes (CV, or an eval split)."""
+  from crossbert_jax.evaluation import generic
+
+  rng = np.random.default_rng(1)
+  if kind == "classification":
+    y = np.repeat([0, 1], generic.MIN_PER_CLASS_CV if cv else generic.MIN_PER_CLASS)
+  else:
+    y = rng.normal(size=generic.MIN_REGRESSION_ROWS_CV if cv else generic.MIN_REGRESSION_ROWS).astype(np.float32)
+  metrics = ("accuracy", "f1") if kind == "classification" else ("spearman", "pearson")
+  splits = {"train": eval_tasks.Split([""] * len(y), y), "eval": eval_tasks.Split(["", ""], y[[0, -1]])}
+  task = eval_tasks.Task("tiny", kind, metrics, splits, fit="train", scored=() if cv else ("eval",))
+  scores, _ = probes.score_task(task, {"train": rng.normal(size=(len(y), 4)), "eval": rng.normal(size=(2, 4))})
+  assert all(np.isfinite(v) for v in scores.values()) and len(scores) == 4

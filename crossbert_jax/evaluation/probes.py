@@ -211,8 +211,9 @@ def score_task(task: eval_tasks.Task, features: dict[str, np.ndarray], *, seed: 
   """(scores {"<probe>/<split>/<metric>": value}, chosen {"<probe>/<C|alpha|k>": value}) for one task.
 
   `features` maps split -> NxD probe inputs; `pair_embeddings` maps split -> (u, v) separate
-  sentence embeddings for the zero-shot cosine Spearman of STS tasks. Cross-validated scores
-  use the split name "cv".
+  sentence embeddings for the zero-shot cosine score: Spearman for regression, accuracy / F1
+  at a threshold chosen on the fit split for binary pair classification (whose fit split must
+  be in `pair_embeddings`). Cross-validated scores use the split name "cv".
   """
   classification = task.kind != eval_tasks.REGRESSION
   headline = task.metrics[0]
@@ -239,6 +240,69 @@ def score_task(task: eval_tasks.Task, features: dict[str, np.ndarray], *, seed: 
       chosen[f"{name}/{knob}/fold{f}"] = best
     for m in task.metrics:
       scores[f"{name}/cv/{m}"] = METRICS[m](y, pred_N)
-  for split, (u, v) in (pair_embeddings or {}).items():
-    scores[f"cosine/{split}/spearman"] = spearman(cosine(u, v), task.splits[split].labels)
+  if pair_embeddings and not classification:
+    for split, (u, v) in pair_embeddings.items():
+      scores[f"cosine/{split}/spearman"] = spearman(cosine(u, v), task.splits[split].labels)
+  elif pair_embeddings:
+    scores.update(cosine_threshold_scores(task, pair_embeddings, scored, seed, chosen))
   return scores, chosen
+
+
+def best_threshold(sims_N: np.ndarray, y_N: np.ndarray, metric: str) -> tuple[float, bool]:
+  """(threshold, higher_is_positive) maximising `metric` (accuracy or f1 of class 1) on (sims, y).
+
+  Every cut between two distinct similarities is tried, in both directions (a generic task's
+  class 1 may mean "similar" or "different"); the first best wins.
+  """
+  order = np.argsort(-sims_N, kind="stable")
+  s, y = sims_N[order].astype(np.float64), (y_N[order] == 1).astype(np.float64)
+  n, pos = len(y), y.sum()
+  k = np.arange(n + 1)  # The top k rows predicted 1 (higher_is_positive), the rest 0.
+  tp = np.r_[0.0, np.cumsum(y)]
+  cut = np.r_[True, s[1:] != s[:-1], True]  # Cuts between equal similarities are not realisable.
+  best = (-1.0, 0.0, True)
+  for higher in (True, False):
+    tp_k = tp if higher else pos - tp  # Flipped: the bottom n - k rows predicted 1.
+    pred_pos = k if higher else n - k
+    if metric == "accuracy":
+      score = (2 * tp_k + n - pos - pred_pos) / max(n, 1)
+    else:
+      score = 2 * tp_k / np.maximum(pred_pos + pos, 1)
+    score = np.where(cut, score, -1.0)
+    i = int(np.argmax(score))
+    if score[i] > best[0]:
+      lo, hi = (s[i] if i < n else s[-1] - 1.0), (s[i - 1] if i > 0 else s[0] + 1.0)
+      best = (float(score[i]), float((lo + hi) / 2), higher)
+  return best[1], best[2]
+
+
+def _threshold_predict(sims_N: np.ndarray, threshold: float, higher: bool) -> np.ndarray:
+  return ((sims_N > threshold) == higher).astype(np.int64)
+
+
+def cosine_threshold_scores(task: eval_tasks.Task, pair_embeddings: dict, scored: tuple[str, ...], seed: int,
+                            chosen: dict) -> dict[str, float]:
+  """Zero-shot cosine of a binary pair task: accuracy / F1 at the threshold best on the fit split.
+
+  Each metric gets its own threshold, chosen on the fit split (per fold under cross-validation),
+  never on the split it is reported on.
+  """
+  sims = {s: cosine(u, v) for s, (u, v) in pair_embeddings.items()}
+  y = task.splits[task.fit].labels
+  out = {}
+  for m in ("accuracy", "f1"):
+    if scored:
+      t, higher = best_threshold(sims[task.fit], y, m)
+      chosen[f"cosine/{m}_threshold"], chosen[f"cosine/{m}_higher_is_positive"] = t, int(higher)
+      for split in scored:
+        if split in sims:
+          out[f"cosine/{split}/{m}"] = METRICS[m](task.splits[split].labels, _threshold_predict(sims[split], t, higher))
+      continue
+    fold_N = cv_folds(y, seed, True)
+    pred_N = np.zeros(len(y), np.int64)
+    for f in range(CV_FOLDS):
+      train, test = fold_N != f, fold_N == f
+      t, higher = best_threshold(sims[task.fit][train], y[train], m)
+      pred_N[test] = _threshold_predict(sims[task.fit][test], t, higher)
+    out[f"cosine/cv/{m}"] = METRICS[m](y, pred_N)
+  return out

@@ -23,7 +23,7 @@ PROBE_MAX_LENGTH = 128  # probe_scores: SST-2 / STS-B sentences fit easily.
 def evaluate_task(emb: embedder_lib.Embedder, task: eval_tasks.Task, *, seed: int = 0, max_examples: int = 0,
                   cache_dir: str | None = None, scored: tuple[str, ...] | None = None,
                   cosine_splits: tuple[str, ...] | None = None) -> dict[str, Any]:
-  """{"scores", "chosen", "sizes", "note"} of the linear and KNN probes (+ cosine for STS) on `task`."""
+  """{"scores", "chosen", "sizes", "note"} of the linear and KNN probes (+ zero-shot cosine) on `task`."""
   scored = task.scored if scored is None else scored
   cosine_splits = task.cosine_splits if cosine_splits is None else cosine_splits
   needed = sorted({task.fit, *scored, *cosine_splits})
@@ -37,7 +37,9 @@ def evaluate_task(emb: embedder_lib.Embedder, task: eval_tasks.Task, *, seed: in
       features[name] = embedder_lib.embed_cached(emb, sp.texts, **cache)
     else:
       features[name] = embedder_lib.pair_features(emb, sp.texts, sp.pairs, **cache)
-  for name in cosine_splits:
+  # A binary pair task's cosine threshold is chosen on the fit split: embed its sides too.
+  thresholded = cosine_splits and task.kind != eval_tasks.REGRESSION
+  for name in sorted(set(cosine_splits) | ({task.fit} if thresholded else set())):
     sp = splits[name]
     cache = {"cache_dir": cache_dir, "task": task.name, "split": name}
     pair_emb[name] = (embedder_lib.embed_cached(emb, sp.texts, part="a", **cache),
@@ -51,7 +53,8 @@ def headline(task: eval_tasks.Task, result: dict[str, Any]) -> dict[str, float]:
   split = task.scored[0] if task.scored else "cv"
   out = {p: result["scores"][f"{p}/{split}/{task.metrics[0]}"] for p in probes.PROBES}
   for s in task.cosine_splits[:1]:
-    out["cosine_spearman"] = result["scores"][f"cosine/{s}/spearman"]
+    if f"cosine/{s}/spearman" in result["scores"]:
+      out["cosine_spearman"] = result["scores"][f"cosine/{s}/spearman"]
   return out
 
 

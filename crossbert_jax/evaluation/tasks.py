@@ -7,7 +7,6 @@ splits, or cross-validation on one split where no train split exists).
 
 import csv
 import dataclasses
-import json
 import sys
 from typing import Callable
 
@@ -71,9 +70,14 @@ def _path(root: epath.Path, rel: str) -> epath.Path:
   return p
 
 
-def _rows(path: epath.Path, header: bool, quoting: int = csv.QUOTE_NONE) -> list[list[str]]:
+def _lines(path: epath.Path) -> list[str]:
+  """The file's lines, split on "\n" only (`str.splitlines` also splits on U+2028, U+0085, ...)."""
   text = path.read_text(encoding="utf-8-sig")
-  rows = list(csv.reader(text.splitlines(), delimiter="\t", quoting=quoting))
+  return [line.removesuffix("\r") for line in text.split("\n")][:-1 if text.endswith("\n") else None]
+
+
+def _rows(path: epath.Path, header: bool, quoting: int = csv.QUOTE_NONE) -> list[list[str]]:
+  rows = list(csv.reader(_lines(path), delimiter="\t", quoting=quoting))
   return rows[1:] if header else rows
 
 
@@ -151,79 +155,11 @@ def read_snli(root: epath.Path) -> Task:
   """SentEval SNLI dev 9,842 / test 9,824 (0 entailment, 1 neutral, 2 contradiction)."""
   def split(name):
     base = "senteval/downstream/SNLI/"
-    s1 = _path(root, base + f"s1.{name}").read_text(encoding="utf-8").splitlines()
-    s2 = _path(root, base + f"s2.{name}").read_text(encoding="utf-8").splitlines()
-    labels = _path(root, base + f"labels.{name}").read_text(encoding="utf-8").splitlines()
+    s1, s2, labels = (_lines(_path(root, base + f"{part}.{name}")) for part in ("s1", "s2", "labels"))
     return Split([s.strip() for s in s1], np.array([SNLI_LABELS.index(l.strip()) for l in labels], np.int64),
                  [s.strip() for s in s2])
   return Task("snli", PAIR_CLASSIFICATION, ("accuracy",), {"dev": split("dev"), "test": split("test")},
               fit="dev", scored=("test",), note="no SNLI train split in the data: probes fit on dev, report on test")
-
-
-@dataclasses.dataclass(frozen=True)
-class GenericSpec:
-  """A user's TSV (with a header) or JSONL data set, named by columns."""
-  train: str
-  eval: str = ""  # Empty: 5-fold cross-validation on train.
-  text: str = "text"
-  pair: str = ""
-  label: str = "label"
-  kind: str = CLASSIFICATION
-  name: str = "generic"
-
-
-def _read_records(path: str) -> list[dict]:
-  p = epath.Path(path)
-  if not p.exists():
-    raise UserError(f"--generic_train/--generic_eval {path} does not exist: give a .tsv or .jsonl file")
-  text = p.read_text(encoding="utf-8-sig")
-  if path.endswith(".jsonl"):
-    try:
-      return [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as e:
-      raise UserError(f"{path}: invalid JSON line ({e}); use one JSON object per line") from None
-  if path.endswith(".tsv"):
-    return list(csv.DictReader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE))
-  raise UserError(f"{path}: unknown format; the generic reader takes .tsv (with a header) or .jsonl")
-
-
-def read_generic(spec: GenericSpec) -> Task:
-  """A TSV/JSONL task driven by column names and a task type."""
-  if spec.kind not in KINDS:
-    raise UserError(f"--generic_type={spec.kind!r}: use one of {', '.join(KINDS)}")
-  if (spec.kind == PAIR_CLASSIFICATION) != bool(spec.pair):
-    raise UserError("--generic_pair names the second text column, needed for (and only for) "
-                    f"--generic_type={PAIR_CLASSIFICATION}")
-
-  def split(path):
-    records = _read_records(path)
-    for col in (spec.text, spec.label) + ((spec.pair,) if spec.pair else ()):
-      if records and col not in records[0]:
-        raise UserError(f"{path} has no column {col!r} (columns: {', '.join(records[0])}); "
-                        "fix --generic_text/--generic_pair/--generic_label")
-    raw = [r[spec.label] for r in records]
-    try:
-      labels = np.array([float(v) for v in raw], np.float32)
-    except (TypeError, ValueError):
-      labels = None
-    pairs = [str(r[spec.pair]) for r in records] if spec.pair else None
-    return [str(r[spec.text]) for r in records], raw, labels, pairs
-
-  parts = {"train": split(spec.train)} | ({"eval": split(spec.eval)} if spec.eval else {})
-  if spec.kind == REGRESSION:
-    if any(p[2] is None for p in parts.values()):
-      raise UserError(f"--generic_label={spec.label!r} holds non-numbers; a regression needs numeric labels")
-    splits = {k: Split(t, l, pr) for k, (t, _, l, pr) in parts.items()}
-    metrics = ("spearman", "pearson")
-  else:
-    classes = sorted({str(v) for p in parts.values() for v in p[1]})
-    splits = {k: Split(t, np.array([classes.index(str(v)) for v in raw], np.int64), pr)
-              for k, (t, raw, _, pr) in parts.items()}
-    metrics = ("accuracy", "f1") if len(classes) == 2 else ("accuracy",)
-  if not spec.eval:
-    return Task(spec.name, spec.kind, metrics, splits, fit="train", scored=(),
-                note="no --generic_eval: 5-fold cross-validation on train")
-  return Task(spec.name, spec.kind, metrics, splits, fit="train", scored=("eval",))
 
 
 READERS: dict[str, Callable[[epath.Path], Task]] = {
@@ -237,7 +173,7 @@ def load_task(name: str, data_dir: str | epath.Path) -> Task:
   """The named task read from `data_dir` (the shared data root)."""
   if name not in READERS:
     raise UserError(f"--tasks: unknown task {name!r}; use any of {','.join(ALL_TASKS)} "
-                    "(or --generic_train=... for your own data)")
+                    "(or --generic_train / --task_file for your own data)")
   root = epath.Path(str(data_dir))
   if not root.exists():
     raise UserError(f"--data_dir {root} does not exist: point it at the shared data root (e.g. ../shared/data)")

@@ -1,8 +1,8 @@
 """The non-weight files of an exported Hugging Face folder.
 
 config.json (`ModernBertConfig`), the tokenizer (our SentencePiece model converted offline with
-transformers' converter), the sentence-transformers module files (mean pooling) and the model
-card. `export.py` writes them next to model.safetensors.
+transformers' converter), the sentence-transformers module files (mean pooling, and a Dense
+module for a trained pooler) and the model card. `export.py` writes them next to model.safetensors.
 """
 
 import contextlib
@@ -76,6 +76,23 @@ def sentence_transformers_files(out: epath.Path, embed_dim: int, seq_len: int) -
   write_json(out / "sentence_bert_config.json", {"max_seq_length": seq_len, "do_lower_case": False})
   write_json(out / "config_sentence_transformers.json", {
       "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
+
+
+def dense_module_files(out: epath.Path, kernel_DxE: Any, bias_E: Any) -> None:
+  """Appends a sentence-transformers Dense module (no activation) after the folder's Pooling."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+
+  modules = [m for m in json.loads((out / "modules.json").read_text()) if not m["type"].endswith(".Dense")]
+  idx = len(modules)
+  modules.append({"idx": idx, "name": str(idx), "path": f"{idx}_Dense", "type": "sentence_transformers.models.Dense"})
+  write_json(out / "modules.json", modules)
+  kernel_DxE = np.asarray(kernel_DxE, np.float32)
+  write_json(out / f"{idx}_Dense" / "config.json", {
+      "in_features": kernel_DxE.shape[0], "out_features": kernel_DxE.shape[1], "bias": True,
+      "activation_function": "torch.nn.modules.linear.Identity"})
+  tensors = {"linear.weight": np.ascontiguousarray(kernel_DxE.T), "linear.bias": np.asarray(bias_E, np.float32)}
+  (out / f"{idx}_Dense" / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
 
 
 def hf_config(config: ml_collections.ConfigDict) -> dict:

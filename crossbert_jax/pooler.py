@@ -1,0 +1,187 @@
+r"""Pooler-only training on a frozen encoder (the paper's "frozen" protocol), and its export.
+
+  python -m crossbert_jax.pooler --workdir=runs/demo/crossbert \
+      --pairs=../shared/data/senteval/downstream/SNLI --export=runs/demo/st_pooler
+  python -m crossbert_jax.pooler --hf=DIR --pairs=pairs.tsv --output=DIR/pooler
+
+Trains only a pooler (`evaluation.pooler`: mean + linear map, or --kind=attention) with an
+in-batch-negatives contrastive loss on cached frozen-encoder outputs; writes it to --output
+(default <workdir>/pooler), and with --export a sentence-transformers folder (Transformer,
+Pooling, Dense) checked against the JAX pooler within 1e-4. Score it next to the plain encoder
+with `crossbert_jax.evaluate --workdir=RUN --pooler=RUN/pooler`.
+"""
+
+import os
+import shutil
+import sys
+import time
+import uuid
+from typing import Sequence
+
+import numpy as np
+from absl import app
+from absl import flags
+from absl import logging
+from etils import epath
+
+from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.evaluation import embedder as embedder_lib
+from crossbert_jax.evaluation import pooler as pooler_lib
+from crossbert_jax.hf import convert
+from crossbert_jax.hf import files as hf_files
+from crossbert_jax.model.encoder import EncoderSpec
+from crossbert_jax.training import checkpoint
+
+
+def _define_flags() -> None:
+  flags.DEFINE_string("workdir", "", "Training run workdir (its encoder stays frozen).")
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+  flags.DEFINE_string("hf", "", "A local Hugging Face encoder folder instead of --workdir (mean pooler only).")
+  flags.DEFINE_string("tokenizer", "", "SentencePiece model for --workdir (default: the run's config).")
+  flags.DEFINE_string("pairs", "", "Training pairs: a SentEval NLI folder (e.g. .../senteval/downstream/SNLI: "
+                      "entailments as positives, contradictions as hard negatives) or a .tsv/.jsonl file.")
+  flags.DEFINE_string("pairs_split", "dev", "Split of a SentEval NLI folder (SNLI here: dev; keep test for scoring).")
+  flags.DEFINE_list("pairs_columns", ["anchor", "positive", "negative"], "Columns of a pairs file (2 or 3).")
+  flags.DEFINE_enum("kind", "mean", list(pooler_lib.KINDS), "mean: mean pooling + linear map; attention: a "
+                    "learned-query attention pooling + linear map (no sentence-transformers export).")
+  flags.DEFINE_integer("out_dim", 0, "Pooler output width (0: the encoder's width).")
+  flags.DEFINE_integer("steps", 300, "Training steps.")
+  flags.DEFINE_integer("batch_size", 64, "Pairs per step (in-batch negatives).")
+  flags.DEFINE_float("learning_rate", 1e-3, "Peak AdamW learning rate (10% warm-up, cosine decay).")
+  flags.DEFINE_float("scale", 20.0, "Cosine logit scale (1 / temperature).")
+  flags.DEFINE_bool("hard_negatives", True, "Use the third column (SNLI contradictions) as hard negatives.")
+  flags.DEFINE_integer("max_length", 128, "Max tokens per sentence.")
+  flags.DEFINE_integer("seed", 0, "Seed of the init and of the batch order.")
+  flags.DEFINE_string("output", "", "Where the pooler goes (default: <workdir>/pooler).")
+  flags.DEFINE_string("export", "", "Also write a sentence-transformers folder (encoder + Pooling + Dense) here.")
+  flags.DEFINE_bool("force", False, "Overwrite an existing --output / --export.")
+
+
+def _resolve_tokenizer(path: str, workdir: str) -> str:
+  """The run's tokenizer file: as given, else relative to an ancestor of the workdir."""
+  if path and (epath.Path(path).exists() or os.path.isabs(path) or "://" in path):
+    return path
+  for parent in epath.Path(os.path.abspath(workdir)).parents:
+    if path and (parent / path).exists():
+      return str(parent / path)
+  raise UserError(f"the run's tokenizer {path!r} is not found from here or above --workdir {workdir}; "
+                  "pass --tokenizer=PATH")
+
+
+def _load_encoder(f, options: embedder_lib.Options):
+  """(embedder, source metadata, (config, params, tokenizer) or None) of --workdir or --hf."""
+  if bool(f.workdir) == bool(f.hf):
+    raise UserError("pass exactly one of --workdir=RUN or --hf=DIR")
+  if f.hf:
+    emb = embedder_lib.HFEmbedder(f.hf, options)
+    return emb, {"kind": "hf", "path": os.path.abspath(f.hf)}, None
+  config, params, step = checkpoint.load_run(f.workdir, f.step)
+  tok = tokenizer_lib.Tokenizer.load(f.tokenizer or _resolve_tokenizer(config.data.tokenizer, f.workdir))
+  identity = f"{os.path.abspath(f.workdir)}@{step}"  # As crossbert_jax.evaluate names the run.
+  emb = embedder_lib.JaxEmbedder(EncoderSpec.from_config(config.model), params["encoder"], tok, options, identity)
+  return emb, {"kind": "workdir", "path": os.path.abspath(f.workdir), "step": step}, (config, params, tok)
+
+
+def _check_free(path: str, force: bool, what: str) -> None:
+  p = epath.Path(path)
+  if p.exists() and (not p.is_dir() or any(p.iterdir())) and not force:
+    raise UserError(f"--{what}={path} exists and is not empty: choose a new folder or pass --force")
+
+
+def export_sentence_transformers(output: str, emb, pooler: pooler_lib.LoadedPooler, run, force: bool) -> float:
+  """Writes encoder + Pooling + Dense as a sentence-transformers folder; returns the max abs diff."""
+  from sentence_transformers import SentenceTransformer  # Local: torch.
+
+  if pooler.kind != "mean":
+    raise UserError("--export: sentence-transformers has no attention-pooling module; export a --kind=mean pooler")
+  out = epath.Path(output)
+  tmp = out.parent / f".{out.name}.pooler-tmp-{uuid.uuid4().hex[:8]}"
+  try:
+    if run is not None:  # Our encoder: the HF export (weights, tokenizer, Transformer + Pooling), verified.
+      config, params, tok = run
+      convert.export(config, params, tok, tmp, do_verify=True)
+      seq_len = config.data.seq_len
+    else:  # A local HF folder: copied, with mean pooling as our HFEmbedder.
+      shutil.copytree(emb_path(emb), tmp)
+      seq_len = int(emb.model.config.max_position_embeddings)
+      hf_files.sentence_transformers_files(tmp, int(emb.model.config.hidden_size), seq_len)
+    dense = pooler.params["dense"]
+    hf_files.dense_module_files(tmp, np.asarray(dense["kernel"]), np.asarray(dense["bias"]))
+    sentences = list(convert.VERIFY_SENTENCES)
+    st = SentenceTransformer(str(tmp), device="cpu")
+    # Compared at the folder's own truncation (the run's sequence length), which may be below --max_length.
+    same = embedder_lib.Options(max_length=min(st.max_seq_length or seq_len, emb.options.max_length))
+    ours = (embedder_lib.JaxEmbedder(emb.spec, emb.params, emb.tok, same, emb.identity) if run is not None
+            else embedder_lib.HFEmbedder(emb_path(emb), same))
+    st.max_seq_length = same.max_length
+    diff = float(np.abs(st.encode(sentences, convert_to_numpy=True) -
+                        pooler_lib.PoolerEmbedder(ours, pooler).embed(sentences)).max())
+    if not diff <= convert.TOLERANCE:
+      raise UserError(f"--export: SentenceTransformer differs from the JAX pooler by {diff:.2e} "
+                      f"(> {convert.TOLERANCE:g}); the export does not match")
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  if out.exists():
+    shutil.rmtree(out) if out.is_dir() else out.unlink()
+  tmp.rename(out)
+  return diff
+
+
+def emb_path(emb) -> str:
+  return emb.identity.removeprefix("hf:")
+
+
+def main(argv: Sequence[str]) -> None:
+  """CLI entry point."""
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {' '.join(argv[1:])}; every option is a --flag")
+  f = flags.FLAGS
+  logging.set_verbosity(logging.WARNING)  # Orbax restore chatter.
+  if not f.pairs:
+    raise UserError("--pairs is empty: give a SentEval NLI folder (e.g. ../shared/data/senteval/downstream/SNLI) "
+                    "or a .tsv/.jsonl file with anchor,positive[,negative] columns")
+  if not f.output and not f.workdir:
+    raise UserError("--output is empty: with --hf, say where the pooler goes")
+  output = f.output or os.path.join(f.workdir, "pooler")
+  _check_free(output, f.force, "output")
+  if f.export:
+    _check_free(f.export, f.force, "export")
+    if f.kind != "mean":
+      raise UserError("--export: sentence-transformers has no attention-pooling module; use --kind=mean")
+  opts = pooler_lib.TrainOptions(f.kind, f.out_dim, f.steps, f.batch_size, f.learning_rate, f.scale,
+                                 f.hard_negatives, f.seed)
+  anchors, positives, negatives = pooler_lib.read_pairs(f.pairs, f.pairs_split, f.pairs_columns)
+  emb, source, run = _load_encoder(f, embedder_lib.Options(max_length=f.max_length))
+  texts, triples = pooler_lib.triples_from(anchors, positives, negatives if f.hard_negatives else None)
+  start = time.perf_counter()
+  features = pooler_lib.frozen_features(emb, f.kind, texts)
+  print(f"embedded {len(texts)} sentences ({len(triples)} training rows) with the frozen encoder in "
+        f"{time.perf_counter() - start:.1f}s", flush=True)
+  start = time.perf_counter()
+  params, losses = pooler_lib.train_pooler(features, triples, opts)
+  seconds = time.perf_counter() - start
+  meta = {"kind": f.kind, "identity": emb.identity, "source": source, "max_length": f.max_length,
+          "in_dim": int(features.hidden_NxLxD.shape[-1]), "out_dim": int(params["dense"]["kernel"].shape[-1]),
+          "train": {**opts.__dict__, "pairs": os.path.abspath(f.pairs), "pairs_split": f.pairs_split,
+                    "rows": len(triples), "sentences": len(texts)},
+          "loss_first": losses[0], "loss_last_10": float(np.mean(losses[-10:])), "train_seconds": seconds}
+  pooler_lib.save_pooler(output, params, meta)
+  print(f"trained the pooler in {seconds:.1f}s: loss {losses[0]:.4f} -> {meta['loss_last_10']:.4f} "
+        f"(mean of the last 10 steps); wrote {output}", flush=True)
+  if f.export:
+    diff = export_sentence_transformers(f.export, emb, pooler_lib.load_pooler(output), run, f.force)
+    print(f"exported {f.export} (sentence-transformers: Transformer, Pooling, Dense); "
+          f"max abs diff vs JAX {diff:.2e} (tolerance {convert.TOLERANCE:g}): verified", flush=True)
+
+
+def cli() -> None:
+  """Console entry point."""
+  _define_flags()
+  app.run(exit_on_user_error(main), flags_parser=parse_flags_or_exit)
+
+
+if __name__ == "__main__":
+  cli()
+  sys.exit(0)
