@@ -181,7 +181,7 @@ def read_generic(spec: GenericSpec) -> Task:
 def _check_size(spec: GenericSpec, split: str, rows: int, needed: int) -> None:
   if rows < needed:
     raise UserError(f"task {spec.name!r}: {split} has {rows} rows, too few for the probes: give at least "
-                    f"{needed}" + (f" (or an evaluation file)" if split == "train" and not spec.splits else ""))
+                    f"{needed}" + (" (or an evaluation file)" if split == "train" and not spec.splits else ""))
 
 
 def _classes(spec: GenericSpec, parts: dict, cv: bool) -> tuple[dict[str, Split], tuple[str, ...]]:
