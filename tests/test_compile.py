@@ -96,7 +96,7 @@ def test_cli_mesh_that_does_not_divide_exits_2_with_one_line():
 
 
 @pytest.mark.skipif(HAS_LIBTPU, reason="checks the message when libtpu is absent")
-def test_topology_without_libtpu_says_how_to_install_it():
+def test_without_libtpu_a_topology_says_how_to_install_it():
   with pytest.raises(UserError, match="libtpu is not installed.*make setup-tpu"):
     aot.topology_devices("v5p:2x2x2")
 
@@ -120,7 +120,7 @@ def test_hbm_table_lookup():
 
 
 @needs_libtpu
-def test_tiny_compiles_for_v5p_2x2x2_and_reports_memory(tmp_path):
+def test_topology_tiny_compiles_for_v5p_2x2x2_and_reports_memory(tmp_path):
   out = tmp_path / "compile.json"
   r = _cli("--config=configs/crossbert.py:tiny", "--topology=v5p:2x2x2", f"--out={out}")
   assert r.returncode == 0, r.stderr[-3000:]
@@ -133,7 +133,7 @@ def test_tiny_compiles_for_v5p_2x2x2_and_reports_memory(tmp_path):
 
 
 @needs_libtpu
-def test_an_oversized_batch_exits_2_with_one_line():
+def test_topology_oversized_batch_exits_2_with_one_line():
   # 2^20 sequences on 4 v5e chips (16 GiB each): XLA's memory planner rejects it at compile time.
   r = _cli("--config=configs/crossbert.py:tiny", "--topology=v5e:2x2", "--config.train.batch_size=1048576")
   assert r.returncode == 2, r.stderr[-3000:]
