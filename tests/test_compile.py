@@ -17,7 +17,7 @@ import pytest
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import aot, flops
+from crossbert_jax.training import aot, flops, optimizer, step
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -140,3 +140,15 @@ def test_topology_oversized_batch_exits_2_with_one_line():
   errors = _error_lines(r.stderr)
   assert len(errors) == 1 and "does not fit on v5e:2x2" in errors[0] and "RESOURCE_EXHAUSTED" in errors[0], errors
   assert "--config.model.remat=full" in errors[0]
+
+
+@pytest.mark.parametrize("objective", ["crossbert", "mlm"])
+def test_pod_variants_compute_in_bf16_with_scan_and_full_remat_and_keep_fp32_state(objective):
+  for variant in ("base", "large"):
+    c = config_lib.get_config(objective, variant)
+    assert (c.model.dtype, c.model.scan_layers, c.model.remat) == ("bfloat16", True, "full"), variant
+  state = jax.eval_shape(lambda k: step.create_state(c, optimizer.make_optimizer(c.train), k), jax.random.key(0))
+  dtypes = {str(x.dtype) for x in jax.tree.leaves((state.params, state.opt_state)) if x.ndim}
+  assert dtypes == {"float32"}  # Params and AdamW moments stay fp32; only the compute is bf16.
+  small = config_lib.get_config(objective, "small").model
+  assert (small.dtype, small.scan_layers, small.remat) == ("float32", False, "none")
