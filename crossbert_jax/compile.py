@@ -35,8 +35,7 @@ def main(argv: list[str]) -> None:
     raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
   c = config_lib.from_flag(_CONFIG.value)
   report = aot.compile_train_step(c, _TOPOLOGY.value)
-  text = aot.format_report(report)
-  print(text if _PARAMS.value else text.split("\nparam ")[0].rstrip(), flush=True)
+  print(aot.format_report(report, params=_PARAMS.value), flush=True)
   if _OUT.value:
     path = epath.Path(_OUT.value)
     if str(path.parent) not in ("", "."):

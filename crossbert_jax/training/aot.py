@@ -117,8 +117,8 @@ def param_table(c: ml_collections.ConfigDict, params, shardings) -> list[dict[st
   specs = jax.tree.leaves(logical, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
   for (path, leaf), names, shard in zip(flat, specs, jax.tree.leaves(shardings)):
     rows.append({"path": "/".join(str(getattr(k, "key", k)) for k in path), "shape": list(leaf.shape),
-                 "dtype": str(leaf.dtype), "logical": [n for n in names] + [None] * (leaf.ndim - len(names)),
-                 "spec": [s for s in shard.spec] + [None] * (leaf.ndim - len(shard.spec)),
+                 "dtype": str(leaf.dtype), "logical": list(names) + [None] * (leaf.ndim - len(names)),
+                 "spec": list(shard.spec) + [None] * (leaf.ndim - len(shard.spec)),
                  "shard_shape": list(shard.shard_shape(leaf.shape))})
   return rows
 
@@ -228,10 +228,10 @@ def check_fits(report: dict[str, Any], c: ml_collections.ConfigDict) -> None:
 
 
 def _gib(n: int | None) -> str:
-  return "?" if n is None else f"{n / GIB:.2f}"
+  return "?" if n is None else f"{n / GIB:.3f}"
 
 
-def format_report(report: dict[str, Any]) -> str:
+def format_report(report: dict[str, Any], params: bool = True) -> str:
   """The report as aligned text: run shape, memory per device, FLOPs, the param sharding table."""
   m, f = report["memory"], report["flops"]
   mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
@@ -248,16 +248,20 @@ def format_report(report: dict[str, Any]) -> str:
       f"  outputs      {_gib(m['output_bytes']):>8}   ({_gib(m['alias_bytes'])} of it written into the donated state)",
       f"  temporaries  {_gib(m['temp_bytes']):>8}   (activations, gradients, collectives)",
       f"  code         {_gib(m['generated_code_bytes']):>8}",
-      f"  total        {_gib(m['total_bytes']):>8}   of {_gib(m['hbm_bytes'])} HBM"
-      + ("" if m["hbm_bytes"] is None else f" ({100 * m['total_bytes'] / m['hbm_bytes']:.0f}%): "
+      f"  total        {_gib(m['total_bytes']):>8}   "
+      + (f"(no memory size known for {report['device_kind']}: not checked)" if m["hbm_bytes"] is None else
+         f"of {_gib(m['hbm_bytes'])} HBM ({100 * m['total_bytes'] / m['hbm_bytes']:.0f}%): "
          + ("fits" if m["fits"] else "DOES NOT FIT")),
       "",
       f"FLOPs per device per step: analytic {f['analytic_per_device']:.3e}, XLA cost analysis "
-      + ("n/a" if f["xla_per_device"] is None else f"{f['xla_per_device']:.3e} (a scanned or accumulated "
-         "loop body counts once)"),
+      + ("n/a" if f["xla_per_device"] is None else f"{f['xla_per_device']:.3e}")
+      + (" (XLA counts a loop body once: scan over layers, grad_accum)"
+         if f["xla_per_device"] is not None and (report["scan_layers"] or report["grad_accum"] > 1) else ""),
       f"params: {report['params']['total'] / 1e6:.1f} M ({report['params']['non_embedding'] / 1e6:.1f} M non-embedding)",
-      "",
   ]
+  if not params:
+    return "\n".join(lines)
+  lines.append("")
   header = ("param", "shape", "logical axes", "mesh spec", "per-device shard")
   rows = [header] + [(r["path"], "x".join(map(str, r["shape"])), ",".join(str(n) for n in r["logical"]),
                       ",".join(str(s) for s in r["spec"]), "x".join(map(str, r["shard_shape"])))
