@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from jax.experimental import topologies
-from jax.sharding import NamedSharding
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
@@ -115,7 +114,7 @@ def param_table(c: ml_collections.ConfigDict, params, shardings) -> list[dict[st
   rows = []
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   specs = jax.tree.leaves(logical, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-  for (path, leaf), names, shard in zip(flat, specs, jax.tree.leaves(shardings)):
+  for (path, leaf), names, shard in zip(flat, specs, jax.tree.leaves(shardings), strict=True):
     rows.append({"path": "/".join(str(getattr(k, "key", k)) for k in path), "shape": list(leaf.shape),
                  "dtype": str(leaf.dtype), "logical": list(names) + [None] * (leaf.ndim - len(names)),
                  "spec": list(shard.spec) + [None] * (leaf.ndim - len(shard.spec)),
