@@ -1,13 +1,18 @@
 # Fresh-machine entry points. Each target sets up .venv with the pinned stack when needed.
 #   make demo   tokenizer on the built-in corpus, a tiny CrossBERT pretraining run, HF export
 #   make test   the test suite (CROSSBERT_DATA defaults to ../shared/data)
+#   make setup-tpu   .venv-tpu: the pinned stack + jax[tpu]/libtpu (TPU VMs; on any host, the pre-flight
+#                    compile for a TPU topology: JAX_PLATFORMS=cpu .venv-tpu/bin/python -m crossbert_jax.compile)
+#   make setup-gpu   .venv with jax[cuda12] on top (NVIDIA hosts)
+#   make test-tpu    the libtpu tests (compile for v5p:2x2x2) in .venv-tpu
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+TPU_VENV ?= .venv-tpu
 RUN ?= runs/demo
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench clean
+.PHONY: setup setup-tpu setup-gpu demo test test-tpu bench clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +21,21 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed
+
+# A second venv: libtpu in the main one would make every CPU run probe for a TPU.
+$(TPU_VENV)/.installed: requirements.txt requirements-tpu.txt pyproject.toml
+	test -x $(TPU_VENV)/bin/python || $(PYTHON) -m venv $(TPU_VENV)
+	$(TPU_VENV)/bin/python -m pip install -q -r requirements.txt -r requirements-tpu.txt
+	$(TPU_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+setup-tpu: $(TPU_VENV)/.installed
+
+$(VENV)/.installed-gpu: $(VENV)/.installed requirements-gpu.txt
+	$(PY) -m pip install -q -r requirements-gpu.txt
+	touch $@
+
+setup-gpu: $(VENV)/.installed-gpu
 
 demo: setup
 	rm -rf $(RUN)
@@ -26,6 +46,9 @@ demo: setup
 
 test: setup
 	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-tpu: setup-tpu
+	JAX_PLATFORMS=cpu $(TPU_VENV)/bin/python -m pytest -q tests/test_compile.py -k topology $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) -m crossbert_jax.bench --config=configs/crossbert.py:small --out=bench_results.json

@@ -52,9 +52,12 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.model.local_rope_theta = 10_000.0  # Local-attention layers.
   c.model.local_window = 128  # Total window as in ModernBERT: each token sees +-local_window//2.
   c.model.global_every = 1  # Layer i is global iff i % global_every == 0 (1: all global; ModernBERT: 3).
-  c.model.scan_layers = False  # nn.scan over layers 1..N-1 (layer 0 has no attention pre-norm).
-  c.model.remat = "none"  # "none" | "full" | "dots" (save matmul outputs only).
-  c.model.dtype = "float32"  # Compute dtype: "float32" | "bfloat16". Params stay float32.
+  # Pod-sized variants: bf16 compute, scan and full remat, the settings the pre-flight compile
+  # (`python -m crossbert_jax.compile`) shows they need on 16 GiB chips and at L=8192 (docs/scaling.md).
+  pod = variant in ("base", "large")
+  c.model.scan_layers = pod  # nn.scan over layers 1..N-1 (layer 0 has no attention pre-norm).
+  c.model.remat = "full" if pod else "none"  # "none" | "full" | "dots" (save matmul outputs only).
+  c.model.dtype = "bfloat16" if pod else "float32"  # Compute dtype: "float32" | "bfloat16". Params stay float32.
 
   c.reconstructor = ml_collections.ConfigDict()
   c.reconstructor.num_layers = rec_layers

@@ -258,6 +258,9 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
   for k, v in model_values.items():
     config.model[k] = v
   config.model.scan_layers = scan_layers
+  # The model's own numerics, not the pod defaults of `base` (bf16, remat): a run that starts
+  # from it (train.init_from) sets its compute settings in its own config.
+  config.model.dtype, config.model.remat = "float32", "none"
   config.data.seq_len = int(hf.get("max_position_embeddings", config.data.seq_len))
   config.lock()
   spec = EncoderSpec.from_config(config.model)

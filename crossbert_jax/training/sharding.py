@@ -93,3 +93,9 @@ def check_batch_divisible(batch_size: int, grad_accum: int, mesh: Mesh) -> None:
   if batch_size % jax.process_count():
     raise UserError(f"config train.batch_size: {batch_size} must be divisible by the "
                     f"{jax.process_count()} processes")
+
+
+def make_topology_mesh(mesh_cfg: ml_collections.ConfigDict, devices) -> Mesh:
+  """The mesh over all of `devices` (e.g. a TPU topology's compile-only ones), physically laid out."""
+  shape = mesh_shape(mesh_cfg, len(devices))
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=list(devices))

@@ -1,0 +1,49 @@
+r"""Pre-flight: compile the real train step for a TPU topology (or the local devices) and report.
+
+  python -m crossbert_jax.compile --config=configs/crossbert.py:base --topology=v5p:4x4x8 \
+      [--config.key=value ...] [--out=compile.json]
+
+Prints per-device memory (arguments, temporaries, outputs, total against the chip's HBM),
+FLOPs per device, the param sharding table and the compile time, and writes them as JSON with
+--out. Exits 2 with one line when the step does not fit, the mesh does not divide the devices
+or the batch does not shard. A TPU topology needs libtpu (`make setup-tpu`), not a TPU: run it
+with JAX_PLATFORMS=cpu on any host. Topologies: v5p:4x4x8 is v5p-256 (128 chips), v5e:4x4 is
+v5e-16, v4:2x2x2 is v4-16.
+"""
+
+import json
+
+from absl import app, flags
+from etils import epath
+from ml_collections import config_flags
+
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.training import aot
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and variant, e.g. configs/crossbert.py:base.",
+                                          lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", "", "TPU topology GENERATION:SHAPE, e.g. v5p:4x4x8 (v5p-256) or "
+                                "v5e:4x4; empty: the local devices.")
+_OUT = flags.DEFINE_string("out", "", "Write the report as JSON here (any epath).")
+_PARAMS = flags.DEFINE_bool("print_params", True, "Print the param sharding table.")
+
+
+@exit_on_user_error
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
+  c = config_lib.from_flag(_CONFIG.value)
+  report = aot.compile_train_step(c, _TOPOLOGY.value)
+  print(aot.format_report(report, params=_PARAMS.value), flush=True)
+  if _OUT.value:
+    path = epath.Path(_OUT.value)
+    if str(path.parent) not in ("", "."):
+      path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))
+    print(f"wrote {path}")
+  aot.check_fits(report, c)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags_or_exit)

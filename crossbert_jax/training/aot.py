@@ -1,0 +1,278 @@
+"""Ahead-of-time compile of the real train step for a TPU topology or the local devices.
+
+The MaxText `train_compile.py` pattern: the state and the batch exist only as sharded
+`jax.ShapeDtypeStruct`s (from the same abstract-first init the trainer uses), the mesh is built
+over the topology's compile-only devices (`jax.experimental.topologies`, needs libtpu but no
+TPU), and `lower().compile()` runs the same SPMD partitioner and memory planner as the pod.
+What fails on the pod fails here: out of memory, a mesh that does not divide the chips, a
+batch that does not shard. The command is `crossbert_jax.compile`.
+"""
+
+import math
+import os
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.experimental import topologies
+
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.training import flops, objectives, optimizer, sharding, step
+
+GIB = 1024 ** 3
+
+# Memory per JAX device, GiB, by a substring of `device_kind` (longest match wins, as in
+# flops.PEAK_TFLOPS). Vendor capacities; XLA keeps a little of it for itself. One JAX device
+# is one chip, except TPU v2/v3 where it is one TensorCore (half a chip's HBM).
+HBM_GIB: dict[str, float] = {
+    "TPU v2": 8.0,
+    "TPU v3": 16.0,
+    "TPU v4": 32.0,
+    "TPU v5 lite": 16.0,  # v5e.
+    "TPU v5e": 16.0,
+    "TPU v5": 95.0,  # v5p reports "TPU v5".
+    "TPU v5p": 95.0,
+    "TPU v6 lite": 32.0,  # v6e / Trillium.
+    "TPU v6e": 32.0,
+    "A100": 40.0,
+    "A100-SXM4-80GB": 80.0,
+    "A100 80GB": 80.0,
+    "H100": 80.0,
+    "H100 NVL": 94.0,
+    "H200": 141.0,
+    "GH200": 96.0,
+    "B200": 180.0,
+    "L40S": 48.0,
+    "L4": 24.0,
+}
+
+# TPU generation (the topology name's prefix) -> chip config: v4 and v5p run both TensorCores
+# of a chip as one device ("megacore"), which is what a pod slice gives JAX.
+_CHIP_CONFIG = {"v4": "megacore", "v5p": "megacore", "v5": "megacore"}
+
+
+def hbm_bytes(device: jax.Device) -> int | None:
+  """Per-device memory: the runtime's limit for a local accelerator, else the HBM_GIB table."""
+  if device.platform == "cpu":
+    return None
+  try:
+    limit = (device.memory_stats() or {}).get("bytes_limit")
+  except Exception:  # noqa: BLE001 - compile-only topology devices have no memory stats.
+    limit = None
+  if limit:
+    return int(limit)
+  matches = [k for k in HBM_GIB if k.lower() in device.device_kind.lower()]
+  return int(HBM_GIB[max(matches, key=len)] * GIB) if matches else None
+
+
+def topology_devices(topology: str) -> list[jax.Device]:
+  """The compile-only devices of a TPU topology such as "v5p:4x4x8" (one per chip); needs libtpu."""
+  generation, _, shape = topology.partition(":")
+  if not generation or not shape:
+    raise UserError(f"--topology={topology!r}: use GENERATION:SHAPE, e.g. v5p:4x4x8 (v5p-256) or v5e:4x4")
+  kwargs = {"chip_config_name": _CHIP_CONFIG[generation]} if generation in _CHIP_CONFIG else {}
+  # Compile-only devices touch no TPU, so several compiles (and tests) may load libtpu at once;
+  # without this, libtpu's /tmp lockfile lets only one process in.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  try:
+    return list(topologies.get_topology_desc(topology, "tpu", **kwargs).devices)
+  except Exception as e:  # noqa: BLE001 - libtpu missing or a name it rejects: both are one line.
+    detail = " ".join(str(e).split())[:200]
+    if "support not installed" in detail:  # jax's message when libtpu is absent.
+      raise UserError(f"--topology={topology}: libtpu is not installed ({detail}); run `make setup-tpu` "
+                      "and use .venv-tpu/bin/python, or drop --topology to compile for the local devices") from None
+    raise UserError(f"--topology={topology}: {detail}; use e.g. v5p:4x4x8, v5p:2x2x2, v5e:4x4, v4:2x2x2") from None
+
+
+def make_mesh(c: ml_collections.ConfigDict, devices: list[jax.Device] | None) -> jax.sharding.Mesh:
+  """The config's mesh over the topology's devices, or over the local ones (as the trainer)."""
+  if devices is None:
+    return sharding.make_mesh(c.mesh)
+  return sharding.make_topology_mesh(c.mesh, devices)
+
+
+def shaped_inputs(c: ml_collections.ConfigDict, tx, mesh, rules):
+  """(state, batch) as sharded ShapeDtypeStructs, and the state shardings: nothing is allocated."""
+  abstract, shardings = step.state_shardings(c, tx, mesh, rules)
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+  # The keys and dtypes of data.pipeline's batches (tokens, segment ids, positions: B x L int32).
+  batch_sharding = sharding.batch_sharding(mesh)
+  shape = (c.train.batch_size, c.data.seq_len)
+  batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding)
+           for k in ("tokens", "segment_ids", "positions")}
+  return state, batch, shardings
+
+
+def param_table(c: ml_collections.ConfigDict, params, shardings) -> list[dict[str, Any]]:
+  """One row per param: path, shape, logical axes, mesh PartitionSpec, per-device shard shape."""
+  boxed = jax.eval_shape(lambda k: objectives.init_params(c, k), jax.random.key(0))
+  logical = nn.get_partition_spec(boxed)
+  rows = []
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  specs = jax.tree.leaves(logical, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  for (path, leaf), names, shard in zip(flat, specs, jax.tree.leaves(shardings), strict=True):
+    rows.append({"path": "/".join(str(getattr(k, "key", k)) for k in path), "shape": list(leaf.shape),
+                 "dtype": str(leaf.dtype), "logical": list(names) + [None] * (leaf.ndim - len(names)),
+                 "spec": list(shard.spec) + [None] * (leaf.ndim - len(shard.spec)),
+                 "shard_shape": list(shard.shard_shape(leaf.shape))})
+  return rows
+
+
+def _memory(compiled) -> dict[str, int]:
+  m = compiled.memory_analysis()
+  out = {
+      "argument_bytes": int(m.argument_size_in_bytes),
+      "output_bytes": int(m.output_size_in_bytes),
+      "alias_bytes": int(m.alias_size_in_bytes),  # Outputs written into donated arguments (the state).
+      "temp_bytes": int(m.temp_size_in_bytes),
+      "generated_code_bytes": int(m.generated_code_size_in_bytes),
+  }
+  # Live at once: arguments, outputs not aliased onto them, temporaries and the program itself.
+  out["total_bytes"] = (out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+                        + out["generated_code_bytes"])
+  return out
+
+
+def _xla_flops(compiled) -> float | None:
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001 - not every backend implements cost analysis.
+    return None
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  value = (cost or {}).get("flops")
+  return float(value) if value is not None and value >= 0 else None
+
+
+def _hints(c: ml_collections.ConfigDict) -> str:
+  """What to change when a step does not fit, in the order that costs the least throughput."""
+  tips = []
+  if c.model.dtype != "bfloat16":
+    tips.append("--config.model.dtype=bfloat16")
+  if c.model.remat != "full":
+    tips.append("--config.model.remat=full")
+  if not c.model.scan_layers:
+    tips.append("--config.model.scan_layers=True")
+  tips.append(f"--config.train.grad_accum={2 * c.train.grad_accum}")
+  return ", ".join(tips)
+
+
+def compile_train_step(c: ml_collections.ConfigDict, topology: str = "") -> dict[str, Any]:
+  """Lowers and compiles the real train step; the report. UserError when it cannot run there."""
+  config_lib.validate(c)
+  devices = topology_devices(topology) if topology else None
+  mesh = make_mesh(c, devices)
+  rules = sharding.logical_rules(c.mesh)
+  sharding.check_batch_divisible(c.train.batch_size, c.train.grad_accum, mesh)
+  tx = optimizer.make_optimizer(c.train)
+  state, batch, shardings = shaped_inputs(c, tx, mesh, rules)
+  train_step = step.make_train_step(c, tx, mesh, rules, shardings)
+  device = mesh.devices.flat[0]
+  where = topology or f"{mesh.size} local {device.platform} device(s)"
+
+  t0 = time.perf_counter()
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    lowered = train_step.jitted.lower(state, batch)
+  t1 = time.perf_counter()
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # noqa: BLE001 - XLA reports OOM as a runtime error; anything else re-raises.
+    message = " ".join(str(e).split())
+    if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
+      raise
+    raise UserError(f"the train step does not fit on {where} ({message[:300]}); try {_hints(c)}") from None
+  t2 = time.perf_counter()
+
+  memory = _memory(compiled)
+  hbm = hbm_bytes(device)
+  memory["hbm_bytes"] = hbm
+  memory["fits"] = None if hbm is None else memory["total_bytes"] <= hbm
+  per_step = flops.train_flops_per_step(c)
+  counts = flops.param_counts(state.params)
+  return {
+      "topology": topology or None,
+      "platform": device.platform,
+      "device_kind": device.device_kind,
+      "num_devices": mesh.size,
+      "mesh": dict(mesh.shape),
+      "objective": c.objective,
+      "batch_size": c.train.batch_size,
+      "seq_len": c.data.seq_len,
+      "grad_accum": c.train.grad_accum,
+      "sequences_per_device": c.train.batch_size / mesh.size,
+      "dtype": c.model.dtype,
+      "scan_layers": c.model.scan_layers,
+      "remat": c.model.remat,
+      "lower_seconds": t1 - t0,
+      "compile_seconds": t2 - t1,
+      "memory": memory,
+      "flops": {"analytic_per_device": per_step / mesh.size, "xla_per_device": _xla_flops(compiled)},
+      "params": {"total": counts["total"], "non_embedding": counts["non_embedding"],
+                 "table": param_table(c, state.params, shardings.params)},
+      "jax_version": jax.__version__,
+  }
+
+
+def check_fits(report: dict[str, Any], c: ml_collections.ConfigDict) -> None:
+  """UserError (one line) when the compiled step needs more memory than the device has."""
+  m = report["memory"]
+  if m["fits"] is False:
+    where = report["topology"] or report["device_kind"]
+    raise UserError(f"the train step needs {m['total_bytes'] / GIB:.2f} GiB per device but a {report['device_kind']} "
+                    f"on {where} has {m['hbm_bytes'] / GIB:.1f} GiB; try {_hints(c)}")
+
+
+def _gib(n: int | None) -> str:
+  return "?" if n is None else f"{n / GIB:.3f}"
+
+
+def format_report(report: dict[str, Any], params: bool = True) -> str:
+  """The report as aligned text: run shape, memory per device, FLOPs, the param sharding table."""
+  m, f = report["memory"], report["flops"]
+  mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
+  lines = [
+      f"{report['objective']} on {report['topology'] or 'local devices'}: {report['num_devices']} x "
+      f"{report['device_kind']}, mesh {mesh}",
+      f"batch {report['batch_size']} x L={report['seq_len']} ({report['sequences_per_device']:g} sequences per device, "
+      f"grad_accum {report['grad_accum']}), {report['dtype']} compute, scan_layers={report['scan_layers']}, "
+      f"remat={report['remat']}",
+      f"lowered in {report['lower_seconds']:.1f} s, compiled in {report['compile_seconds']:.1f} s",
+      "",
+      "memory per device (GiB):",
+      f"  arguments    {_gib(m['argument_bytes']):>8}   (params + optimizer state + batch)",
+      f"  outputs      {_gib(m['output_bytes']):>8}   ({_gib(m['alias_bytes'])} of it written into the donated state)",
+      f"  temporaries  {_gib(m['temp_bytes']):>8}   (activations, gradients, collectives)",
+      f"  code         {_gib(m['generated_code_bytes']):>8}",
+      f"  total        {_gib(m['total_bytes']):>8}   "
+      + (f"(no memory size known for {report['device_kind']}: not checked)" if m["hbm_bytes"] is None else
+         f"of {_gib(m['hbm_bytes'])} HBM ({100 * m['total_bytes'] / m['hbm_bytes']:.0f}%): "
+         + ("fits" if m["fits"] else "DOES NOT FIT")),
+      "",
+      f"FLOPs per device per step: analytic {f['analytic_per_device']:.3e}, XLA cost analysis "
+      + ("n/a" if f["xla_per_device"] is None else f"{f['xla_per_device']:.3e}")
+      + (" (XLA counts a loop body once: scan over layers, grad_accum)"
+         if f["xla_per_device"] is not None and (report["scan_layers"] or report["grad_accum"] > 1) else ""),
+      f"params: {report['params']['total'] / 1e6:.1f} M ({report['params']['non_embedding'] / 1e6:.1f} M non-embedding)",
+  ]
+  if not params:
+    return "\n".join(lines)
+  lines.append("")
+  header = ("param", "shape", "logical axes", "mesh spec", "per-device shard")
+  rows = [header] + [(r["path"], "x".join(map(str, r["shape"])), ",".join(str(n) for n in r["logical"]),
+                      ",".join(str(s) for s in r["spec"]), "x".join(map(str, r["shard_shape"])))
+                     for r in report["params"]["table"]]
+  widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+  for j, row in enumerate(rows):
+    lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    if j == 0:
+      lines.append("  ".join("-" * w for w in widths))
+  return "\n".join(lines)
+
+
+def shard_bytes(report: dict[str, Any]) -> int:
+  """Bytes of one device's param shards (fp32 or the stored dtype): a check on argument_bytes."""
+  return sum(math.prod(r["shard_shape"]) * jnp.dtype(r["dtype"]).itemsize for r in report["params"]["table"])
