@@ -31,10 +31,18 @@ _GLOB_CHARS = "*?["
 
 
 def resolve_paths(spec: str) -> list[epath.Path]:
-  """Files named by `spec`: files, directories (recursive), globs, comma-separated."""
+  """Files named by `spec`: files, directories (recursive), globs, comma-separated.
+
+  A `spec` that exists as a path is taken whole, so names holding commas work as they are.
+  """
   out: list[epath.Path] = []
   seen: set[str] = set()
-  for entry in (e.strip() for e in spec.split(",")):
+  # A file or folder whose name holds commas is taken whole; otherwise commas separate entries.
+  whole = "," in spec and epath.Path(spec.strip()).exists()
+  entries = [spec.strip()] if whole else [e.strip() for e in spec.split(",")]
+  split_note = (f" ({spec!r} was split on commas because it is not itself an existing path)"
+                if len(entries) > 1 else "")
+  for entry in entries:
     if not entry:
       continue
     if any(c in entry for c in _GLOB_CHARS):
@@ -52,7 +60,7 @@ def resolve_paths(spec: str) -> list[epath.Path]:
       elif path.is_file():
         files = [path]
       else:
-        raise UserError(f"data path {entry!r} does not exist: fix data.path / --input "
+        raise UserError(f"data path {entry!r} does not exist{split_note}: fix data.path / --input "
                         "(a file, directory, glob or comma-separated list)")
     if not files:
       raise UserError(f"data path {entry!r} matches no files: fix data.path / --input "
