@@ -25,7 +25,7 @@ from crossbert_jax.training import checkpoint
 def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "",
                do_verify: bool = False, force: bool = False) -> dict | None:
   """Exports a training run's checkpoint (latest, or `step`) to the HF folder `output`."""
-  _check_output(epath.Path(output), force)
+  _check_output(epath.Path(output), force, protect=[workdir])  # Before the slow restore.
   config, params, step = checkpoint.load_run(workdir, step)
   tok_path = tokenizer or config.data.tokenizer
   if not tokenizer and (not tok_path or not epath.Path(tok_path).exists()):
@@ -33,7 +33,8 @@ def export_run(workdir: str, output: str, step: int | None = None, tokenizer: st
                     "--tokenizer=PATH/spm.model (or run from the directory the run was started in)")
   tok = tokenizer_lib.Tokenizer.load(tok_path)
   info = hf_files.run_summary(epath.Path(workdir), config, step)
-  return export(config, params, tok, output, do_verify=do_verify, force=force, info=info)
+  return export(config, params, tok, output, do_verify=do_verify, force=force, info=info,
+                protect=[workdir])
 
 
 
