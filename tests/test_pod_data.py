@@ -115,3 +115,46 @@ def test_one_process_reads_everything_in_order(tmp_path):
   docs = _docs(50)
   _write(tmp_path, "paragraph", docs, 1)
   assert list(sources.iter_documents(str(tmp_path))) == docs
+
+
+# ----------------------------------------------------------------------------- prepare
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import pathlib  # noqa: E402
+
+from crossbert_jax.data import prepare  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_prepare_writes_shards_that_hold_every_document_once(tmp_path):
+  docs = _docs(300)
+  (tmp_path / "in").mkdir()
+  _write(tmp_path / "in", "paragraph", docs[:200], 1)
+  (tmp_path / "in" / "more, with commas.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[200:]))
+  out = tmp_path / "corpus"
+  counts = prepare.prepare(str(tmp_path / "in"), str(out), 3, workers=2, progress=False)
+  names = sorted(p.name for p in out.iterdir())
+  assert names == [f"corpus-0000{k}-of-00003.arrayrecord" for k in range(3)], names
+  assert sum(counts) == 300 and min(counts) > 0, counts
+  # The shards train as they are: read lazily, strided over processes.
+  got = [d for k in range(2) for share in [pipeline.document_dataset(_cfg(out), seed=0, process_index=k,
+                                                                    process_count=2)]
+         for d in (share[i] for i in range(len(share)))]
+  assert sorted(got) == sorted(docs)
+  with pytest.raises(UserError, match="already holds 3 shards"):
+    prepare.prepare(str(tmp_path / "in"), str(out), 3, progress=False)
+
+
+def test_prepare_cli(tmp_path):
+  (tmp_path / "a.txt").write_text("one doc\n\ntwo doc\n\nthree doc\n")
+  cmd = [sys.executable, "-m", "crossbert_jax.prepare", f"--input={tmp_path / 'a.txt'}",
+         f"--output={tmp_path / 'out'}", "--shards=2"]
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "wrote 2 shards, 3 documents" in proc.stdout and "shard" in proc.stderr, (proc.stdout, proc.stderr[-500:])
+  proc = subprocess.run(cmd[:-1] + ["--shards=5"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: "), proc.stderr[-2000:]
