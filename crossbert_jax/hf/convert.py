@@ -137,6 +137,11 @@ def _recover_staging(output: epath.Path) -> None:
       # Killed between the two renames: the set-aside folder is the last complete export.
       path.rename(output)
       logging.warning("restored %s from %s, left by an export that was killed", output, path)
+    elif ".old-" in path.name and "://" in str(output):
+      # On object stores a folder rename is per-object copy + delete: a kill mid-rename can leave
+      # `output` partial and this copy complete, so it is never deleted automatically.
+      logging.warning("kept %s, left by an export killed while replacing %s: delete it once %s is "
+                      "checked", path, output, output)
     else:
       path.rmtree(missing_ok=True)
       logging.warning("removed %s, left by an export that was killed", path)
