@@ -33,18 +33,21 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def gcs():
+def gcs(tmp_path_factory):
   """(environment for subprocesses, emulator URL) of a fresh in-memory GCS with one bucket."""
   port = _free_port()
   url = f"http://localhost:{port}"
-  proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gcs_emulator.py"), str(port), BUCKET],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  # The emulator logs every request: to a file, since a pipe nobody reads would fill and block it.
+  log = tmp_path_factory.mktemp("gcs") / "emulator.log"
+  with log.open("w") as f:
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gcs_emulator.py"), str(port), BUCKET],
+                            stdout=f, stderr=subprocess.STDOUT)
   for _ in range(200):
     try:
       urllib.request.urlopen(url + "/", timeout=1).close()
       break
     except OSError:
-      assert proc.poll() is None, f"the GCS emulator exited: {proc.stderr.read()[-2000:]}"
+      assert proc.poll() is None, f"the GCS emulator exited: {log.read_text()[-2000:]}"
       time.sleep(0.1)
   env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu",
          "STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
