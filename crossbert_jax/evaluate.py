@@ -9,9 +9,11 @@ Writes JSON (--output) and a markdown table next to it (same name, .md), and pri
 During pretraining, `probe_scores` gives the same probes on a small fixed subset.
 """
 
+import hashlib
 import json
 import os
 import sys
+import uuid
 from typing import Any, Sequence
 
 import numpy as np
@@ -30,13 +32,49 @@ from crossbert_jax.evaluation.runner import evaluate_model, markdown_table
 from crossbert_jax.model.encoder import EncoderSpec
 from crossbert_jax.training import checkpoint
 
+def absolute(path: str) -> str:
+  """`path` made absolute (local paths); URLs such as gs://... are absolute already."""
+  return path if "://" in path else str(epath.Path(path).resolve())
+
+
+def user_cache_root() -> epath.Path:
+  """The per-user embedding cache: $XDG_CACHE_HOME (default ~/.cache)/crossbert_jax/eval_cache."""
+  root = os.environ.get("XDG_CACHE_HOME") or str(epath.Path("~/.cache").expanduser())
+  return epath.Path(root) / "crossbert_jax" / "eval_cache"
+
+
+def _writable(folder: epath.Path) -> OSError | None:
+  """None if a file can be created in `folder` (made if missing), else the error."""
+  try:
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".write-test-{uuid.uuid4().hex[:8]}"
+    probe.write_bytes(b"")
+    probe.unlink()
+  except OSError as e:
+    return e
+  return None
+
+
+def run_cache_dir(workdir: str) -> epath.Path:
+  """<workdir>/eval_cache, or the user cache when the run cannot be written (says so on stdout)."""
+  default = epath.Path(workdir) / "eval_cache"
+  error = _writable(default)
+  if error is None:
+    return default
+  # A read-only (e.g. shared or archived) run still evaluates; its embeddings are cached per user.
+  fallback = user_cache_root() / hashlib.sha256(absolute(workdir).encode()).hexdigest()[:16]
+  print(f"note: {default} is not writable ({error.strerror or error}); caching embeddings in {fallback}",
+        flush=True)
+  return fallback
+
+
 def resolve_tokenizer(path: str, workdir: str) -> str:
   """The tokenizer file: as given, else relative to an ancestor of the run's workdir."""
   if not path:
     raise UserError(f"--workdir {workdir}: its config names no data.tokenizer; pass --tokenizer=PATH")
   if epath.Path(path).exists() or os.path.isabs(path) or "://" in path:
     return path
-  for parent in epath.Path(os.path.abspath(workdir)).parents:
+  for parent in epath.Path(absolute(workdir)).parents:
     if (parent / path).exists():
       return str(parent / path)
   raise UserError(f"tokenizer {path} (from the run's config) is not found from here or above --workdir "
@@ -49,8 +87,8 @@ def jax_model(workdir: str, step: int | None, options: embedder_lib.Options, tok
   config, params, step = checkpoint.load_run(workdir, step)
   tok = tokenizer_lib.Tokenizer.load(tokenizer_path or resolve_tokenizer(config.data.tokenizer, workdir))
   spec = EncoderSpec.from_config(config.model)
-  identity = f"{os.path.abspath(workdir)}@{step}"
-  label = f"{epath.Path(os.path.abspath(workdir)).name}@{step}"
+  identity = f"{absolute(workdir)}@{step}"
+  label = f"{epath.Path(absolute(workdir)).name}@{step}"
   return embedder_lib.JaxEmbedder(spec, params["encoder"], tok, options, identity, progress), label
 
 
@@ -75,7 +113,8 @@ def _define_flags() -> None:
   flags.DEFINE_multi_string("retrieval", [], "BEIR folder(s), absolute or under --data_dir (e.g. beir/scifact).")
   flags.DEFINE_integer("retrieval_max_docs", 0, "0: the whole corpus; N: the judged documents plus the first N "
                        "others (smaller and easier: smoke tests only).")
-  flags.DEFINE_string("cache_dir", "", "Embedding cache (default: <workdir>/eval_cache; --hf: none).")
+  flags.DEFINE_string("cache_dir", "", "Embedding cache (default: <workdir>/eval_cache, or "
+                      "~/.cache/crossbert_jax/eval_cache/... when the run is read-only; --hf: none).")
   flags.DEFINE_bool("cache", True, "Cache embeddings on disk (--nocache: off).")
   flags.DEFINE_bool("progress", True, "Progress bars on the terminal.")
   flags.DEFINE_string("generic_train", "", "Your own task: a .tsv (with header) or .jsonl file to fit on.")
@@ -127,7 +166,7 @@ def _with_poolers(emb: embedder_lib.Embedder, label: str, poolers: list[pooler_l
 def _retrieval_dirs(f) -> list[str]:
   out = []
   for r in f.retrieval:
-    p = r if os.path.isabs(r) or "://" in r else os.path.join(f.data_dir, r)
+    p = r if os.path.isabs(r) or "://" in r else str(epath.Path(f.data_dir) / r)
     if not epath.Path(p).exists():
       raise UserError(f"--retrieval={r}: {p} does not exist; give a BEIR folder, absolute or under --data_dir")
     out.append(p)
@@ -144,6 +183,9 @@ def main(argv: Sequence[str]) -> None:
     raise UserError("nothing to evaluate: pass --workdir=RUN (a training run) and/or --hf=DIR")
   options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), f.pooling, f.max_length, f.pair_mode)
   tasks, retrieval_dirs = _load_tasks(f), _retrieval_dirs(f)
+  if f.cache and f.cache_dir and (error := _writable(epath.Path(f.cache_dir))) is not None:
+    raise UserError(f"--cache_dir {f.cache_dir} is not writable ({error.strerror or error}): choose another "
+                    "folder, or leave it empty for the default")
   if not tasks and not retrieval_dirs:
     raise UserError("--tasks is empty and no --retrieval, --generic_train or --task_file: name something to evaluate")
   poolers, used = [pooler_lib.load_pooler(p) for p in f.pooler], set()
@@ -153,7 +195,7 @@ def main(argv: Sequence[str]) -> None:
   for kind, source in sources:
     if kind == "workdir":
       emb, label = jax_model(source, f.step, options, f.tokenizer, f.progress)
-      cache_dir = (f.cache_dir or os.path.join(source, "eval_cache")) if f.cache else None
+      cache_dir = (f.cache_dir or run_cache_dir(source)) if f.cache else None
     else:
       emb = embedder_lib.HFEmbedder(source, options, f.progress)
       label, cache_dir = f"hf:{epath.Path(source).name}", (f.cache_dir or None) if f.cache else None
@@ -167,7 +209,7 @@ def main(argv: Sequence[str]) -> None:
     print(f"{label}:", flush=True)
     results[label] = evaluate_model(model, tasks, seed=f.seed, max_examples=f.max_examples, cache_dir=cache_dir,
                                     retrieval_dirs=retrieval_dirs, retrieval_max_docs=f.retrieval_max_docs)
-    results[label]["source"] = {"kind": kind, "path": os.path.abspath(source)}
+    results[label]["source"] = {"kind": kind, "path": absolute(source)}
   table = markdown_table(results)
   print(table, flush=True)
   if f.output:
@@ -177,9 +219,13 @@ def main(argv: Sequence[str]) -> None:
                 "max_examples": f.max_examples, "seed": f.seed, "step": f.step,
                 "retrieval_max_docs": f.retrieval_max_docs}
     out = epath.Path(f.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"settings": settings, "models": results}, indent=1, default=_json_default))
-    out.with_suffix(".md").write_text(table + "\n")
+    try:
+      out.parent.mkdir(parents=True, exist_ok=True)
+      out.write_text(json.dumps({"settings": settings, "models": results}, indent=1, default=_json_default))
+      out.with_suffix(".md").write_text(table + "\n")
+    except OSError as e:
+      raise UserError(f"--output {out}: could not write ({e.strerror or e}); the table is printed above: "
+                      "free space or choose a writable --output") from None
     print(f"wrote {out} and {out.with_suffix('.md')}", flush=True)
 
 

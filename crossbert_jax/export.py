@@ -20,20 +20,22 @@ from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.hf import files as hf_files
 from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, _check_output, export, import_hf, similarity
-from crossbert_jax.training import checkpoint
+from crossbert_jax.training import checkpoint, metrics
 
 def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "",
                do_verify: bool = False, force: bool = False) -> dict | None:
   """Exports a training run's checkpoint (latest, or `step`) to the HF folder `output`."""
-  _check_output(epath.Path(output), force)
+  _check_output(epath.Path(output), force, protect=[workdir])  # Before the slow restore.
   config, params, step = checkpoint.load_run(workdir, step)
   tok_path = tokenizer or config.data.tokenizer
   if not tokenizer and (not tok_path or not epath.Path(tok_path).exists()):
     raise UserError(f"the run's data.tokenizer {tok_path!r} is not found from here: pass "
                     "--tokenizer=PATH/spm.model (or run from the directory the run was started in)")
   tok = tokenizer_lib.Tokenizer.load(tok_path)
-  info = hf_files.run_summary(epath.Path(workdir), config, step)
-  return export(config, params, tok, output, do_verify=do_verify, force=force, info=info)
+  rows = metrics.read_metrics(workdir) if metrics.metrics_files(workdir) else None
+  info = hf_files.run_summary(epath.Path(workdir), config, step, rows)
+  return export(config, params, tok, output, do_verify=do_verify, force=force, info=info,
+                protect=[workdir])
 
 
 

@@ -18,7 +18,8 @@ def _define_flags() -> None:
   """Defines the CLI flags (only when run as a program, so importers get no stray flags)."""
   if "vocab_size" in flags.FLAGS:
     return
-  flags.DEFINE_string("input", None, "'builtin', or file / dir / glob, comma-separated.")
+  flags.DEFINE_string("input", None, "'builtin', or file / dir / glob, comma-separated (local or gs://); "
+                      "a path that exists whole is not split on its commas.")
   flags.DEFINE_integer("vocab_size", None, "Vocabulary size, specials included.")
   flags.DEFINE_string("output", None, "Where to write the .model file (gs:// works).")
   flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"], "SentencePiece model type.")

@@ -12,6 +12,7 @@ from ml_collections import config_flags
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.training import compile_cache, elastic
 from crossbert_jax.training.loop import run
 
 FLAGS = flags.FLAGS
@@ -23,6 +24,9 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (CPU multi-process).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (CPU multi-process).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (CPU multi-process).")
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache", "", "JAX persistent compilation cache folder (local or gs://); default "
+    "WORKDIR/compilation_cache, so a restarted run skips recompiling; 'none' turns it off.")
 
 
 @exit_on_user_error
@@ -36,6 +40,8 @@ def _main(argv):
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   logging.set_verbosity(logging.WARNING)
+  compile_cache.enable(_WORKDIR.value, _COMPILATION_CACHE.value)
+  elastic.check_process_count(_WORKDIR.value, jax.process_count())
   last = run(config_lib.from_flag(_CONFIG.value), _WORKDIR.value)
   if last and jax.process_index() == 0:
     print(f"done: step {last['step']}, loss {last['first_loss']:.4f} (first step of this run) -> "

@@ -1,6 +1,7 @@
 """Grain input pipeline: documents -> shuffled, sharded, tokenized, packed int32 batches.
 
-  source -> seeded shuffle (new order each epoch, repeats forever) -> per-process shard
+  source (text/JSONL/Parquet: this host's share only, see data/splits.py) -> seeded shuffle (new
+  order each epoch, repeats forever) -> per-process stride (sources read whole)
   -> tokenize -> [CLS] ids [SEP], cut into chunks of <= L -> first-fit pack to L -> batch
   -> multiprocess prefetch (data.worker_count > 0)
 
@@ -111,7 +112,10 @@ def _rename(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def document_dataset(data_cfg: ml_collections.ConfigDict, *, seed: int, process_index: int = 0,
                      process_count: int = 1) -> grain.MapDataset:
   """One epoch of this process's documents (str), shuffled; epoch e of `ds[i]` is `ds[i + e * len]`."""
-  return _shard(sources.document_source(data_cfg), data_cfg, seed, process_index, process_count)
+  if not 0 <= process_index < process_count:
+    raise UserError(f"process_index={process_index} must be in [0, process_count={process_count})")
+  return _shard(sources.document_source(data_cfg, process_index, process_count), data_cfg, seed,
+                process_index, process_count)
 
 
 class _SmallShuffle(grain.MapDataset):
@@ -151,14 +155,16 @@ def _shard(source: sources.DocumentSource, data_cfg: ml_collections.ConfigDict, 
   if not 0 <= process_index < process_count:
     raise UserError(f"process_index={process_index} must be in [0, process_count={process_count})")
   ds = grain.MapDataset.source(source)
-  # Shuffle before sharding so every process sees a uniform sample; both shuffles draw a
-  # fresh permutation for each epoch (index // len) once the dataset is repeated.
+  # Sources read whole (builtin, ArrayRecord) are shuffled before striding, so every process sees
+  # a uniform sample; per-host sources (data/splits.py) shuffle this process's share. Both shuffles
+  # draw a fresh permutation for each epoch (index // len) once the dataset is repeated.
   shuffle_seed = _combine_seeds(data_cfg.shuffle_seed, seed)
   if len(ds) <= SMALL_SHUFFLE_MAX:
     ds = _SmallShuffle(ds, shuffle_seed)
   else:
     ds = ds.shuffle(seed=shuffle_seed)
-  ds = ds[process_index::process_count]
+  if not source.per_process:  # Otherwise the source already holds only this process's share.
+    ds = ds[process_index::process_count]
   if len(ds) == 0:
     raise UserError(f"data.path={data_cfg.path!r} has fewer documents than the {process_count} "
                     "processes reading it: add data or use text_unit='line'")
@@ -174,7 +180,9 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.T
   seq_len = data_cfg.seq_len
   if seq_len < 4:
     raise UserError(f"data.seq_len must be >= 4, got {seq_len}")
-  source = sources.document_source(data_cfg)
+  if not 0 <= process_index < process_count:
+    raise UserError(f"process_index={process_index} must be in [0, process_count={process_count})")
+  source = sources.document_source(data_cfg, process_index, process_count)
   ds = _shard(source, data_cfg, seed, process_index, process_count)
   read_options = _IO_READ if source.reads_files else _IN_MEMORY_READ
   ds = ds.map(_Tokenize(tokenizer)).repeat(None)

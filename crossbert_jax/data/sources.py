@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import splits
 
 FORMATS = ("text", "jsonl", "parquet", "arrayrecord")
 _EXTENSIONS = {
@@ -31,10 +32,18 @@ _GLOB_CHARS = "*?["
 
 
 def resolve_paths(spec: str) -> list[epath.Path]:
-  """Files named by `spec`: files, directories (recursive), globs, comma-separated."""
+  """Files named by `spec`: files, directories (recursive), globs, comma-separated.
+
+  A `spec` that exists as a path is taken whole, so names holding commas work as they are.
+  """
   out: list[epath.Path] = []
   seen: set[str] = set()
-  for entry in (e.strip() for e in spec.split(",")):
+  # A file or folder whose name holds commas is taken whole; otherwise commas separate entries.
+  whole = "," in spec and epath.Path(spec.strip()).exists()
+  entries = [spec.strip()] if whole else [e.strip() for e in spec.split(",")]
+  split_note = (f" ({spec!r} was split on commas because it is not itself an existing path)"
+                if len(entries) > 1 else "")
+  for entry in entries:
     if not entry:
       continue
     if any(c in entry for c in _GLOB_CHARS):
@@ -52,7 +61,7 @@ def resolve_paths(spec: str) -> list[epath.Path]:
       elif path.is_file():
         files = [path]
       else:
-        raise UserError(f"data path {entry!r} does not exist: fix data.path / --input "
+        raise UserError(f"data path {entry!r} does not exist{split_note}: fix data.path / --input "
                         "(a file, directory, glob or comma-separated list)")
     if not files:
       raise UserError(f"data path {entry!r} matches no files: fix data.path / --input "
@@ -109,9 +118,20 @@ def _no_documents(path: epath.Path) -> UserError:
   return UserError(f"{path}: holds no documents (empty or blank); remove it from data.path")
 
 
-def read_text(path: epath.Path, text_unit: str) -> list[str]:
-  """Documents of a plain-text file: one per line, per blank-line paragraph, or the file."""
-  text = _decode(path.read_bytes(), str(path))
+def _read(path: epath.Path, part: splits.Part | None, unit: str) -> tuple[bytes, str]:
+  """(bytes, name for errors) of the whole file or of one host's part of it."""
+  if part is None or part.count == 1:
+    with path.open("rb") as f:
+      return f.read(), str(path)
+  return splits.read_part(part, unit), f"{path} (part {part.index + 1} of {part.count})"
+
+
+def read_text(path: epath.Path, text_unit: str, part: splits.Part | None = None) -> list[str]:
+  """Documents of a plain-text file (or `part` of it): one per line, per blank-line paragraph, or the file."""
+  raw, where = _read(path, part, "line" if text_unit == "line" else "paragraph")
+  if part is not None and part.count > 1 and not raw:
+    return []  # A part with no document start: its neighbour holds the document.
+  text = _decode(raw, where)
   if text_unit == "file":
     docs = [text.strip()]
   elif text_unit == "line":
@@ -128,7 +148,7 @@ def read_text(path: epath.Path, text_unit: str) -> list[str]:
   else:
     raise UserError(f"data.text_unit={text_unit!r}: use line, paragraph or file")
   docs = [d for d in docs if d]
-  if not docs:
+  if not docs and (part is None or part.count == 1):
     raise _no_documents(path)
   return docs
 
@@ -144,9 +164,10 @@ def _field(record: Any, field: str, where: str) -> str:
   return value
 
 
-def read_jsonl(path: epath.Path, text_field: str) -> list[str]:
-  """Documents of a JSON-lines file: the `text_field` of each object."""
-  text = _decode(path.read_bytes(), str(path))
+def read_jsonl(path: epath.Path, text_field: str, part: splits.Part | None = None) -> list[str]:
+  """Documents of a JSON-lines file (or `part` of it): the `text_field` of each object."""
+  raw, where = _read(path, part, "line")
+  text = _decode(raw, where)
   docs = []
   for lineno, line in enumerate(text.splitlines(), 1):
     if not line.strip():
@@ -154,16 +175,16 @@ def read_jsonl(path: epath.Path, text_field: str) -> list[str]:
     try:
       record = json.loads(line)
     except json.JSONDecodeError as e:
-      raise UserError(f"{path}:{lineno}: not JSON ({e.msg}); write one JSON object per line") from None
-    docs.append(_field(record, text_field, f"{path}:{lineno}").strip())
+      raise UserError(f"{where}:{lineno}: not JSON ({e.msg}); write one JSON object per line") from None
+    docs.append(_field(record, text_field, f"{where}:{lineno}").strip())
   docs = [d for d in docs if d]
-  if not docs:
+  if not docs and (part is None or part.count == 1):
     raise _no_documents(path)
   return docs
 
 
-def read_parquet(path: epath.Path, text_field: str) -> list[str]:
-  """Documents of a Parquet file: the `text_field` column."""
+def read_parquet(path: epath.Path, text_field: str, part: splits.Part | None = None) -> list[str]:
+  """Documents of a Parquet file (or `part` of its row groups): the `text_field` column."""
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy, rarely needed)
 
   try:
@@ -172,7 +193,10 @@ def read_parquet(path: epath.Path, text_field: str) -> list[str]:
       names = pf.schema_arrow.names
       if text_field not in names:
         raise UserError(f"{path}: no column {text_field!r} (has {names}); set data.text_field")
-      column = pf.read(columns=[text_field]).column(0)
+      if part is None or part.count == 1:
+        column = pf.read(columns=[text_field]).column(0)
+      else:
+        column = pf.read_row_groups(splits.row_groups(pf.num_row_groups, part), columns=[text_field]).column(0)
   except UserError:
     raise
   except Exception as e:  # pylint: disable=broad-except  (pyarrow raises many types)
@@ -180,7 +204,7 @@ def read_parquet(path: epath.Path, text_field: str) -> list[str]:
                     "check the file or set data.format") from None
   docs = [d.strip() for d in column.to_pylist() if isinstance(d, str)]
   docs = [d for d in docs if d]
-  if not docs:
+  if not docs and (part is None or part.count == 1):
     raise _no_documents(path)
   return docs
 
@@ -223,10 +247,12 @@ class _ArrayRecordDocuments:
 class DocumentSource(grain.sources.RandomAccessDataSource):
   """Random-access documents (str) from all files of a spec, in file order."""
 
-  def __init__(self, parts: Sequence[Sequence[str]]):
+  def __init__(self, parts: Sequence[Sequence[str]], per_process: bool = False):
     self._parts = list(parts)
     self._ends = np.cumsum([len(p) for p in self._parts])
     self.reads_files = any(isinstance(p, _ArrayRecordDocuments) for p in self._parts)
+    # True: holds only this process's share (splits.py); False: all documents, to be strided.
+    self.per_process = per_process
 
   def __len__(self) -> int:
     return int(self._ends[-1]) if len(self._ends) else 0
@@ -237,33 +263,52 @@ class DocumentSource(grain.sources.RandomAccessDataSource):
     return self._parts[part][index - start]
 
 
-def _file_parts(spec: str, fmt: str, text_field: str, text_unit: str) -> list[Sequence[str]]:
-  """One sequence of documents per reader: per text/jsonl/parquet file, one for ArrayRecords."""
+def _file_parts(spec: str, fmt: str, text_field: str, text_unit: str, process_index: int = 0,
+                process_count: int = 1) -> tuple[list[Sequence[str]], bool]:
+  """(one sequence of documents per reader, whether they are only this process's share).
+
+  Text, JSONL and Parquet are read per host (`splits.py`): a process reads only its share. With
+  ArrayRecord files (read lazily, by index) every process sees all documents and strides them.
+  """
+  paths = resolve_paths(spec)
+  kinds = [file_format(p, fmt) for p in paths]
+  per_process = process_count > 1 and "arrayrecord" not in kinds
+  if per_process:
+    splittable = [k != "text" or text_unit != "file" for k in kinds]
+    shares = splits.host_parts(paths, process_index, process_count, splittable)
+  else:
+    shares = [splits.Part(p) for p in paths]
   parts: list[Sequence[str]] = []
   array_records: list[epath.Path] = []
-  for path in resolve_paths(spec):
-    kind = file_format(path, fmt)
+  for share in shares:
+    kind = file_format(share.path, fmt)
     if kind == "text":
-      parts.append(read_text(path, text_unit))
+      parts.append(read_text(share.path, text_unit, share))
     elif kind == "jsonl":
-      parts.append(read_jsonl(path, text_field))
+      parts.append(read_jsonl(share.path, text_field, share))
     elif kind == "parquet":
-      parts.append(read_parquet(path, text_field))
+      parts.append(read_parquet(share.path, text_field, share))
     else:
-      array_records.append(path)
+      array_records.append(share.path)
   if array_records:
     parts.append(_ArrayRecordDocuments(array_records, text_field))
-  return parts
+  return [p for p in parts if len(p)], per_process
 
 
-def document_source(data_cfg: ml_collections.ConfigDict) -> DocumentSource:
-  """All documents of `data_cfg.path` ("builtin" or files) as a random-access source."""
+def document_source(data_cfg: ml_collections.ConfigDict, process_index: int = 0,
+                    process_count: int = 1) -> DocumentSource:
+  """The documents of `data_cfg.path` ("builtin" or files) for this process, random access.
+
+  `per_process` on the result says whether it holds only this process's share (text, JSONL,
+  Parquet) or everything (builtin, ArrayRecord), which the pipeline then strides.
+  """
   if data_cfg.path == "builtin":
     from crossbert_jax.data import corpus  # pylint: disable=g-import-not-at-top
 
     return DocumentSource([corpus.builtin_documents()])
-  return DocumentSource(_file_parts(data_cfg.path, data_cfg.format, data_cfg.text_field,
-                                    data_cfg.text_unit))
+  parts, per_process = _file_parts(data_cfg.path, data_cfg.format, data_cfg.text_field,
+                                   data_cfg.text_unit, process_index, process_count)
+  return DocumentSource(parts, per_process)
 
 
 def iter_documents(spec: str, *, fmt: str = "auto", text_field: str = "text",
@@ -274,6 +319,6 @@ def iter_documents(spec: str, *, fmt: str = "auto", text_field: str = "text",
 
     yield from corpus.builtin_documents()
     return
-  for part in _file_parts(spec, fmt, text_field, text_unit):
+  for part in _file_parts(spec, fmt, text_field, text_unit)[0]:
     for i in range(len(part)):
       yield part[i]

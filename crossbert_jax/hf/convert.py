@@ -11,10 +11,11 @@ Shape letters: B batch, L length, D embed, V vocab.
 
 import contextlib
 import json
-import shutil
+import re
 import uuid
 from typing import Any, Sequence
 
+from absl import logging
 from etils import epath
 import jax
 import ml_collections
@@ -87,26 +88,95 @@ def inference_spec(model_cfg: Any) -> EncoderSpec:
 # -- writing safely --------------------------------------------------------------------------
 
 
-def _check_output(output: epath.Path, force: bool) -> None:
-  if output.exists() and (not output.is_dir() or any(output.iterdir())) and not force:
-    raise UserError(f"--output {output} exists and is not empty: choose a new folder or pass --force")
+# Siblings of an output folder: `.NAME.tmp-ID` is being written, `.NAME.old-ID` is the folder it
+# replaces, set aside until the new one is in place.
+_STAGING = r"\.{name}\.(tmp|old)-[0-9a-f]{{8}}"
+
+
+def _holds_checkpoints(folder: epath.Path) -> bool:
+  """True if `folder` or a folder below it holds a training run's checkpoints/."""
+  if (folder / "checkpoints").is_dir():
+    return True
+  return any(child.is_dir() and not child.name.startswith(".") and _holds_checkpoints(child)
+             for child in folder.iterdir())
+
+
+def _absolute(path: epath.Path) -> epath.Path:
+  return path if "://" in str(path) else epath.Path(path).resolve()
+
+
+def _check_output(output: epath.Path, force: bool, protect: Sequence[str | epath.Path] = ()) -> None:
+  """Refuses an `output` that would overwrite user data or a training run."""
+  output = _absolute(output)
+  for run in protect:
+    run = _absolute(epath.Path(run))
+    if output == run or run in output.parents or output in run.parents:
+      raise UserError(f"--output {output} is, or is inside or above, the workdir {run}: --force would delete "
+                      "the training run; export to a folder outside it")
+  for folder in (output, *output.parents):
+    # A folder inside a run (even another run than --workdir) is replaced with everything in it.
+    if folder != output and (folder / "checkpoints").is_dir():
+      raise UserError(f"--output {output} is inside {folder}, which holds training checkpoints: "
+                      "export to a folder outside any training run")
+  if output.exists() and (not output.is_dir() or any(output.iterdir())):
+    if output.is_dir() and _holds_checkpoints(output):
+      raise UserError(f"--output {output} holds training checkpoints: export to another folder "
+                      "(--force never deletes a training run)")
+    if not force:
+      raise UserError(f"--output {output} exists and is not empty: choose a new folder or pass --force")
+
+
+def _recover_staging(output: epath.Path) -> None:
+  """Undoes what a killed export left: restores a set-aside folder, deletes staging folders."""
+  if not output.parent.is_dir():
+    return
+  pattern = _STAGING.format(name=re.escape(output.name))
+  leftovers = sorted(p for p in output.parent.iterdir() if re.fullmatch(pattern, p.name))
+  for path in leftovers:
+    if ".old-" in path.name and not output.exists():
+      # Killed between the two renames: the set-aside folder is the last complete export.
+      path.rename(output)
+      logging.warning("restored %s from %s, left by an export that was killed", output, path)
+    elif ".old-" in path.name and "://" in str(output):
+      # On object stores a folder rename is per-object copy + delete: a kill mid-rename can leave
+      # `output` partial and this copy complete, so it is never deleted automatically.
+      logging.warning("kept %s, left by an export killed while replacing %s: delete it once %s is "
+                      "checked", path, output, output)
+    else:
+      path.rmtree(missing_ok=True)
+      logging.warning("removed %s, left by an export that was killed", path)
 
 
 @contextlib.contextmanager
-def _staging(output: epath.Path, force: bool):
-  """Yields a temporary sibling folder; renames it to `output` only if the body succeeds."""
-  _check_output(output, force)
-  output.parent.mkdir(parents=True, exist_ok=True)
-  tmp = output.parent / f".{output.name}.tmp-{uuid.uuid4().hex[:8]}"
-  tmp.mkdir()
+def _staging(output: epath.Path, force: bool, protect: Sequence[str | epath.Path] = ()):
+  """Yields a temporary sibling folder; swaps it in for `output` only if the body succeeds.
+
+  The swap renames the old folder aside, the new one in, then deletes the old: a kill at any point
+  leaves `output` complete (old or new) or recoverable by the next export (`_recover_staging`).
+  """
+  tag = uuid.uuid4().hex[:8]
+  tmp = output.parent / f".{output.name}.tmp-{tag}"
   try:
-    yield tmp
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  if output.exists():
-    shutil.rmtree(output) if output.is_dir() else output.unlink()
-  tmp.rename(output)
+    _recover_staging(output)
+    _check_output(output, force, protect)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir()
+    try:
+      yield tmp
+    except BaseException:
+      tmp.rmtree(missing_ok=True)
+      raise
+    old = output.parent / f".{output.name}.old-{tag}"
+    if output.exists():
+      output.rename(old)
+    tmp.rename(output)
+    if old.exists():
+      old.rmtree() if old.is_dir() else old.unlink()
+  except OSError as e:
+    if tmp.exists():
+      tmp.rmtree(missing_ok=True)
+    raise UserError(f"could not write {output} ({e.strerror or type(e).__name__}: {e.filename or e}): "
+                    f"free space or choose a writable --output; nothing at {output} was changed") from None
 
 
 def write_hf(out: epath.Path, config: ml_collections.ConfigDict, params: Any,
@@ -192,14 +262,17 @@ def mlm_logits(config: ml_collections.ConfigDict, params: Any, hidden_BxLxD: Any
 
 def export(config: ml_collections.ConfigDict, params: Any, tok: tokenizer_lib.Tokenizer,
            output: str | epath.Path, *, do_verify: bool = False, force: bool = False,
-           info: dict | None = None) -> dict | None:
-  """Writes the HF folder `output` (atomically); with do_verify, checks it before the rename."""
+           info: dict | None = None, protect: Sequence[str | epath.Path] = ()) -> dict | None:
+  """Writes the HF folder `output` (atomically); with do_verify, checks it before the rename.
+
+  `protect`: folders (a run's workdir) that `output` must not be, sit inside, or contain.
+  """
   if tok.vocab_size > config.model.vocab_size:
     raise UserError(f"tokenizer has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}: "
                     "pass the run's own tokenizer with --tokenizer")
   output = epath.Path(output)
   result = None
-  with _staging(output, force) as tmp:
+  with _staging(output, force, protect) as tmp:
     write_hf(tmp, config, params, tok, info)
     if do_verify:
       result = verify(tmp, config, params, tok)

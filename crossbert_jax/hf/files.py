@@ -5,7 +5,6 @@ transformers' converter), the sentence-transformers module files (mean pooling, 
 module for a trained pooler) and the model card. `export.py` writes them next to model.safetensors.
 """
 
-import contextlib
 import json
 from typing import Any
 
@@ -107,17 +106,14 @@ def hf_config(config: ml_collections.ConfigDict) -> dict:
   return out
 
 
-def run_summary(workdir: epath.Path | None, config: ml_collections.ConfigDict, step: int) -> dict:
+def run_summary(workdir: epath.Path | None, config: ml_collections.ConfigDict, step: int,
+                metrics_rows: list[dict] | None = None) -> dict:
+  """Step, tokens seen, loss and results of a run for the model card (`metrics_rows`: read_metrics)."""
   info = {"step": step, "tokens_seen": None, "loss": None, "results": None}
   if workdir is None:
     return info
-  metrics_path = workdir / "metrics.jsonl"
-  if metrics_path.exists():
-    rows = []
-    for line in metrics_path.read_text().splitlines():
-      with contextlib.suppress(json.JSONDecodeError):
-        rows.append(json.loads(line))
-    rows = [r for r in rows if r.get("step", 0) <= step]
+  if metrics_rows:
+    rows = [r for r in metrics_rows if r.get("step", 0) <= step]
     if rows:
       info["tokens_seen"] = rows[-1].get("tokens_seen")
       info["loss"] = rows[-1].get("loss")

@@ -4,10 +4,17 @@
 Non-finite floats (NaN, +-inf) are written as JSON null, because NaN / Infinity are not valid JSON
 and would break strict readers. A resumed run appends, so a step logged before a restart and
 re-run after it appears twice; readers that want one row per step keep the last one.
+
+Object stores (gs://) cannot append (gcsfs silently overwrites), so a remote workdir gets one
+segment per process start instead, `metrics.<UTC start time>.jsonl`, rewritten whole at most every
+REMOTE_FLUSH_SECONDS and at close. `read_metrics` merges metrics.jsonl and the segments in time
+order; read metrics only through it.
 """
 
+import datetime
 import json
 import math
+import time
 from typing import Any, Mapping
 
 import numpy as np
@@ -18,6 +25,9 @@ from etils import epath
 from crossbert_jax.core.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
+SEGMENT_GLOB = "metrics.*Z.jsonl"
+# Each flush of a remote segment re-uploads it: at most this often (a kill loses at most this much).
+REMOTE_FLUSH_SECONDS = 30.0
 TENSORBOARD_DIR = "tensorboard"
 # Progress-bar postfix label -> scalar keys that feed it, first present wins.
 POSTFIX_KEYS = {
@@ -50,27 +60,18 @@ class MetricsLogger:
       return
     workdir = epath.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / METRICS_FILE
-    # A run killed mid-write leaves a last line without "\n"; end it so appended lines stay whole.
-    needs_newline = False
-    if path.exists():
-      with path.open("rb") as f:
-        f.seek(0, 2)
-        if f.tell() > 0:
-          f.seek(-1, 2)
-          needs_newline = f.read(1) != b"\n"
-    self._file = path.open("a")
-    if needs_newline:
-      self._file.write("\n")
-      self._file.flush()
+    remote = "://" in str(workdir)
+    if remote:
+      stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+      self._file = _Segment(workdir / f"metrics.{stamp}.jsonl")
+    else:
+      self._file = _open_for_append(workdir / METRICS_FILE)
     if tensorboard:
-      if "://" in str(workdir):
-        logging.warning("TensorBoard logging skipped for remote workdir %s (metrics.jsonl is still "
-                        "written); run TensorBoard on a local copy.", workdir)
-      else:
-        # Imported lazily: tensorboardX pulls in protobuf, which disabled processes never need.
-        import tensorboardX  # pylint: disable=g-import-not-at-top
-        self._writer = tensorboardX.SummaryWriter(str(workdir / TENSORBOARD_DIR), flush_secs=30)
+      # Imported lazily: tensorboardX pulls in protobuf, which disabled processes never need.
+      import tensorboardX  # pylint: disable=g-import-not-at-top
+      # tensorboardX writes gs:// itself (google-cloud-storage, whole-file uploads on flush).
+      self._writer = tensorboardX.SummaryWriter(str(workdir / TENSORBOARD_DIR),
+                                                flush_secs=REMOTE_FLUSH_SECONDS if remote else 30)
     if progress_bar:
       self._bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
@@ -84,7 +85,7 @@ class MetricsLogger:
     row = {"step": step}
     row.update((k, _to_json_value(v)) for k, v in scalars.items())
     self._file.write(json.dumps(row, allow_nan=False) + "\n")
-    self._file.flush()
+    self._file.flush()  # Local: every row; remote: at most every REMOTE_FLUSH_SECONDS.
     if self._writer is not None:
       for key, value in scalars.items():
         # Keys like "train/loss" become TensorBoard tag groups; NaN is kept so it shows up there.
@@ -125,20 +126,67 @@ class MetricsLogger:
     self.close()
 
 
-def read_metrics(workdir: str) -> list[dict[str, Any]]:
-  """Rows of workdir/metrics.jsonl in file order (null = a non-finite value)."""
-  path = epath.Path(workdir) / METRICS_FILE
-  if not path.exists():
-    raise UserError(f"{path} does not exist: is {workdir} a training workdir?")
+def _open_for_append(path: epath.Path):
+  # A run killed mid-write leaves a last line without "\n"; end it so appended lines stay whole.
+  needs_newline = False
+  if path.exists():
+    with path.open("rb") as f:
+      f.seek(0, 2)
+      if f.tell() > 0:
+        f.seek(-1, 2)
+        needs_newline = f.read(1) != b"\n"
+  file = path.open("a")
+  if needs_newline:
+    file.write("\n")
+    file.flush()
+  return file
+
+
+class _Segment:
+  """A file-like metrics segment on an object store: kept in memory, rewritten whole on flush."""
+
+  def __init__(self, path: epath.Path):
+    self._path = path
+    self._lines: list[str] = []
+    self._flushed_at = time.monotonic()
+    self._dirty = False
+
+  def write(self, text: str) -> None:
+    self._lines.append(text)
+    self._dirty = True
+
+  def flush(self, force: bool = False) -> None:
+    if self._dirty and (force or time.monotonic() - self._flushed_at >= REMOTE_FLUSH_SECONDS):
+      self._path.write_text("".join(self._lines))
+      self._flushed_at, self._dirty = time.monotonic(), False
+
+  def close(self) -> None:
+    self.flush(force=True)
+
+
+def metrics_files(workdir: str | epath.Path) -> list[epath.Path]:
+  """workdir/metrics.jsonl (if any), then the remote segments in start-time order."""
+  workdir = epath.Path(workdir)
+  files = [workdir / METRICS_FILE] if (workdir / METRICS_FILE).exists() else []
+  return files + sorted(workdir.glob(SEGMENT_GLOB), key=lambda p: p.name) if workdir.exists() else files
+
+
+def read_metrics(workdir: str | epath.Path) -> list[dict[str, Any]]:
+  """All rows of a workdir's metrics (metrics.jsonl, then segments) in order (null = non-finite)."""
+  files = metrics_files(workdir)
+  if not files:
+    raise UserError(f"{epath.Path(workdir) / METRICS_FILE} does not exist (nor metrics.*.jsonl "
+                    f"segments): is {workdir} a training workdir?")
   rows, bad = [], 0
-  for line in path.read_text().splitlines():
-    if not line.strip():
-      continue
-    try:
-      rows.append(json.loads(line))
-    except json.JSONDecodeError:
-      # Only a run killed mid-write leaves such a line; the rest of the file is still good.
-      bad += 1
+  for path in files:
+    for line in path.read_text().splitlines():
+      if not line.strip():
+        continue
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        # Only a run killed mid-write leaves such a line; the rest of the file is still good.
+        bad += 1
   if bad:
-    logging.warning("%s: skipped %d truncated line(s)", path, bad)
+    logging.warning("%s: skipped %d truncated line(s)", workdir, bad)
   return rows

@@ -32,15 +32,32 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
+def _rule_error(rule: Any, why: str) -> UserError:
+  names = ", ".join(name for name, _ in DEFAULT_RULES)
+  return UserError(f"config mesh.rules: {rule!r} {why}; each rule is (logical name, mesh axis | tuple of "
+                   f"mesh axes | None) with logical names {names} and mesh axes {', '.join(MESH_AXES)}")
+
+
 def logical_rules(mesh_cfg: ml_collections.ConfigDict) -> tuple[tuple[str, Any], ...]:
   """DEFAULT_RULES with `mesh.rules` overrides placed first (earlier rules win)."""
-  overrides = tuple((str(name), tuple(axes) if isinstance(axes, (list, tuple)) else axes)
-                    for name, axes in mesh_cfg.rules)
-  for _, axes in overrides:
+  rules = mesh_cfg.rules
+  if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
+    raise _rule_error(rules, "is not a sequence of rules")
+  known = {name for name, _ in DEFAULT_RULES}
+  overrides = []
+  for rule in rules:
+    if isinstance(rule, (str, bytes)) or not isinstance(rule, (list, tuple)) or len(rule) != 2:
+      raise _rule_error(rule, "is not a (logical name, mesh axes) pair")
+    name, axes = rule
+    # A typo such as "mpl" would otherwise match nothing and silently leave its arrays unsharded.
+    if name not in known:
+      raise _rule_error(rule, f"names the unknown logical axis {name!r}")
+    axes = tuple(axes) if isinstance(axes, (list, tuple)) else axes
     for a in (axes if isinstance(axes, tuple) else (axes,)):
       if a is not None and a not in MESH_AXES:
-        raise UserError(f"config mesh.rules: unknown mesh axis {a!r}; use one of {MESH_AXES} or None")
-  return overrides + DEFAULT_RULES
+        raise _rule_error(rule, f"names the unknown mesh axis {a!r}")
+    overrides.append((name, axes))
+  return tuple(overrides) + DEFAULT_RULES
 
 
 def mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
@@ -93,6 +110,27 @@ def check_batch_divisible(batch_size: int, grad_accum: int, mesh: Mesh) -> None:
   if batch_size % jax.process_count():
     raise UserError(f"config train.batch_size: {batch_size} must be divisible by the "
                     f"{jax.process_count()} processes")
+  check_process_layout(np.vectorize(lambda d: d.process_index, otypes=[int])(mesh.devices),
+                       dict(mesh.shape))
+
+
+def check_process_layout(process_ids: np.ndarray, shape: dict[str, int]) -> None:
+  """Every batch shard (a data x fsdp coordinate) must live on the devices of one process.
+
+  `process_ids` is the mesh's (data, fsdp, tensor) grid of device process indices. Each process
+  feeds its own rows (`global_batch`), so a batch shard spanning processes (e.g. the tensor axis
+  crossing hosts) would silently build a smaller global batch from mismatched rows.
+  """
+  counts = np.bincount(process_ids.ravel())
+  for coord in np.ndindex(process_ids.shape[:2]):
+    owners = np.unique(process_ids[coord])
+    if len(owners) > 1:
+      layout = " + ".join(f"{n} on process {p}" for p, n in enumerate(counts))
+      raise UserError(
+          f"config mesh {shape}: batch shard (data, fsdp)={coord} spans processes {owners.tolist()} "
+          f"(devices: {layout}); the batch axes must split along process boundaries: make "
+          f"mesh.tensor divide the {int(counts.min())} devices of each process (data*fsdp a multiple "
+          f"of the {len(counts)} processes)")
 
 
 def make_topology_mesh(mesh_cfg: ml_collections.ConfigDict, devices) -> Mesh:

@@ -1,0 +1,54 @@
+r"""Converts a corpus to ArrayRecord shards for pod training.
+
+  python -m crossbert_jax.prepare --input=PATH[,PATH...] --output=DIR_or_gs://BUCKET/corpus --shards=N
+
+Then train with --config.data.path=OUTPUT (see docs/pod.md). The work is `crossbert_jax.data.prepare`.
+"""
+
+from collections.abc import Sequence
+
+from absl import app
+from absl import flags
+
+from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.data import prepare
+
+
+def _define_flags() -> None:
+  """Defines the CLI flags (only when run as a program, so importers get no stray flags)."""
+  if "shards" in flags.FLAGS:
+    return
+  flags.DEFINE_string("input", None, "File / dir / glob, comma-separated (a path holding commas is taken whole).")
+  flags.DEFINE_string("output", None, "Folder for the shards (local or gs://).")
+  flags.DEFINE_integer("shards", None, "Number of ArrayRecord shards (e.g. the number of hosts, or a multiple).")
+  flags.DEFINE_enum("format", "auto", ["auto", "text", "jsonl", "parquet", "arrayrecord"],
+                    "Input format; auto picks by file extension.")
+  flags.DEFINE_string("text_field", "text", "Field with the text (jsonl/parquet/arrayrecord input).")
+  flags.DEFINE_enum("text_unit", "paragraph", ["line", "paragraph", "file"],
+                    "How plain-text files split into documents.")
+  flags.DEFINE_integer("workers", 0, "Parallel worker processes (0: min(shards, CPUs)).")
+  flags.DEFINE_bool("progress", True, "Progress bar.")
+
+
+def main(argv: Sequence[str]) -> None:
+  """CLI body: writes the shards and prints a summary line."""
+  f = flags.FLAGS
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}: pass everything as --flags")
+  for name in ("input", "output", "shards"):
+    if f[name].value in (None, ""):
+      raise UserError(f"--{name} is required (e.g. --input=corpus/ --output=gs://bucket/corpus --shards=64)")
+  counts = prepare.prepare(f.input, f.output, f.shards, fmt=f.format, text_field=f.text_field,
+                           text_unit=f.text_unit, workers=f.workers, progress=f.progress)
+  print(f"wrote {len(counts)} shards, {sum(counts)} documents ({min(counts)}-{max(counts)} per shard) "
+        f"to {f.output}; train with --config.data.path={f.output}")
+
+
+def cli() -> None:
+  """Entry point of `python -m crossbert_jax.prepare`."""
+  _define_flags()
+  app.run(exit_on_user_error(main), flags_parser=parse_flags_or_exit)
+
+
+if __name__ == "__main__":
+  cli()

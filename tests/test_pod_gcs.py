@@ -1,0 +1,142 @@
+"""gs:// end to end, offline: tokenizer -> train -> SIGTERM -> resume -> export -> evaluate on a local GCS.
+
+The data, the tokenizer, the workdir (checkpoints, metrics segments, TensorBoard, compilation
+cache), the export and the evaluation cache and results all live in an in-memory GCS emulator
+(tests/gcs_emulator.py); gcsfs reaches it through STORAGE_EMULATOR_HOST and Orbax's tensorstore
+through TENSORSTORE_GCS_HTTP_URL.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from crossbert_jax.data import corpus
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BUCKET = "crossbert-test"
+GS = f"gs://{BUCKET}"
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+  """(environment for subprocesses, emulator URL) of a fresh in-memory GCS with one bucket."""
+  port = _free_port()
+  url = f"http://localhost:{port}"
+  # The emulator logs every request: to a file, since a pipe nobody reads would fill and block it.
+  log = tmp_path_factory.mktemp("gcs") / "emulator.log"
+  with log.open("w") as f:
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gcs_emulator.py"), str(port), BUCKET],
+                            stdout=f, stderr=subprocess.STDOUT)
+  for _ in range(200):
+    try:
+      urllib.request.urlopen(url + "/", timeout=1).close()
+      break
+    except OSError:
+      assert proc.poll() is None, f"the GCS emulator exited: {log.read_text()[-2000:]}"
+      time.sleep(0.1)
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu",
+         "STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
+         # No credentials lookups: tensorstore takes this token, google-auth skips the metadata server.
+         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test", "NO_GCE_CHECK": "True"}
+  yield env, url
+  proc.terminate()
+  proc.wait(timeout=30)
+
+
+def _objects(url: str, prefix: str) -> list[str]:
+  """Object names under `prefix`, straight from the emulator's JSON API (no client caches)."""
+  query = urllib.parse.urlencode({"prefix": prefix})
+  with urllib.request.urlopen(f"{url}/storage/v1/b/{BUCKET}/o?{query}", timeout=10) as r:
+    return [item["name"] for item in json.load(r).get("items", [])]
+
+
+def _put(url: str, name: str, data: bytes) -> None:
+  query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+  urllib.request.urlopen(urllib.request.Request(f"{url}/upload/storage/v1/b/{BUCKET}/o?{query}", data=data,
+                                                method="POST"), timeout=10).close()
+
+
+def _get(url: str, name: str) -> bytes:
+  with urllib.request.urlopen(f"{url}/storage/v1/b/{BUCKET}/o/{urllib.parse.quote(name, safe='')}?alt=media",
+                              timeout=10) as r:
+    return r.read()
+
+
+def _cli(env, *args, check=True, wait=True):
+  cmd = [sys.executable, "-m", *args]
+  if not wait:
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  if check and proc.returncode != 0:
+    pytest.fail(f"{args[0]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+  return proc
+
+
+def _saved_steps(url: str) -> set[int]:
+  names = _objects(url, "run/checkpoints/")
+  # A step is complete once Orbax has written its commit marker into the step folder.
+  return {int(n.split("/")[2]) for n in names if n.split("/")[2].isdigit() and n.endswith("_CHECKPOINT_METADATA")}
+
+
+def test_gcs_end_to_end(gcs, tmp_path):
+  env, url = gcs
+  docs = corpus.builtin_documents()[:3000]
+  # A name with commas, taken whole as data.path would take it.
+  _put(url, "data/part 0, of two.txt", "\n\n".join(docs[0::2]).encode())
+  _put(url, "data/part1.txt", "\n\n".join(docs[1::2]).encode())
+  tok = f"{GS}/tok/spm.model"
+  _cli(env, "crossbert_jax.tokenizer", f"--input={GS}/data", "--vocab_size=512", f"--output={tok}")
+
+  train = ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={GS}/run",
+           f"--config.data.path={GS}/data", f"--config.data.tokenizer={tok}", "--config.model.vocab_size=512",
+           "--config.checkpoint.every_steps=2", "--config.metrics.progress_bar=False"]
+  proc = _cli(env, *train, "--config.train.steps=100000", wait=False)
+  deadline = time.time() + 240
+  while not _saved_steps(url):  # Stop once a checkpoint is on GCS: the run is mid-way.
+    assert proc.poll() is None, f"training exited early:\n{proc.stderr.read()[-3000:]}"
+    assert time.time() < deadline, "no checkpoint on GCS after 240 s"
+    time.sleep(0.5)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert "Traceback" not in stderr and "error:" not in stderr, stderr[-3000:]
+  stopped = max(_saved_steps(url))
+  from crossbert_jax.training import metrics  # pylint: disable=g-import-not-at-top
+  os.environ.update({k: env[k] for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING", "NO_GCE_CHECK")})
+  rows = metrics.read_metrics(f"{GS}/run")
+  assert [r["step"] for r in rows] == list(range(1, stopped + 1)), "metrics of the stopped run, flushed at exit"
+
+  _cli(env, *train, f"--config.train.steps={stopped + 2}", "--config.metrics.tensorboard=False")
+  segments = [n for n in _objects(url, "run/metrics.") if n.endswith("Z.jsonl")]
+  assert len(segments) == 2, f"one metrics segment per start, got {segments}"
+  steps = [r["step"] for r in metrics.read_metrics(f"{GS}/run")]
+  assert steps == list(range(1, stopped + 3)), f"merged metrics of both starts: {steps}"
+  assert _objects(url, "run/tensorboard/events.out.tfevents"), "TensorBoard events on GCS"
+  assert _objects(url, "run/compilation_cache/"), "the compilation cache is under the gs:// workdir"
+
+  _cli(env, "crossbert_jax.export", f"--workdir={GS}/run", f"--output={GS}/hf")
+  assert json.loads(_get(url, "hf/config.json"))["vocab_size"] == 512
+  assert _objects(url, "hf/model.safetensors")
+
+  rows = ["text\tlabel"] + [f"{d[:200]}\t{i % 2}" for i, d in enumerate(docs[:80])]
+  _put(url, "eval/train.tsv", ("\n".join(rows) + "\n").encode())
+  _cli(env, "crossbert_jax.evaluate", f"--workdir={GS}/run", f"--generic_train={GS}/eval/train.tsv",
+       "--tasks=", "--max_length=32", "--noprogress", f"--output={GS}/results/eval.json")
+  result = json.loads(_get(url, "results/eval.json"))
+  assert list(result["models"]) == [f"run@{stopped + 2}"], result["models"].keys()
+  assert result["models"][f"run@{stopped + 2}"]["source"]["path"] == f"{GS}/run"
+  assert _objects(url, "run/eval_cache/"), "embeddings cached in the gs:// run"
