@@ -17,10 +17,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from crossbert_jax.core import config
 from crossbert_jax.model import attention_chunked, attention_kernels
 
 Array = jax.Array
-BACKENDS = ("auto", "xla", "chunked", "splash", "gpu_flash")
+BACKENDS = config.ATTENTION_BACKENDS
 
 
 @dataclasses.dataclass(frozen=True)
