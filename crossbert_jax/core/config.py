@@ -63,6 +63,9 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.model.attention_block_q = 512  # Query tile of splash / gpu_flash (splash rounds up to 128s).
   c.model.attention_block_kv = 512  # Key block of chunked / splash / gpu_flash.
   c.model.attention_chunked_min_len = 1024  # auto on CPU: chunked when max(queries, keys) >= this.
+  # Vocabulary head + cross-entropy over this many predicted slots at a time (a rematerialised
+  # scan), so B x Q x V float32 logits never exist whole; Q <= loss_chunk: one plain pass.
+  c.model.loss_chunk = 512
 
   c.reconstructor = ml_collections.ConfigDict()
   c.reconstructor.num_layers = rec_layers
@@ -164,7 +167,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise _err("model.dtype", f"{m.dtype!r}: use 'float32' or 'bfloat16'")
   if m.attention not in ATTENTION_BACKENDS:
     raise _err("model.attention", f"{m.attention!r}: use one of {ATTENTION_BACKENDS}")
-  for key in ("attention_block_q", "attention_block_kv", "attention_chunked_min_len"):
+  for key in ("attention_block_q", "attention_block_kv", "attention_chunked_min_len", "loss_chunk"):
     if m[key] < 1:
       raise _err(f"model.{key}", f"must be >= 1, got {m[key]}")
   if m.scan_layers and m.num_layers < 2:

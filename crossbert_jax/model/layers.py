@@ -45,6 +45,29 @@ def apply_rope(x_BxTxHxK: Array, cos_sin: tuple[Array, Array]) -> Array:
   return out.astype(x_BxTxHxK.dtype)
 
 
+def vocab_logits(x_BxQxD: Array, w_DxV: Array, b_V: Array | None) -> Array:
+  """float32 logits x @ w (+ b): the matmul accumulates in float32 (bf16 inputs, no bf16 logits)."""
+  logits_BxQxV = jnp.einsum("bqd,dv->bqv", x_BxQxD, w_DxV.astype(x_BxQxD.dtype),
+                            preferred_element_type=jnp.float32)
+  if b_V is not None:
+    logits_BxQxV = logits_BxQxV + b_V.astype(jnp.float32)[None, None, :]
+  return nn.with_logical_constraint(logits_BxQxV, ("batch", "length", "vocab"))
+
+
+class VocabHead(nn.Module):
+  """The untied vocabulary projection's params: kernel DxV and bias V (nn.Dense's param paths)."""
+  vocab_size: int
+  init_std: float
+
+  @nn.compact
+  def __call__(self, embed_dim: int) -> tuple[Array, Array]:
+    kernel_DxV = self.param("kernel", init_normal(self.init_std, ("embed", "vocab")),
+                            (embed_dim, self.vocab_size), jnp.float32)
+    bias_V = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                        (self.vocab_size,), jnp.float32)
+    return kernel_DxV, bias_V
+
+
 class Dense(nn.Module):
   """A bias-free projection contracting the last `contract` dims into a kernel of N-d `features`.
 

@@ -95,10 +95,11 @@ class Reconstructor(nn.Module):
 
   @nn.compact
   def __call__(self, memory, mem_pos_BxS: Array, mem_seg_BxS: Array, q_pos_BxQ: Array,
-               q_seg_BxQ: Array, embedding_VxE: Array | None = None) -> Array:
+               q_seg_BxQ: Array, embedding_VxE: Array | None = None, *, return_hidden: bool = False):
     """memory: BxSxE encoder output, or (feature mixing) NxBxSxE stacked layer outputs.
 
-    Returns float32 logits BxQxV. Queries with segment 0 are padding (attend nowhere useful).
+    Returns float32 logits BxQxV, or with `return_hidden` (final hidden BxQxD, (head DxV, bias V
+    or None)) for a loss that applies the head chunk by chunk. Queries with segment 0 are padding.
     """
     s = self.spec
     dt = s.compute_dtype
@@ -118,11 +119,9 @@ class Reconstructor(nn.Module):
       x_BxQxD = block_cls(s, name=f"layers_{i}")(x_BxQxD, memory, q_rope, kv_rope, q_seg_BxQ, mem_seg_BxS)
     x_BxQxD = layers.layer_norm(s.norm_eps, dt, "final_norm")(x_BxQxD)
     if s.tie_head:
-      logits_BxQxV = jnp.einsum("bqd,vd->bqv", x_BxQxD, embedding_VxE.astype(dt))
+      head = (embedding_VxE.T, None)
     else:
-      logits_BxQxV = nn.Dense(s.vocab_size, use_bias=True, dtype=dt, param_dtype=jnp.float32,
-                              kernel_init=layers.init_normal(s.init_std, ("embed", "vocab")),
-                              bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-                              name="head")(x_BxQxD)
-    logits_BxQxV = nn.with_logical_constraint(logits_BxQxV, ("batch", "length", "vocab"))
-    return logits_BxQxV.astype(jnp.float32)
+      head = layers.VocabHead(s.vocab_size, s.init_std, name="head")(s.embed_dim)
+    if return_hidden:
+      return x_BxQxD, head
+    return layers.vocab_logits(x_BxQxD, *head)
