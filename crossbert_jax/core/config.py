@@ -49,13 +49,6 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.model.mlp_dim = mlp  # GeGLU hidden width (Wi maps embed -> 2 * mlp_dim).
   c.model.norm_eps = 1e-5
   c.model.init_std = 0.02
-  c.model.rope_theta = 160_000.0  # Global-attention layers (ModernBERT's global_rope_theta).
-  c.model.local_rope_theta = 10_000.0  # Local-attention layers.
-  c.model.local_window = 128  # Total window as in ModernBERT: each token sees +-local_window//2.
-  c.model.global_every = 1  # Layer i is global iff i % global_every == 0 (1: all global; ModernBERT: 3).
-  c.model.scan_layers = False  # nn.scan over layers 1..N-1 (layer 0 has no attention pre-norm).
-  c.model.remat = "none"  # "none" | "full" | "dots" (save matmul outputs only).
-  c.model.dtype = "float32"  # Compute dtype: "float32" | "bfloat16". Params stay float32.
   # Attention kernel (model/attention.py), every layer: "xla" dense scores (the reference),
   # "chunked" blocked online softmax in XLA, "splash" (TPU Pallas), "gpu_flash" (Pallas GPU), or
   # "auto": splash on TPU, gpu_flash on GPU, on CPU chunked from attention_chunked_min_len keys.
@@ -66,6 +59,13 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   # Vocabulary head + cross-entropy over this many predicted slots at a time (a rematerialised
   # scan), so B x Q x V float32 logits never exist whole; Q <= loss_chunk: one plain pass.
   c.model.loss_chunk = 512
+  c.model.rope_theta = 160_000.0  # Global-attention layers (ModernBERT's global_rope_theta).
+  c.model.local_rope_theta = 10_000.0  # Local-attention layers.
+  c.model.local_window = 128  # Total window as in ModernBERT: each token sees +-local_window//2.
+  c.model.global_every = 1  # Layer i is global iff i % global_every == 0 (1: all global; ModernBERT: 3).
+  c.model.scan_layers = False  # nn.scan over layers 1..N-1 (layer 0 has no attention pre-norm).
+  c.model.remat = "none"  # "none" | "full" | "dots" (save matmul outputs only).
+  c.model.dtype = "float32"  # Compute dtype: "float32" | "bfloat16". Params stay float32.
 
   c.reconstructor = ml_collections.ConfigDict()
   c.reconstructor.num_layers = rec_layers
