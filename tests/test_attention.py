@@ -68,7 +68,7 @@ BACKENDS = ["chunked", "splash", "gpu_flash"]
 
 def _spec(backend):
   # Small blocks: several key blocks (and padding of the last one) even at these lengths.
-  return attn.AttentionSpec(backend=backend, block_q=16, block_kv=16)
+  return attn.AttentionSpec(backend=backend, block_q=16, block_kv=16, interpret=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -141,7 +141,10 @@ def test_auto_picks_by_platform_and_length():
   assert attention_kernels.target_platform() == "cpu"
   assert attn.resolve_backend(spec, 512, 512) == "xla"
   assert attn.resolve_backend(spec, 2048, 1024) == "chunked"
-  assert attn.resolve_backend(attn.AttentionSpec("splash"), 8, 8) == "splash"
+  assert attn.resolve_backend(attn.AttentionSpec("splash", interpret=True), 8, 8) == "splash"
+  # Off its platform without interpret (a TPU-trained config evaluated on CPU): chunked.
+  assert attn.resolve_backend(attn.AttentionSpec("splash"), 8, 8) == "chunked"
+  assert attn.resolve_backend(attn.AttentionSpec("gpu_flash"), 8, 8) == "chunked"
 
 
 def test_has_key_and_position_check():

@@ -31,6 +31,9 @@ class AttentionSpec:
   block_q: int = 512
   block_kv: int = 512
   chunked_min_len: int = 1024
+  # Run splash / gpu_flash off their platform in Pallas interpret mode (the CPU tests); otherwise
+  # they fall back to chunked there (e.g. evaluating a TPU-trained config on a CPU host).
+  interpret: bool = False
 
   @classmethod
   def from_config(cls, model_cfg: ml_collections.ConfigDict) -> "AttentionSpec":
@@ -41,9 +44,14 @@ class AttentionSpec:
 
 def resolve_backend(spec: AttentionSpec, q_len: int, kv_len: int) -> str:
   """The concrete backend for `spec.backend` at these lengths on the target platform."""
+  platform = attention_kernels.target_platform()
+  home = {"splash": "tpu", "gpu_flash": "gpu"}.get(spec.backend)
+  if home is not None and platform != home and not spec.interpret:
+    attention_kernels.warn_once(f"model.attention={spec.backend} needs a {home.upper()}; running the "
+                                f"chunked kernel on {platform}")
+    return "chunked"
   if spec.backend != "auto":
     return spec.backend
-  platform = attention_kernels.target_platform()
   if platform == "tpu":
     return "splash"
   if platform == "gpu":
@@ -96,10 +104,11 @@ def attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: A
     return attention_chunked.chunked_attention(*args, window=window, block_kv=spec.block_kv)
   if backend == "splash":
     return attention_kernels.splash_attention(*args, window=window, block_q=spec.block_q,
-                                              block_kv=spec.block_kv)
+                                              block_kv=spec.block_kv, interpret=spec.interpret)
   if backend == "gpu_flash":
     return attention_kernels.gpu_flash_attention(*args, window=window, shared_segments=shared,
-                                                 block_q=spec.block_q, block_kv=spec.block_kv)
+                                                 block_q=spec.block_q, block_kv=spec.block_kv,
+                                                 interpret=spec.interpret)
   raise ValueError(f"unknown attention backend {backend!r}; use one of {BACKENDS}")
 
 

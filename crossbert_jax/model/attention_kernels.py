@@ -1,6 +1,6 @@
 """The fused kernels behind `attention`: TPU splash (Pallas) and the Pallas GPU flash kernel.
 
-Both run in Pallas interpret mode off their platform, which is how the CPU tests check them.
+Both run in Pallas interpret mode when `AttentionSpec.interpret` is set (the CPU tests).
 How `attention.mask` maps onto each:
 - segments: the kernels mask q_seg == kv_seg. Padding keys get segment -1 so that no query (pads
   have segment 0) matches them; a query that then sees nothing gets the kernel's uniform average,
@@ -27,7 +27,7 @@ Array = jax.Array
 _warned: set[str] = set()
 
 
-def _warn_once(message: str) -> None:
+def warn_once(message: str) -> None:
   if message not in _warned:
     _warned.add(message)
     logging.warning("attention: %s", message)
@@ -104,9 +104,8 @@ def _sharded(fn, qkv_axes: tuple[str | None, ...], *args):
 
 def splash_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: Array,
                      kv_seg_BxS: Array, q_pos_BxT: Array | None, kv_pos_BxS: Array | None, *,
-                     window: int | None, block_q: int, block_kv: int) -> Array:
+                     window: int | None, block_q: int, block_kv: int, interpret: bool) -> Array:
   """`attention.dense` semantics through the TPU splash kernel, sharded over batch and heads."""
-  interpret = target_platform() != "tpu"
   b, t, h, k = q_BxTxHxK.shape
   s = k_BxSxHxK.shape[1]
   # TPU tiles are multiples of 128 lanes; lengths are padded to a multiple of the block.
@@ -142,15 +141,14 @@ def _round_up(n: int, m: int) -> int:
 def gpu_flash_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: Array,
                         kv_seg_BxS: Array, q_pos_BxT: Array | None, kv_pos_BxS: Array | None, *,
                         window: int | None, shared_segments: bool, block_q: int,
-                        block_kv: int) -> Array:
+                        block_kv: int, interpret: bool) -> Array:
   """`attention.dense` semantics through the Pallas GPU flash kernel (self-attention, no window)."""
   if window is not None or not shared_segments:
-    _warn_once(f"gpu_flash has no {'local window' if window is not None else 'cross-attention'} "
+    warn_once(f"gpu_flash has no {'local window' if window is not None else 'cross-attention'} "
                "mask (one segment-id array, no window); running the chunked kernel there")
     return attention_chunked.chunked_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS,
                                                q_pos_BxT, kv_pos_BxS, window=window, block_kv=block_kv)
   from jax.experimental.pallas.ops.gpu import attention as gpu_attention
-  interpret = target_platform() != "gpu"
   b, t, h, k = q_BxTxHxK.shape
   # The Triton kernel's tiles: up to 128 rows, at least 16; the length is padded to a multiple.
   blk = max(16, min(block_q, block_kv, 128, 1 << max(t - 1, 1).bit_length()))
