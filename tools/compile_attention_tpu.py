@@ -27,6 +27,7 @@ _VARIANT = flags.DEFINE_string("variant", "base", "Config variant.")
 _OBJECTIVE = flags.DEFINE_string("objective", "crossbert", "crossbert | mlm.")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 8192, "Sequence length.")
 _ATTENTION = flags.DEFINE_list("attention", ["xla", "splash"], "Backends to compile.")
+_GLOBAL_EVERY = flags.DEFINE_integer("global_every", 1, "model.global_every (3: ModernBERT's local layers).")
 _OUT = flags.DEFINE_string("out", "", "JSON output path.")
 
 _CHIP = {"v5p": "megacore", "v4": "megacore"}  # Both TensorCores as one device, as on the pod.
@@ -70,6 +71,7 @@ def main(argv):
     c.train.batch_size = len(devices)  # One sequence per chip.
     c.model.dtype, c.model.scan_layers, c.model.remat = "bfloat16", True, "full"
     c.model.attention = backend
+    c.model.global_every = _GLOBAL_EVERY.value
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
     config_lib.validate(c)
     c.lock()
@@ -79,7 +81,7 @@ def main(argv):
           f"total {r['total_bytes'] / 2**30:6.2f} GiB per chip  (splash in HLO: {r['splash_kernels_in_hlo']})",
           flush=True)
   report = {"topology": _TOPOLOGY.value, "device_kind": devices[0].device_kind, "variant": _VARIANT.value,
-            "objective": _OBJECTIVE.value, "seq_len": _SEQ_LEN.value, "jax": jax.__version__,
+            "objective": _OBJECTIVE.value, "seq_len": _SEQ_LEN.value, "global_every": _GLOBAL_EVERY.value, "jax": jax.__version__,
             "results": results}
   if _OUT.value:
     with open(_OUT.value, "w") as f:
