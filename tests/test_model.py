@@ -167,12 +167,11 @@ def test_local_attention_window_by_gradients():
   x = jax.random.normal(jax.random.key(1), (1, seq_len, d))
   rope_g = layers.rope_tables(jnp.asarray(pos), spec.head_dim, spec.rope_theta)
   rope_l = layers.rope_tables(jnp.asarray(pos), spec.head_dim, spec.local_rope_theta)
-  mask_g = layers.attention_mask(jnp.asarray(seg), jnp.asarray(seg))
-  mask_l = layers.attention_mask(jnp.asarray(seg), jnp.asarray(seg), jnp.asarray(pos), jnp.asarray(pos), spec.local_window)
+  seg_j, pos_j = jnp.asarray(seg), jnp.asarray(pos)
   block = EncoderBlock(spec)
-  params = _init(block, x, rope_g, rope_l, mask_g, mask_l, False)
+  params = _init(block, x, rope_g, rope_l, seg_j, pos_j, False)
   query = 4  # Segment 1, position 4: sees positions 2..6 of segment 1 only.
-  out_fn = lambda is_global: lambda x: block.apply(params, x, rope_g, rope_l, mask_g, mask_l, is_global)[0, query].sum()
+  out_fn = lambda is_global: lambda x: block.apply(params, x, rope_g, rope_l, seg_j, pos_j, is_global)[0, query].sum()
   g, g_global = jax.jit(lambda x: (jax.grad(out_fn(False))(x), jax.grad(out_fn(True))(x)))(x)
   g, g_global = (np.abs(np.asarray(a)).sum(-1)[0] for a in (g, g_global))
   half = spec.local_window // 2
@@ -352,7 +351,7 @@ def test_query_without_visible_tokens_of_its_segment_sees_nothing():
   assert (g == 0.0).all(), (
       f"a segment-2 query with no visible segment-2 token depends on positions {np.flatnonzero(g).tolist()} "
       f"(segments {seg[0][g != 0].tolist()}): attention crosses a document boundary / reads pads. Fix: zero the "
-      "attention output of fully masked query rows in layers.dot_product_attention")
+      "attention output of fully masked query rows in model/attention.py")
 
 
 @pytest.mark.parametrize("part", ["rope_tables", "mlm_head"])

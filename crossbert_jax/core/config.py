@@ -10,6 +10,7 @@ from crossbert_jax.core.errors import UserError
 
 OBJECTIVES = ("crossbert", "mlm")
 VARIANTS = ("tiny", "small", "base", "large")
+ATTENTION_BACKENDS = ("auto", "xla", "chunked", "splash", "gpu_flash")  # = model.attention.BACKENDS
 
 # Encoder shapes per variant: (embed_dim, num_heads, num_layers, mlp_dim, vocab_size).
 # `base` and `large` are ModernBERT-base/-large (GeGLU mlp_dim is the half-width of Wi).
@@ -48,6 +49,16 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.model.mlp_dim = mlp  # GeGLU hidden width (Wi maps embed -> 2 * mlp_dim).
   c.model.norm_eps = 1e-5
   c.model.init_std = 0.02
+  # Attention kernel (model/attention.py), every layer: "xla" dense scores (the reference),
+  # "chunked" blocked online softmax in XLA, "splash" (TPU Pallas), "gpu_flash" (Pallas GPU), or
+  # "auto": splash on TPU, gpu_flash on GPU, on CPU chunked from attention_chunked_min_len keys.
+  c.model.attention = "auto"
+  c.model.attention_block_q = 512  # Query tile of splash / gpu_flash (splash rounds up to 128s).
+  c.model.attention_block_kv = 512  # Key block of chunked / splash / gpu_flash.
+  c.model.attention_chunked_min_len = 1024  # auto on CPU: chunked when max(queries, keys) >= this.
+  # Vocabulary head + cross-entropy over this many predicted slots at a time (a rematerialised
+  # scan), so B x Q x V float32 logits never exist whole; Q <= loss_chunk: one plain pass.
+  c.model.loss_chunk = 512
   c.model.rope_theta = 160_000.0  # Global-attention layers (ModernBERT's global_rope_theta).
   c.model.local_rope_theta = 10_000.0  # Local-attention layers.
   c.model.local_window = 128  # Total window as in ModernBERT: each token sees +-local_window//2.
@@ -158,6 +169,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise _err("model.remat", f"{m.remat!r}: use 'none', 'full' or 'dots'")
   if m.dtype not in ("float32", "bfloat16"):
     raise _err("model.dtype", f"{m.dtype!r}: use 'float32' or 'bfloat16'")
+  if m.attention not in ATTENTION_BACKENDS:
+    raise _err("model.attention", f"{m.attention!r}: use one of {ATTENTION_BACKENDS}")
+  for key in ("attention_block_q", "attention_block_kv", "attention_chunked_min_len", "loss_chunk"):
+    if m[key] < 1:
+      raise _err(f"model.{key}", f"must be >= 1, got {m[key]}")
   if m.scan_layers and m.num_layers < 2:
     raise _err("model.scan_layers", "needs model.num_layers >= 2")
   r = c.reconstructor

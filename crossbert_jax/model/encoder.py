@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from crossbert_jax.model import attention as attention_lib
 from crossbert_jax.model import layers
 
 Array = jax.Array
@@ -40,10 +41,19 @@ class EncoderSpec:
   scan_layers: bool = False
   remat: str = "none"
   dtype: str = "float32"
+  attention: str = "auto"
+  attention_block_q: int = 512
+  attention_block_kv: int = 512
+  attention_chunked_min_len: int = 1024
 
   @classmethod
   def from_config(cls, model_cfg: ml_collections.ConfigDict) -> "EncoderSpec":
     return cls(**{f.name: model_cfg[f.name] for f in dataclasses.fields(cls)})
+
+  @property
+  def attention_spec(self) -> attention_lib.AttentionSpec:
+    return attention_lib.AttentionSpec(self.attention, self.attention_block_q, self.attention_block_kv,
+                                       self.attention_chunked_min_len)
 
   @property
   def head_dim(self) -> int:
@@ -71,19 +81,19 @@ class EncoderBlock(nn.Module):
   first: bool = False
 
   @nn.compact
-  def __call__(self, x_BxTxD: Array, rope_global, rope_local, mask_global_BxTxT: Array,
-               mask_local_BxTxT: Array, is_global) -> Array:
+  def __call__(self, x_BxTxD: Array, rope_global, rope_local, seg_BxT: Array, pos_BxT: Array,
+               is_global) -> Array:
     s = self.spec
     dt = s.compute_dtype
     out_std = s.init_std / math.sqrt(2.0 * s.num_layers)
     if isinstance(is_global, bool):
       cos_sin = rope_global if is_global else rope_local
-      mask = mask_global_BxTxT if is_global else mask_local_BxTxT
     else:
       cos_sin = jax.tree.map(lambda g, l: jnp.where(is_global, g, l), rope_global, rope_local)
-      mask = jnp.where(is_global, mask_global_BxTxT, mask_local_BxTxT)
+    window = s.local_window if s.global_every > 1 else None
     h = x_BxTxD if self.first else layers.layer_norm(s.norm_eps, dt, "attn_norm")(x_BxTxD)
-    h = layers.SelfAttention(s.num_heads, s.init_std, out_std, dt, name="attn")(h, cos_sin, mask)
+    h = layers.SelfAttention(s.num_heads, s.init_std, out_std, dt, s.attention_spec, name="attn")(
+        h, cos_sin, seg_BxT, pos_BxT, window, is_global)
     x_BxTxD = x_BxTxD + h
     h = layers.layer_norm(s.norm_eps, dt, "mlp_norm")(x_BxTxD)
     h = layers.GeGLU(s.mlp_dim, s.init_std, out_std, dt, name="mlp")(h)
@@ -97,9 +107,9 @@ class _ScanBody(nn.Module):
   keep_outputs: bool
 
   @nn.compact
-  def __call__(self, x_BxTxD, is_global, rope_global, rope_local, mask_global, mask_local):
+  def __call__(self, x_BxTxD, is_global, rope_global, rope_local, seg_BxT, pos_BxT):
     block = _remat(EncoderBlock, self.spec)(self.spec, name="block")
-    x_BxTxD = block(x_BxTxD, rope_global, rope_local, mask_global, mask_local, is_global)
+    x_BxTxD = block(x_BxTxD, rope_global, rope_local, seg_BxT, pos_BxT, is_global)
     return x_BxTxD, (x_BxTxD if self.keep_outputs else None)
 
 
@@ -151,13 +161,13 @@ class Encoder(nn.Module):
       seg_BxT = jnp.take_along_axis(segment_ids_BxL, keep_idx_BxT, axis=1)
 
     rope_global = layers.rope_tables(pos_BxT, s.head_dim, s.rope_theta)
-    mask_global = layers.attention_mask(seg_BxT, seg_BxT)
     if s.global_every > 1:
       rope_local = layers.rope_tables(pos_BxT, s.head_dim, s.local_rope_theta)
-      mask_local = layers.attention_mask(seg_BxT, seg_BxT, pos_BxT, pos_BxT, s.local_window)
     else:  # All layers global: nothing local is ever selected.
-      rope_local, mask_local = rope_global, mask_global
-    args = (rope_global, rope_local, mask_global, mask_local)
+      rope_local = rope_global
+    # Masks are built inside the attention backend from segment ids and positions (a fused
+    # kernel never sees a BxTxT mask).
+    args = (rope_global, rope_local, seg_BxT, pos_BxT)
 
     outputs = [x_BxTxD]
     x_BxTxD = _remat(EncoderBlock, s, static_argnums=(6,))(s, first=True, name="layers_0")(

@@ -11,6 +11,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from crossbert_jax.model import attention as attention_lib
+
 Dtype = Any
 Array = jax.Array
 
@@ -43,30 +45,27 @@ def apply_rope(x_BxTxHxK: Array, cos_sin: tuple[Array, Array]) -> Array:
   return out.astype(x_BxTxHxK.dtype)
 
 
-def attention_mask(q_seg_BxT: Array, kv_seg_BxS: Array, q_pos_BxT: Array | None = None,
-                   kv_pos_BxS: Array | None = None, window: int | None = None) -> Array:
-  """BxTxS bool: same non-pad segment, and (if window) |q_pos - kv_pos| <= window // 2."""
-  mask = (q_seg_BxT[:, :, None] == kv_seg_BxS[:, None, :]) & (kv_seg_BxS[:, None, :] > 0)
-  if window is not None:
-    dist = jnp.abs(q_pos_BxT[:, :, None] - kv_pos_BxS[:, None, :])
-    mask &= dist <= window // 2
-  return mask
+def vocab_logits(x_BxQxD: Array, w_DxV: Array, b_V: Array | None) -> Array:
+  """float32 logits x @ w (+ b): the matmul accumulates in float32 (bf16 inputs, no bf16 logits)."""
+  logits_BxQxV = jnp.einsum("bqd,dv->bqv", x_BxQxD, w_DxV.astype(x_BxQxD.dtype),
+                            preferred_element_type=jnp.float32)
+  if b_V is not None:
+    logits_BxQxV = logits_BxQxV + b_V.astype(jnp.float32)[None, None, :]
+  return nn.with_logical_constraint(logits_BxQxV, ("batch", "length", "vocab"))
 
 
-def dot_product_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array,
-                          mask_BxTxS: Array) -> Array:
-  """Softmax attention with float32 logits; a query with no allowed key (a pad) outputs zeros."""
-  scale = q_BxTxHxK.shape[-1] ** -0.5
-  logits_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK * scale, k_BxSxHxK,
-                              preferred_element_type=jnp.float32)
-  logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, jnp.finfo(jnp.float32).min)
-  probs_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(v_BxSxHxK.dtype)
-  out_BxTxHxK = jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS, v_BxSxHxK)
-  # A fully masked row would spread uniform weight over every key, reading other documents (a
-  # reconstruction query whose document has no visible token in this view): zero its output.
-  # Done on the output, not the BxHxTxS probabilities: the same result, a much smaller tensor.
-  has_key_BxTx1x1 = jnp.any(mask_BxTxS, axis=-1)[:, :, None, None]
-  return out_BxTxHxK * has_key_BxTx1x1.astype(out_BxTxHxK.dtype)
+class VocabHead(nn.Module):
+  """The untied vocabulary projection's params: kernel DxV and bias V (nn.Dense's param paths)."""
+  vocab_size: int
+  init_std: float
+
+  @nn.compact
+  def __call__(self, embed_dim: int) -> tuple[Array, Array]:
+    kernel_DxV = self.param("kernel", init_normal(self.init_std, ("embed", "vocab")),
+                            (embed_dim, self.vocab_size), jnp.float32)
+    bias_V = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                        (self.vocab_size,), jnp.float32)
+    return kernel_DxV, bias_V
 
 
 class Dense(nn.Module):
@@ -92,21 +91,29 @@ class Dense(nn.Module):
 
 
 class SelfAttention(nn.Module):
-  """Bidirectional self-attention: fused QKV (no bias), RoPE, output projection (no bias)."""
+  """Bidirectional self-attention: fused QKV (no bias), RoPE, output projection (no bias).
+
+  Mask (`attention.py`): same non-pad segment, and with `window` set and `is_global` false
+  (a Python bool, or traced under nn.scan) |pos_q - pos_k| <= window // 2.
+  """
   num_heads: int
   init_std: float
   out_std: float
   dtype: Dtype = jnp.float32
+  attention: attention_lib.AttentionSpec = attention_lib.AttentionSpec()
 
   @nn.compact
-  def __call__(self, x_BxTxD: Array, cos_sin: tuple[Array, Array], mask_BxTxT: Array) -> Array:
+  def __call__(self, x_BxTxD: Array, cos_sin: tuple[Array, Array], seg_BxT: Array,
+               pos_BxT: Array | None = None, window: int | None = None, is_global=True) -> Array:
     d = x_BxTxD.shape[-1]
     k = d // self.num_heads
     qkv_BxTx3xHxK = Dense((3, self.num_heads, k), ("embed", None, "heads", "kv"), self.init_std,
                           dtype=self.dtype, name="Wqkv")(x_BxTxD)
     qkv_BxTx3xHxK = nn.with_logical_constraint(qkv_BxTx3xHxK, ("batch", "length", None, "heads", "kv"))
     q, kk, v = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
-    out_BxTxHxK = dot_product_attention(apply_rope(q, cos_sin), apply_rope(kk, cos_sin), v, mask_BxTxT)
+    out_BxTxHxK = attention_lib.self_attention(apply_rope(q, cos_sin), apply_rope(kk, cos_sin), v, seg_BxT,
+                                               pos_BxT, spec=self.attention, window=window,
+                                               is_global=is_global)
     out_BxTxHxK = nn.with_logical_constraint(out_BxTxHxK, ("batch", "length", "heads", "kv"))
     return Dense((d,), ("heads", "kv", "embed"), self.out_std, contract=2, dtype=self.dtype,
                  name="Wo")(out_BxTxHxK)
@@ -118,10 +125,11 @@ class CrossAttention(nn.Module):
   init_std: float
   out_std: float
   dtype: Dtype = jnp.float32
+  attention: attention_lib.AttentionSpec = attention_lib.AttentionSpec()
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, mem_BxSxE: Array, q_cos_sin: tuple[Array, Array],
-               kv_cos_sin: tuple[Array, Array], mask_BxTxS: Array) -> Array:
+               kv_cos_sin: tuple[Array, Array], q_seg_BxT: Array, kv_seg_BxS: Array) -> Array:
     d = x_BxTxD.shape[-1]
     k = d // self.num_heads
     q_BxTxHxK = Dense((self.num_heads, k), ("embed", "heads", "kv"), self.init_std, dtype=self.dtype,
@@ -129,9 +137,10 @@ class CrossAttention(nn.Module):
     kv_BxSx2xHxK = Dense((2, self.num_heads, k), ("embed", None, "heads", "kv"), self.init_std,
                          dtype=self.dtype, name="Wkv")(mem_BxSxE)
     kv_BxSx2xHxK = nn.with_logical_constraint(kv_BxSx2xHxK, ("batch", "length", None, "heads", "kv"))
-    out_BxTxHxK = dot_product_attention(apply_rope(q_BxTxHxK, q_cos_sin),
-                                        apply_rope(kv_BxSx2xHxK[:, :, 0], kv_cos_sin),
-                                        kv_BxSx2xHxK[:, :, 1], mask_BxTxS)
+    out_BxTxHxK = attention_lib.attention(apply_rope(q_BxTxHxK, q_cos_sin),
+                                          apply_rope(kv_BxSx2xHxK[:, :, 0], kv_cos_sin),
+                                          kv_BxSx2xHxK[:, :, 1], q_seg_BxT, kv_seg_BxS,
+                                          spec=self.attention)
     return Dense((d,), ("heads", "kv", "embed"), self.out_std, contract=2, dtype=self.dtype,
                  name="Wo")(out_BxTxHxK)
 

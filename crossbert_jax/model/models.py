@@ -29,8 +29,11 @@ class CrossBert(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxL: Array, positions_BxL: Array, segment_ids_BxL: Array,
-               vis_idx_BxT: Array, rec_idx_BxQ: Array, rec_valid_BxQ: Array) -> Array:
-    """Returns float32 logits BxQxV for the tokens at rec_idx (rows with rec_valid False are padding)."""
+               vis_idx_BxT: Array, rec_idx_BxQ: Array, rec_valid_BxQ: Array, *, return_hidden: bool = False):
+    """float32 logits BxQxV for the tokens at rec_idx (rows with rec_valid False are padding).
+
+    With `return_hidden`: (hidden BxQxD, (head DxV, bias V or None)) instead, for a chunked loss.
+    """
     encoder = Encoder(self.encoder_spec, name="encoder")
     rs = self.reconstructor_spec
     out = encoder(tokens_BxL, positions_BxL, segment_ids_BxL, vis_idx_BxT,
@@ -42,7 +45,7 @@ class CrossBert(nn.Module):
     q_seg_BxQ = jnp.where(rec_valid_BxQ, take(segment_ids_BxL, rec_idx_BxQ), 0)
     embedding = _token_embedding(encoder) if rs.tie_head else None
     return Reconstructor(rs, name="reconstructor")(memory, mem_pos_BxT, mem_seg_BxT, q_pos_BxQ,
-                                                   q_seg_BxQ, embedding)
+                                                   q_seg_BxQ, embedding, return_hidden=return_hidden)
 
 
 class MlmHead(nn.Module):
@@ -50,16 +53,15 @@ class MlmHead(nn.Module):
   spec: EncoderSpec
 
   @nn.compact
-  def __call__(self, x_BxMxD: Array, embedding_VxD: Array) -> Array:
+  def __call__(self, x_BxMxD: Array, embedding_VxD: Array, *, return_hidden: bool = False):
     s = self.spec
     dt = s.compute_dtype
     h = layers.Dense((s.embed_dim,), ("embed", "mlp"), s.init_std, dtype=dt, name="dense")(x_BxMxD)
     h = layers.layer_norm(s.norm_eps, dt, "norm")(nn.gelu(h, approximate=False))
     bias_V = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
                         (s.vocab_size,), jnp.float32)
-    logits_BxMxV = jnp.einsum("bmd,vd->bmv", h, embedding_VxD.astype(dt)) + bias_V.astype(dt)[None, None, :]
-    logits_BxMxV = nn.with_logical_constraint(logits_BxMxV, ("batch", "length", "vocab"))
-    return logits_BxMxV.astype(jnp.float32)
+    head = (embedding_VxD.T, bias_V)
+    return (h, head) if return_hidden else layers.vocab_logits(h, *head)
 
 
 class FlatBert(nn.Module):
@@ -68,12 +70,13 @@ class FlatBert(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxL: Array, positions_BxL: Array, segment_ids_BxL: Array,
-               mask_idx_BxM: Array) -> Array:
-    """Returns float32 logits BxMxV at the masked positions."""
+               mask_idx_BxM: Array, *, return_hidden: bool = False):
+    """float32 logits BxMxV at the masked positions (or, `return_hidden`, hidden and head)."""
     encoder = Encoder(self.encoder_spec, name="encoder")
     x_BxLxD = encoder(tokens_BxL, positions_BxL, segment_ids_BxL)
     x_BxMxD = jnp.take_along_axis(x_BxLxD, mask_idx_BxM[:, :, None], axis=1)
-    return MlmHead(self.encoder_spec, name="head")(x_BxMxD, _token_embedding(encoder))
+    return MlmHead(self.encoder_spec, name="head")(x_BxMxD, _token_embedding(encoder),
+                                                   return_hidden=return_hidden)
 
 
 def build_model(c: ml_collections.ConfigDict) -> nn.Module:

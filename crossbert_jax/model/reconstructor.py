@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from crossbert_jax.model import attention as attention_lib
 from crossbert_jax.model import layers
 
 Array = jax.Array
@@ -40,6 +41,7 @@ class ReconstructorSpec:
   rope_theta: float = 160_000.0
   remat: str = "none"
   dtype: str = "float32"
+  attention: attention_lib.AttentionSpec = attention_lib.AttentionSpec()
 
   @classmethod
   def from_config(cls, c: ml_collections.ConfigDict) -> "ReconstructorSpec":
@@ -48,7 +50,8 @@ class ReconstructorSpec:
                num_layers=r.num_layers, mlp_dim=r.mlp_dim, num_memory_layers=m.num_layers + 1,
                self_attention=r.self_attention, feature_mixing=r.feature_mixing,
                tie_head=r.tie_head, norm_eps=m.norm_eps, init_std=m.init_std,
-               rope_theta=m.rope_theta, remat=m.remat, dtype=m.dtype)
+               rope_theta=m.rope_theta, remat=m.remat, dtype=m.dtype,
+               attention=attention_lib.AttentionSpec.from_config(m))
 
   @property
   def compute_dtype(self):
@@ -60,14 +63,14 @@ class ReconstructorBlock(nn.Module):
   spec: ReconstructorSpec
 
   @nn.compact
-  def __call__(self, x_BxQxD, memory, q_rope, kv_rope, self_mask_BxQxQ, cross_mask_BxQxS):
+  def __call__(self, x_BxQxD, memory, q_rope, kv_rope, q_seg_BxQ, mem_seg_BxS):
     s = self.spec
     dt = s.compute_dtype
     out_std = s.init_std / math.sqrt(2.0 * s.num_layers)
     if s.self_attention:
       h = layers.layer_norm(s.norm_eps, dt, "self_attn_norm")(x_BxQxD)
-      x_BxQxD = x_BxQxD + layers.SelfAttention(s.num_heads, s.init_std, out_std, dt,
-                                               name="self_attn")(h, q_rope, self_mask_BxQxQ)
+      x_BxQxD = x_BxQxD + layers.SelfAttention(s.num_heads, s.init_std, out_std, dt, s.attention,
+                                               name="self_attn")(h, q_rope, q_seg_BxQ)
     if s.feature_mixing:
       # CrossMAE: this block's own linear mix of all encoder layer outputs, then a norm.
       feats_NxBxSxE = memory
@@ -78,8 +81,9 @@ class ReconstructorBlock(nn.Module):
     else:
       mem_BxSxE = memory
     h = layers.layer_norm(s.norm_eps, dt, "cross_attn_norm")(x_BxQxD)
-    x_BxQxD = x_BxQxD + layers.CrossAttention(s.num_heads, s.init_std, out_std, dt, name="cross_attn")(
-        h, mem_BxSxE, q_rope, kv_rope, cross_mask_BxQxS)
+    x_BxQxD = x_BxQxD + layers.CrossAttention(s.num_heads, s.init_std, out_std, dt, s.attention,
+                                              name="cross_attn")(
+        h, mem_BxSxE, q_rope, kv_rope, q_seg_BxQ, mem_seg_BxS)
     h = layers.layer_norm(s.norm_eps, dt, "mlp_norm")(x_BxQxD)
     x_BxQxD = x_BxQxD + layers.GeGLU(s.mlp_dim, s.init_std, out_std, dt, name="mlp")(h)
     return nn.with_logical_constraint(x_BxQxD, ("batch", "length", "embed"))
@@ -91,10 +95,11 @@ class Reconstructor(nn.Module):
 
   @nn.compact
   def __call__(self, memory, mem_pos_BxS: Array, mem_seg_BxS: Array, q_pos_BxQ: Array,
-               q_seg_BxQ: Array, embedding_VxE: Array | None = None) -> Array:
+               q_seg_BxQ: Array, embedding_VxE: Array | None = None, *, return_hidden: bool = False):
     """memory: BxSxE encoder output, or (feature mixing) NxBxSxE stacked layer outputs.
 
-    Returns float32 logits BxQxV. Queries with segment 0 are padding (attend nowhere useful).
+    Returns float32 logits BxQxV, or with `return_hidden` (final hidden BxQxD, (head DxV, bias V
+    or None)) for a loss that applies the head chunk by chunk. Queries with segment 0 are padding.
     """
     s = self.spec
     dt = s.compute_dtype
@@ -106,21 +111,17 @@ class Reconstructor(nn.Module):
     head_dim = s.embed_dim // s.num_heads
     q_rope = layers.rope_tables(q_pos_BxQ, head_dim, s.rope_theta)
     kv_rope = layers.rope_tables(mem_pos_BxS, head_dim, s.rope_theta)
-    cross_mask = layers.attention_mask(q_seg_BxQ, mem_seg_BxS)
-    self_mask = layers.attention_mask(q_seg_BxQ, q_seg_BxQ) if s.self_attention else None
     block_cls = ReconstructorBlock
     if s.remat != "none":
       policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if s.remat == "dots" else None
       block_cls = nn.remat(ReconstructorBlock, policy=policy)
     for i in range(s.num_layers):
-      x_BxQxD = block_cls(s, name=f"layers_{i}")(x_BxQxD, memory, q_rope, kv_rope, self_mask, cross_mask)
+      x_BxQxD = block_cls(s, name=f"layers_{i}")(x_BxQxD, memory, q_rope, kv_rope, q_seg_BxQ, mem_seg_BxS)
     x_BxQxD = layers.layer_norm(s.norm_eps, dt, "final_norm")(x_BxQxD)
     if s.tie_head:
-      logits_BxQxV = jnp.einsum("bqd,vd->bqv", x_BxQxD, embedding_VxE.astype(dt))
+      head = (embedding_VxE.T, None)
     else:
-      logits_BxQxV = nn.Dense(s.vocab_size, use_bias=True, dtype=dt, param_dtype=jnp.float32,
-                              kernel_init=layers.init_normal(s.init_std, ("embed", "vocab")),
-                              bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-                              name="head")(x_BxQxD)
-    logits_BxQxV = nn.with_logical_constraint(logits_BxQxV, ("batch", "length", "vocab"))
-    return logits_BxQxV.astype(jnp.float32)
+      head = layers.VocabHead(s.vocab_size, s.init_std, name="head")(s.embed_dim)
+    if return_hidden:
+      return x_BxQxD, head
+    return layers.vocab_logits(x_BxQxD, *head)

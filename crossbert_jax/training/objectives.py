@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from crossbert_jax.data import tokenizer
+from crossbert_jax.model import layers
 from crossbert_jax.model.models import build_model
 from crossbert_jax.training import masking
 
@@ -60,6 +61,34 @@ def replacement_vocab_size(c: ml_collections.ConfigDict) -> int:
   return min(c.model.vocab_size, tokenizer.Tokenizer.load(c.data.tokenizer).vocab_size)
 
 
+def chunked_cross_entropy(x_BxQxD: Array, head: tuple[Array, Array | None], targets_BxQ: Array,
+                          weights_BxQ: Array, chunk: int) -> tuple[Array, LossStats]:
+  """Summed cross-entropy and stats of logits x @ W + b, `chunk` query slots at a time.
+
+  Each chunk's logits (float32 accumulation) exist only inside a rematerialised scan step, so
+  neither the forward nor the backward holds B x Q x V; Q <= chunk is one plain pass.
+  """
+  w_DxV, b_V = head
+  one_chunk = lambda x, t, w: _token_losses(layers.vocab_logits(x, w_DxV, b_V), t, w)
+  b, q = targets_BxQ.shape
+  if q <= chunk:
+    return one_chunk(x_BxQxD, targets_BxQ, weights_BxQ)
+  n = -(-q // chunk)
+  pad = lambda a: jnp.pad(a, [(0, 0), (0, n * chunk - q)] + [(0, 0)] * (a.ndim - 2))
+  # NxBxC...: chunks along the slots, so every chunk keeps the batch axis (and its sharding).
+  split = lambda a: jnp.moveaxis(pad(a).reshape((b, n, chunk) + a.shape[2:]), 1, 0)
+  xs = (split(x_BxQxD), split(targets_BxQ), split(weights_BxQ))  # Padded slots weigh 0.
+
+  @jax.checkpoint
+  def body(carry, xs_chunk):
+    loss, stats = one_chunk(*xs_chunk)
+    return jax.tree.map(jnp.add, carry, (loss, stats)), None
+
+  zero = jnp.zeros((), jnp.float32)
+  (loss, stats), _ = jax.lax.scan(body, (zero, LossStats(zero, zero)), xs)
+  return loss, stats
+
+
 def make_loss_fn(c: ml_collections.ConfigDict) -> Callable[[dict, Batch, Array], tuple[Array, LossStats]]:
   """The loss function for `c.objective` (params, batch, key) -> (summed loss, stats)."""
   model = build_model(c)
@@ -76,10 +105,11 @@ def make_loss_fn(c: ml_collections.ConfigDict) -> Callable[[dict, Batch, Array],
     flat = lambda a: a.reshape((-1,) + a.shape[2:])
     tokens_KBxL = tile(tokens_BxL)
     rec_idx_KBxQ, rec_valid_KBxQ = flat(masks.rec_idx_KxBxQ), flat(masks.rec_valid_KxBxQ)
-    logits_KBxQxV = model.apply({"params": params}, tokens_KBxL, tile(pos_BxL), tile(seg_BxL),
-                                flat(masks.vis_idx_KxBxT), rec_idx_KBxQ, rec_valid_KBxQ)
+    hidden_KBxQxD, head = model.apply({"params": params}, tokens_KBxL, tile(pos_BxL), tile(seg_BxL),
+                                      flat(masks.vis_idx_KxBxT), rec_idx_KBxQ, rec_valid_KBxQ,
+                                      return_hidden=True)
     targets_KBxQ = jnp.take_along_axis(tokens_KBxL, rec_idx_KBxQ, axis=1)
-    return _token_losses(logits_KBxQxV, targets_KBxQ, rec_valid_KBxQ)
+    return chunked_cross_entropy(hidden_KBxQxD, head, targets_KBxQ, rec_valid_KBxQ, c.model.loss_chunk)
 
   def mlm_loss(params, batch: Batch, key: Array):
     tokens_BxL, seg_BxL, pos_BxL = batch["tokens"], batch["segment_ids"], batch["positions"]
@@ -88,9 +118,10 @@ def make_loss_fn(c: ml_collections.ConfigDict) -> Callable[[dict, Batch, Array],
     corrupted_BxL = masking.corrupt(
         k_corrupt, tokens_BxL, masks, mask_prob=c.mlm.mask_prob, random_prob=c.mlm.random_prob,
         mask_id=tokenizer.MASK_ID, first_regular_id=tokenizer.NUM_SPECIAL, vocab_size=random_end)
-    logits_BxMxV = model.apply({"params": params}, corrupted_BxL, pos_BxL, seg_BxL, masks.mask_idx_BxM)
+    hidden_BxMxD, head = model.apply({"params": params}, corrupted_BxL, pos_BxL, seg_BxL,
+                                     masks.mask_idx_BxM, return_hidden=True)
     targets_BxM = jnp.take_along_axis(tokens_BxL, masks.mask_idx_BxM, axis=1)
-    return _token_losses(logits_BxMxV, targets_BxM, masks.mask_valid_BxM)
+    return chunked_cross_entropy(hidden_BxMxD, head, targets_BxM, masks.mask_valid_BxM, c.model.loss_chunk)
 
   return {"crossbert": crossbert_loss, "mlm": mlm_loss}[c.objective]
 
