@@ -102,3 +102,13 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
   assert "Traceback" not in proc.stderr, f"a user error must not print a traceback:\n{proc.stderr[-2000:]}"
   assert len(lines) == 1 and lines[0].startswith("error: config masking.ratio: "), (
       f"stderr must be exactly one line 'error: config masking.ratio: ...', got:\n{proc.stderr[-2000:]}")
+
+
+def test_config_saved_by_an_older_version_gets_todays_defaults_for_new_keys():
+  saved = config_lib.get_config("mlm", "small").to_dict()
+  del saved["model"]["attention"], saved["masking"]["exclude_special"]
+  saved["model"]["embed_dim"] = 96
+  c = config_lib.from_dict(saved)
+  assert c.model.attention == "auto" and c.masking.exclude_special is True
+  assert c.model.embed_dim == 96 and c.objective == "mlm" and c.data.seq_len == saved["data"]["seq_len"]
+  assert isinstance(c.mesh.rules, tuple)

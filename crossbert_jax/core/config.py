@@ -270,8 +270,21 @@ def from_flag(value) -> ml_collections.ConfigDict:
 
 
 def from_dict(saved: dict) -> ml_collections.ConfigDict:
-  """A locked config from a saved `to_dict()` (JSON turns tuples into lists)."""
-  c = ml_collections.ConfigDict(saved)
+  """A locked config from a saved `to_dict()` (JSON turns tuples into lists).
+
+  Keys added to the schema after the config was saved (a run from an older version) take
+  today's defaults, so old runs still evaluate, export and resume.
+  """
+  c = get_config(saved.get("objective", "crossbert"), "tiny")  # Only for the keys `saved` lacks.
+  _merge(c, saved)
   c.mesh.rules = tuple(tuple(r) for r in c.mesh.rules)
   c.lock()
   return c
+
+
+def _merge(c: ml_collections.ConfigDict, saved: dict) -> None:
+  for key, value in saved.items():
+    if isinstance(value, dict) and isinstance(c.get(key), ml_collections.ConfigDict):
+      _merge(c[key], value)
+    else:
+      c[key] = value
