@@ -68,24 +68,11 @@ def run_cache_dir(workdir: str) -> epath.Path:
   return fallback
 
 
-def resolve_tokenizer(path: str, workdir: str) -> str:
-  """The tokenizer file: as given, else relative to an ancestor of the run's workdir."""
-  if not path:
-    raise UserError(f"--workdir {workdir}: its config names no data.tokenizer; pass --tokenizer=PATH")
-  if epath.Path(path).exists() or os.path.isabs(path) or "://" in path:
-    return path
-  for parent in epath.Path(absolute(workdir)).parents:
-    if (parent / path).exists():
-      return str(parent / path)
-  raise UserError(f"tokenizer {path} (from the run's config) is not found from here or above --workdir "
-                  f"{workdir}; pass --tokenizer=PATH")
-
-
 def jax_model(workdir: str, step: int | None, options: embedder_lib.Options, tokenizer_path: str = "",
               progress: bool = True) -> tuple[embedder_lib.JaxEmbedder, str]:
   """(embedder, label) for a training run's checkpoint."""
   config, params, step = checkpoint.load_run(workdir, step)
-  tok = tokenizer_lib.Tokenizer.load(tokenizer_path or resolve_tokenizer(config.data.tokenizer, workdir))
+  tok = tokenizer_lib.Tokenizer.load(tokenizer_path or tokenizer_lib.resolve_for_run(config.data.tokenizer, workdir))
   spec = EncoderSpec.from_config(config.model)
   identity = f"{absolute(workdir)}@{step}"
   label = f"{epath.Path(absolute(workdir)).name}@{step}"

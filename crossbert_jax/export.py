@@ -27,11 +27,7 @@ def export_run(workdir: str, output: str, step: int | None = None, tokenizer: st
   """Exports a training run's checkpoint (latest, or `step`) to the HF folder `output`."""
   _check_output(epath.Path(output), force, protect=[workdir])  # Before the slow restore.
   config, params, step = checkpoint.load_run(workdir, step)
-  tok_path = tokenizer or config.data.tokenizer
-  if not tokenizer and (not tok_path or not epath.Path(tok_path).exists()):
-    raise UserError(f"the run's data.tokenizer {tok_path!r} is not found from here: pass "
-                    "--tokenizer=PATH/spm.model (or run from the directory the run was started in)")
-  tok = tokenizer_lib.Tokenizer.load(tok_path)
+  tok = tokenizer_lib.Tokenizer.load(tokenizer or tokenizer_lib.resolve_for_run(config.data.tokenizer, workdir))
   rows = metrics.read_metrics(workdir) if metrics.metrics_files(workdir) else None
   info = hf_files.run_summary(epath.Path(workdir), config, step, rows)
   return export(config, params, tok, output, do_verify=do_verify, force=force, info=info,

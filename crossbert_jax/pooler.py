@@ -58,17 +58,6 @@ def _define_flags() -> None:
   flags.DEFINE_bool("force", False, "Overwrite an existing --output / --export.")
 
 
-def _resolve_tokenizer(path: str, workdir: str) -> str:
-  """The run's tokenizer file: as given, else relative to an ancestor of the workdir."""
-  if path and (epath.Path(path).exists() or os.path.isabs(path) or "://" in path):
-    return path
-  for parent in epath.Path(os.path.abspath(workdir)).parents:
-    if path and (parent / path).exists():
-      return str(parent / path)
-  raise UserError(f"the run's tokenizer {path!r} is not found from here or above --workdir {workdir}; "
-                  "pass --tokenizer=PATH")
-
-
 def _load_encoder(f, options: embedder_lib.Options):
   """(embedder, source metadata, (config, params, tokenizer) or None) of --workdir or --hf."""
   if bool(f.workdir) == bool(f.hf):
@@ -77,7 +66,7 @@ def _load_encoder(f, options: embedder_lib.Options):
     emb = embedder_lib.HFEmbedder(f.hf, options)
     return emb, {"kind": "hf", "path": os.path.abspath(f.hf)}, None
   config, params, step = checkpoint.load_run(f.workdir, f.step)
-  tok = tokenizer_lib.Tokenizer.load(f.tokenizer or _resolve_tokenizer(config.data.tokenizer, f.workdir))
+  tok = tokenizer_lib.Tokenizer.load(f.tokenizer or tokenizer_lib.resolve_for_run(config.data.tokenizer, f.workdir))
   identity = f"{os.path.abspath(f.workdir)}@{step}"  # As crossbert_jax.evaluate names the run.
   emb = embedder_lib.JaxEmbedder(EncoderSpec.from_config(config.model), params["encoder"], tok, options, identity)
   return emb, {"kind": "workdir", "path": os.path.abspath(f.workdir), "step": step}, (config, params, tok)

@@ -156,3 +156,21 @@ class Tokenizer:
   def decode(self, ids: Sequence[int]) -> str:
     """Text of `ids`; special ids decode to nothing."""
     return self._sp.decode([int(i) for i in ids])
+
+
+def resolve_for_run(path: str, workdir: str) -> str:
+  """A run's `data.tokenizer`: as given, else relative to an ancestor of its workdir.
+
+  Configs store the path the run was started with (often relative to the repo root), so a run
+  evaluated or exported from elsewhere finds its tokenizer by walking up from the workdir.
+  """
+  if not path:
+    raise UserError(f"--workdir {workdir}: its config names no data.tokenizer; pass --tokenizer=PATH")
+  if epath.Path(path).exists() or os.path.isabs(path) or "://" in path:
+    return path
+  if "://" not in workdir:
+    for parent in epath.Path(workdir).resolve().parents:
+      if (parent / path).exists():
+        return str(parent / path)
+  raise UserError(f"tokenizer {path} (from the run's config) is not found from here or above --workdir "
+                  f"{workdir}; pass --tokenizer=PATH")
