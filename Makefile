@@ -1,13 +1,15 @@
 # Fresh-machine entry points. Each target sets up .venv with the pinned stack when needed.
 #   make demo   tokenizer on the built-in corpus, a tiny CrossBERT pretraining run, HF export
 #   make test   the test suite (CROSSBERT_DATA defaults to ../shared/data)
+#   make fault-inject   KILLS random kill -9s of a tiny run, each resumed; checks a bitwise-equal end
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 RUN ?= runs/demo
+KILLS ?= 50
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench fault-inject clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +31,9 @@ test: setup
 
 bench: setup
 	$(PY) -m crossbert_jax.bench --config=configs/crossbert.py:small --out=bench_results.json
+
+fault-inject: setup
+	nice -n 10 $(PY) tools/fault_inject.py --kills=$(KILLS) --workdir=runs/fault_inject
 
 clean:
 	rm -rf runs bench_results.json

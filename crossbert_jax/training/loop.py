@@ -12,6 +12,7 @@ CLI is `crossbert_jax.train`.
 """
 
 import errno
+import logging
 import os
 import sys
 import time
@@ -129,6 +130,23 @@ def _environment_error(e: BaseException) -> tuple[str, str] | None:
   return None
 
 
+class _EnvironmentLogFilter(logging.Filter):
+  """Drops the tracebacks Orbax's writer threads log for a full or read-only disk: `run` reports it in one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    text = record.getMessage()
+    if record.exc_info and record.exc_info[1] is not None:
+      text += f" {record.exc_info[1]}"
+    return not any(os.strerror(err) in text for err in _ENV_ERRNOS)
+
+
+def _intact_steps(workdir: epath.Path) -> list[int]:
+  try:
+    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  except OSError:
+    return []
+
+
 def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False) -> dict[str, Any]:
   """Trains `c` in `workdir` (resuming if it holds a checkpoint); returns the last logged scalars.
 
@@ -144,6 +162,9 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
   tok_id = resume.tokenizer_identity(c.data.tokenizer, tok.vocab_size)
   warn = (lambda msg: print(msg, file=sys.stderr, flush=True)) if primary else (lambda msg: None)
   state_of_run = {"last_good": None, "doing": f"creating {workdir}"}
+  for handler in logging.getLogger().handlers:
+    if not any(isinstance(f, _EnvironmentLogFilter) for f in handler.filters):
+      handler.addFilter(_EnvironmentLogFilter())
   try:
     with preemption.StopRequest() as stop:
       workdir.mkdir(parents=True, exist_ok=True)
@@ -175,8 +196,8 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
     if env is None:
       raise
     reason, path = env
-    good = state_of_run["last_good"]
-    kept = (f"checkpoints up to step {good} in {workdir}/checkpoints are intact" if good is not None
+    intact = _intact_steps(workdir)  # Not last_good: an async save may have failed after `save` returned.
+    kept = (f"the checkpoints of steps {intact} in {workdir / 'checkpoints'} are intact" if intact
             else "no checkpoint was written")
     raise UserError(f"{reason} while {state_of_run['doing']}{' (' + path + ')' if path else ''}; {kept}: "
                     f"free space or make {workdir} writable, then rerun the same command to resume") from None
@@ -256,8 +277,8 @@ def _train(c, workdir, mesh, rules, tok, tok_id, stop, warn, primary, state_of_r
     batch = sharding.global_batch(next(data_iter), mesh)
     loss = float(np.asarray(loss_check(state, batch).addressable_data(0)))
     if not np.isfinite(loss):
-      raise TrainingDiverged(f"the params after step {step_num} give loss {loss} on the next batch, so they are not "
-                             f"saved; stopping. In {workdir}, {kept()}; lower train.learning_rate or raise "
+      raise TrainingDiverged(f"loss is {loss} at step {step_num + 1} (checked before saving step {step_num}, which "
+                             f"is not saved); stopping. In {workdir}, {kept()}; lower train.learning_rate or raise "
                              "train.warmup_steps")
     state_of_run["doing"] = f"saving the checkpoint of step {step_num} in {workdir}"
     ckpt.save(step_num, state, position, c,
@@ -303,6 +324,8 @@ def _train(c, workdir, mesh, rules, tok, tok_id, stop, warn, primary, state_of_r
     finished = True
   finally:
     logger.close()
+    if hasattr(data_iter, "close"):
+      data_iter.close()  # Stops Grain's worker processes now rather than at interpreter exit.
     try:
       ckpt.close()
     except Exception:  # noqa: BLE001 - already failing: keep the first error.
