@@ -326,9 +326,24 @@ def _train(c, workdir, mesh, rules, tok, tok_id, stop, warn, primary, state_of_r
     logger.close()
     if hasattr(data_iter, "close"):
       data_iter.close()  # Stops Grain's worker processes now rather than at interpreter exit.
-    try:
+    if finished:
       ckpt.close()
-    except Exception:  # noqa: BLE001 - already failing: keep the first error.
-      if finished:
-        raise
+    else:  # Already failing: keep the first error; Orbax's writer threads would repeat a disk error raw.
+      _without_stderr(ckpt.close)
   return last
+
+
+def _without_stderr(fn) -> None:
+  """Calls `fn` with file descriptor 2 sent to /dev/null, ignoring its errors."""
+  sys.stderr.flush()
+  saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  try:
+    fn()
+  except Exception:  # noqa: BLE001 - see the caller.
+    pass
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)

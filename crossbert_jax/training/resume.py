@@ -14,6 +14,7 @@ after. Silent: `train.stop_at_step`, `metrics.progress_bar`.
 """
 
 import hashlib
+import json
 from typing import Any
 
 import ml_collections
@@ -43,7 +44,7 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     if isinstance(v, dict):
       out.update(_flat(v, f"{prefix}{k}."))
     else:
-      out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+      out[f"{prefix}{k}"] = v
   return out
 
 
@@ -66,7 +67,7 @@ def check(workdir: str, step: int, saved: dict, meta: dict | None, now: ml_colle
           f"{where} trained with the tokenizer {old['path']} (sha256 {old['sha256'][:12]}, {old['vocab_size']} "
           f"pieces), but data.tokenizer={tokenizer['path']} differs (sha256 {tokenizer['sha256'][:12]}, "
           f"{tokenizer['vocab_size']} pieces); resume with the run's tokenizer or use a new --workdir")
-  a, b = _flat(saved), _flat(now.to_dict())
+  a, b = _flat(saved), _flat(json.loads(json.dumps(now.to_dict())))  # As saved: tuples become lists.
   changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
   refused = [k for k in changed if _refused(k)]
   if refused:
