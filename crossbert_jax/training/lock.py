@@ -57,6 +57,7 @@ class WorkdirLock:
     self._token = uuid.uuid4().hex
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
+    self._renew_failed = False
     self._info = {"owner": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(),
                   "token": self._token, "started": time.time(), "heartbeat": time.time()}
 
@@ -139,7 +140,9 @@ class WorkdirLock:
       try:
         self._write(exclusive=False)
       except OSError as e:  # A full or read-only disk: the loop's own writes report it.
-        self._warn(f"warning: could not renew the lock {self.path}: {e}")
+        if not self._renew_failed:
+          self._warn(f"warning: could not renew the lock {self.path}: {e}")
+        self._renew_failed = True
 
   def release(self) -> None:
     """Stops the heartbeat and deletes the lease if it is still ours."""

@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -196,6 +197,8 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
     if env is None:
       raise
     reason, path = env
+    # Orbax's unfinished writes would add "coroutine ... was never awaited" lines at exit.
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
     intact = _intact_steps(workdir)  # Not last_good: an async save may have failed after `save` returned.
     kept = (f"the checkpoints of steps {intact} in {workdir / 'checkpoints'} are intact" if intact
             else "no checkpoint was written")
@@ -213,9 +216,9 @@ def _train(c, workdir, mesh, rules, tok, tok_id, stop, warn, primary, state_of_r
   ckpt = checkpoint.Checkpointer(workdir, c.checkpoint)
 
   def accept(saved_step, saved_config, saved_meta):
-    warnings, restore_data = resume.check(str(workdir), saved_step, saved_config, saved_meta, c, tok_id,
-                                          jax.process_count())
-    for line in warnings:
+    lines, restore_data = resume.check(str(workdir), saved_step, saved_config, saved_meta, c, tok_id,
+                                       jax.process_count())
+    for line in lines:
       warn(line)
     return restore_data
 
