@@ -5,14 +5,16 @@
 #                    compile for a TPU topology: JAX_PLATFORMS=cpu .venv-tpu/bin/python -m crossbert_jax.compile)
 #   make setup-gpu   .venv with jax[cuda12] on top (NVIDIA hosts)
 #   make test-tpu    the libtpu tests (compile for v5p:2x2x2) in .venv-tpu
+#   make fault-inject   KILLS random kill -9s of a tiny run, each resumed; checks a bitwise-equal end
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TPU_VENV ?= .venv-tpu
 RUN ?= runs/demo
+KILLS ?= 50
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-tpu setup-gpu demo test test-tpu bench clean
+.PHONY: setup setup-tpu setup-gpu demo test test-tpu bench fault-inject clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +54,9 @@ test-tpu: setup-tpu
 
 bench: setup
 	$(PY) -m crossbert_jax.bench --config=configs/crossbert.py:small --out=bench_results.json
+
+fault-inject: setup
+	nice -n 10 $(PY) tools/fault_inject.py --kills=$(KILLS) --workdir=runs/fault_inject
 
 clean:
 	rm -rf runs bench_results.json

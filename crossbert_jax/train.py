@@ -4,14 +4,18 @@ r"""Pretraining entry point: CrossBERT or flat BERT on a device mesh.
       --config.data.tokenizer=runs/tok/spm.model [--config.key=value ...]
 
 Flags, `jax.distributed` set-up, then one call into `crossbert_jax.training.loop.run`.
+Exit status: 0 finished (or nothing left to train), 2 a bad input or environment (one `error:`
+line), 75 (EXIT_STOPPED) stopped by SIGTERM/SIGINT after saving: rerun the same command to resume.
 """
+
+import sys
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from crossbert_jax.core import config as config_lib
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.training import compile_cache, elastic
 from crossbert_jax.training.loop import run
 
@@ -27,6 +31,9 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (CP
 _COMPILATION_CACHE = flags.DEFINE_string(
     "compilation_cache", "", "JAX persistent compilation cache folder (local or gs://); default "
     "WORKDIR/compilation_cache, so a restarted run skips recompiling; 'none' turns it off.")
+_BREAK_LOCK = flags.DEFINE_bool(
+    "break_lock", False, "Take over the workdir's lock (workdir/lock.json) even if its holder looks alive: "
+    "only when that run is known to be dead (a stale or dead-pid lock is broken without it).")
 
 
 @exit_on_user_error
@@ -42,8 +49,13 @@ def _main(argv):
   logging.set_verbosity(logging.WARNING)
   compile_cache.enable(_WORKDIR.value, _COMPILATION_CACHE.value)
   elastic.check_process_count(_WORKDIR.value, jax.process_count())
-  last = run(config_lib.from_flag(_CONFIG.value), _WORKDIR.value)
-  if last and jax.process_index() == 0:
+  last = run(config_lib.from_flag(_CONFIG.value), _WORKDIR.value, break_lock=_BREAK_LOCK.value)
+  if last["status"] == "stopped":
+    if jax.process_index() == 0:
+      print(f"stopped: step {last.get('step')} saved in {_WORKDIR.value}; rerun the same command to resume "
+            f"(exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
+    sys.exit(EXIT_STOPPED)
+  if last["status"] == "finished" and "loss" in last and jax.process_index() == 0:
     print(f"done: step {last['step']}, loss {last['first_loss']:.4f} (first step of this run) -> "
           f"{last['loss']:.4f}, accuracy {last['accuracy']:.4f} ({_WORKDIR.value})", flush=True)
 

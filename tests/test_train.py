@@ -6,6 +6,7 @@ Every run is a subprocess on one CPU device (XLA_FLAGS cleared), as a user would
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -131,9 +132,11 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, spm_model):
   assert proc.returncode == 2, f"expected exit 2 on divergence, got {proc.returncode}: {proc.stderr[-2000:]}"
   assert len(err_lines) == 1 and "at step" in err_lines[0], proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
-  bad_step = int(err_lines[0].split("at step ")[1].split(";")[0])
+  bad_step = int(re.search(r"at step (\d+)", err_lines[0]).group(1))
   saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
-  assert saved and max(saved) < bad_step, f"checkpoints {saved} must all precede the bad step {bad_step}"
+  # The params after step 1 are finite but give NaN at step 2: they are not saved either
+  # (tests/test_reliability.py checks that a kept checkpoint resumes into a finite loss).
+  assert all(s < bad_step - 1 for s in saved), f"checkpoints {saved} must precede the step before {bad_step}"
 
 
 def test_sigterm_saves_and_resumes(tmp_path, spm_model):
@@ -147,7 +150,7 @@ def test_sigterm_saves_and_resumes(tmp_path, spm_model):
     time.sleep(0.5)
   proc.send_signal(signal.SIGTERM)
   _, stderr = proc.communicate(timeout=120)
-  assert proc.returncode == 0, f"SIGTERM should save and exit 0, got {proc.returncode}: {stderr[-2000:]}"
+  assert proc.returncode == 75, f"SIGTERM should save and exit 75 (resumable), got {proc.returncode}: {stderr[-2000:]}"
   last_logged = max(_losses(tmp_path))
   saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
   assert saved == [last_logged], f"expected one checkpoint at the last step {last_logged}, got {saved}"

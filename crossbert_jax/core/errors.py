@@ -3,6 +3,11 @@
 import sys
 from typing import Callable
 
+# Exit statuses of the commands, for schedulers and launch scripts.
+EXIT_OK = 0  # Finished (or nothing left to do).
+EXIT_USER_ERROR = 2  # A bad input or environment (one `error:` line on stderr); rerunning as is won't help.
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGINT after saving a checkpoint; rerun the same command to resume.
+
 
 class UserError(Exception):
   """A bad input from the user (config, path, data). The message is the whole story."""
@@ -16,7 +21,7 @@ def exit_on_user_error(fn: Callable[..., object]) -> Callable[..., object]:
       return fn(*args, **kwargs)
     except UserError as e:
       print(f"error: {e}", file=sys.stderr, flush=True)
-      sys.exit(2)
+      sys.exit(EXIT_USER_ERROR)
 
   wrapped.__name__ = getattr(fn, "__name__", "main")
   wrapped.__doc__ = fn.__doc__

@@ -15,6 +15,9 @@ documents are never merged. The iterator has `get_state` / `set_state` and is sa
 through `grain.checkpoint.CheckpointSave(iterator)` / `CheckpointRestore(iterator)`.
 """
 
+import os
+import threading
+import time
 from typing import Any
 
 import grain
@@ -101,6 +104,24 @@ class _ChunkDataset(grain.IterDataset):
 
   def __str__(self) -> str:
     return f"_ChunkDataset(seq_len={self._seq_len})"
+
+
+def _exit_with_parent(worker_index: int, num_workers: int) -> None:
+  """Grain worker init: the worker exits within a second of its parent (the trainer) dying.
+
+  Grain's spawned workers otherwise outlive a `kill -9` of the trainer, blocked on a full queue.
+  A thread polls the parent pid rather than prctl(PR_SET_PDEATHSIG): that fires when the
+  *thread* that spawned the worker exits, which for Grain is not the trainer's lifetime.
+  """
+  del worker_index, num_workers
+  parent = os.getppid()
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(0.5)
+    os._exit(0)  # The parent is gone: nobody reads our queue; skip cleanup that may block.
+
+  threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _rename(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -194,7 +215,8 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.T
   it_ds = it_ds.map(_rename).batch(batch_size, drop_remainder=True)
   if data_cfg.worker_count > 0:
     it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=data_cfg.worker_count, per_worker_buffer_size=data_cfg.worker_buffer_size))
+        num_workers=data_cfg.worker_count, per_worker_buffer_size=data_cfg.worker_buffer_size),
+        worker_init_fn=_exit_with_parent)
   return it_ds
 
 

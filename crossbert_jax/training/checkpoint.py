@@ -1,11 +1,16 @@
-"""Orbax checkpoints holding the train state, the Grain iterator and the config, together.
+"""Orbax checkpoints holding the train state, the Grain iterator, the config and run metadata.
 
 Saves are async (the device->host copy finishes before `save` returns, so the donated state can
 be reused at once); `keep` most recent are retained. Paths go through epath, so gs:// works.
+Items of a step: state (TrainState), data (per-process iterator JSON), config (JSON), meta
+(JSON: the tokenizer's identity and the running tokens_seen count; absent in older runs).
+A step that cannot be read back (truncated or emptied files, missing items) is renamed
+`damaged-<step>` and the previous complete step is used (`restore_latest`).
 """
 
+import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 import grain
 import jax
@@ -37,14 +42,69 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return list(self._manager.all_steps())
 
-  def save(self, step: int, state: Any, data_iter: Any, config: ml_collections.ConfigDict) -> None:
-    """Saves (asynchronously) unless `step` is already saved."""
+  def save(self, step: int, state: Any, data_iter: Any, config: ml_collections.ConfigDict,
+           meta: dict | None = None) -> None:
+    """Saves (asynchronously) unless `step` is already saved.
+
+    `data_iter` is the iterator, or its `get_state()` dict taken earlier (the loop reads one
+    batch past a save to check the params; the saved position is the one before it).
+    """
     if step in self._manager.all_steps():
       return
     args = {"state": ocp.args.StandardSave(state), "config": ocp.args.JsonSave(config.to_dict())}
+    if meta is not None:
+      args["meta"] = ocp.args.JsonSave(meta)
+    if isinstance(data_iter, dict):
+      data_iter = _IteratorState(data_iter)
     if data_iter is not None:
       args["data"] = grain.checkpoint.CheckpointSave(data_iter)
     self._manager.save(step, args=ocp.args.Composite(**args), force=True)
+
+  def saved_meta(self, step: int) -> dict | None:
+    """The run metadata stored with `step` (None for checkpoints written before it existed)."""
+    if not (self.directory / str(step) / "meta").exists():
+      return None
+    return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+  def restore_latest(self, accept: Callable[[int, dict, dict | None], bool], abstract_state: Any, shardings: Any,
+                     data_iter: Any, warn: Callable[[str], None], primary: bool) -> tuple[int, Any, dict | None] | None:
+    """(step, state, meta) of the newest complete checkpoint, or None if there is none.
+
+    `accept(step, config, meta)` vets a step before its state is read (it raises UserError to
+    refuse the run) and says whether the data iterator is restored too. A step whose items
+    cannot be read is renamed aside (by process 0) with a one-line warning, and the next
+    older one is tried.
+    """
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        config, meta = self.saved_config(step), self.saved_meta(step)
+      except Exception as e:  # noqa: BLE001 - any unreadable item means a damaged step.
+        self._set_aside(step, e, warn, primary)
+        continue
+      restore_data = accept(step, config, meta)
+      try:
+        state = self.restore(step, abstract_state, shardings, data_iter if restore_data else None)
+      except Exception as e:  # noqa: BLE001
+        self._set_aside(step, e, warn, primary)
+        continue
+      return step, state, meta
+    return None
+
+  def _set_aside(self, step: int, error: Exception, warn: Callable[[str], None], primary: bool) -> None:
+    path, aside = self.directory / str(step), self.directory / f"damaged-{step}"
+    reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+    older = [s for s in self.all_steps() if s < step]
+    fallback = f"falling back to step {max(older)}" if older else "no older checkpoint: starting from scratch"
+    warn(f"warning: checkpoint step {step} in {self.directory} is damaged ({reason}); moved to {aside.name}, "
+         f"{fallback}")
+    if primary:
+      if aside.exists():
+        aside.rmtree()
+      path.rename(aside)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # Local: only multi-process runs need it.
+      multihost_utils.sync_global_devices(f"set aside checkpoint {step}")
+    self._manager.reload()
 
   def saved_config(self, step: int) -> dict:
     """The config stored with `step`."""
@@ -81,6 +141,16 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+class _IteratorState:
+  """A data iterator's state taken earlier, saved by Grain's handler like the iterator itself."""
+
+  def __init__(self, state: dict):
+    self._state = state
+
+  def get_state(self) -> bytes:
+    return json.dumps(self._state, indent=4).encode()
 
 
 def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_collections.ConfigDict, Any, int]:

@@ -1,0 +1,163 @@
+"""A workdir lease: one trainer per workdir, on local disk and object stores (gs://) alike.
+
+`workdir/lock.json` holds {owner, host, pid, token, started, heartbeat}; the holder rewrites
+the heartbeat every `HEARTBEAT_S` seconds from a daemon thread and deletes the file on exit.
+A second trainer finds a live lease and is refused (UserError: one line, exit 2). A lease is
+broken, with a warning, when it is stale (heartbeat older than `STALE_S`), when its holder ran
+on this host and its pid is gone (a `kill -9`), or when the user passes `--break_lock`.
+
+Creation is exclusive on local disk (O_EXCL). Object stores have no exclusive create through
+epath: there the lease is written, then read back after `SETTLE_S` and kept only if it still
+holds our token, which closes the race except for two starts within the same second or so.
+Only process 0 of a multi-process run takes the lease.
+"""
+
+import getpass
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Callable
+
+from etils import epath
+
+from crossbert_jax.core.errors import UserError
+
+LOCK_FILE = "lock.json"
+HEARTBEAT_S = 30.0  # How often the holder rewrites its heartbeat.
+STALE_S = 300.0  # A heartbeat older than this is a dead holder (10 missed heartbeats).
+SETTLE_S = 1.0  # Object stores: wait before reading the lease back.
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def _is_local(path: epath.Path) -> bool:
+  return "://" not in str(path)
+
+
+class WorkdirLock:
+  """Holds `workdir/lock.json` between `acquire()` and `release()` (or as a context manager)."""
+
+  def __init__(self, workdir: str | epath.Path, *, break_lock: bool = False,
+               warn: Callable[[str], None] = print, on_lost: Callable[[str], None] | None = None):
+    self.path = epath.Path(workdir) / LOCK_FILE
+    self._break = break_lock
+    self._warn = warn
+    self._on_lost = on_lost
+    self._token = uuid.uuid4().hex
+    self._stop = threading.Event()
+    self._thread: threading.Thread | None = None
+    self._renew_failed = False
+    self._info = {"owner": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(),
+                  "token": self._token, "started": time.time(), "heartbeat": time.time()}
+
+  # ------------------------------------------------------------------ reading and judging
+  def _read(self) -> dict | None:
+    try:
+      return json.loads(self.path.read_text())
+    except FileNotFoundError:
+      return None
+    except (ValueError, OSError):
+      return {}  # Half-written or unreadable: treated as stale below (no heartbeat).
+
+  def _why_breakable(self, held: dict) -> str | None:
+    """Why the lease `held` may be taken over, or None when its holder looks alive."""
+    if self._break:
+      return "--break_lock was given"
+    age = time.time() - float(held.get("heartbeat", 0.0))
+    if age > STALE_S:
+      return f"its heartbeat is {age:.0f} s old (stale after {STALE_S:.0f} s)"
+    if held.get("host") == self._info["host"] and isinstance(held.get("pid"), int) and not _pid_alive(held["pid"]):
+      return f"process {held['pid']} on this host is gone"
+    return None
+
+  # ------------------------------------------------------------------ writing
+  def _write(self, exclusive: bool) -> bool:
+    """Writes our lease; with `exclusive`, False if a file appeared meanwhile (local disk only)."""
+    text = json.dumps(self._info)
+    if _is_local(self.path):
+      if exclusive:
+        try:
+          fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+          return False
+        with os.fdopen(fd, "w") as f:
+          f.write(text)
+        return True
+      tmp = self.path.with_name(f"{LOCK_FILE}.{self._token}.tmp")
+      tmp.write_text(text)
+      os.replace(tmp, self.path)  # Atomic: readers never see half a heartbeat.
+      return True
+    self.path.write_text(text)
+    if exclusive:
+      time.sleep(SETTLE_S)
+      return (self._read() or {}).get("token") == self._token
+    return True
+
+  def acquire(self) -> "WorkdirLock":
+    """Takes the lease or raises UserError naming its holder."""
+    for _ in range(3):  # A lease released or broken between our read and write: try again.
+      held = self._read()
+      if held is not None:
+        why = self._why_breakable(held)
+        if why is None:
+          raise UserError(
+              f"workdir {self.path.parent} is in use by {held.get('owner')}@{held.get('host')} pid {held.get('pid')} "
+              f"(heartbeat {time.time() - float(held.get('heartbeat', 0)):.0f} s ago, lock {self.path}); "
+              f"use another --workdir, stop that run, or pass --break_lock if it is dead")
+        self._warn(f"warning: breaking the lock {self.path} of {held.get('owner')}@{held.get('host')} "
+                   f"pid {held.get('pid')}: {why}")
+        try:
+          self.path.unlink()
+        except FileNotFoundError:
+          pass
+      if self._write(exclusive=True):
+        self._thread = threading.Thread(target=self._heartbeat, name="workdir-lock", daemon=True)
+        self._thread.start()
+        return self
+    raise UserError(f"could not take the lock {self.path}: another trainer is starting in the same "
+                    "workdir; use another --workdir")
+
+  def _heartbeat(self) -> None:
+    while not self._stop.wait(HEARTBEAT_S):
+      held = self._read()
+      if held is not None and held.get("token") not in (None, self._token):
+        if self._on_lost is not None:
+          self._on_lost(f"the lock {self.path} was taken over by {held.get('owner')}@{held.get('host')} "
+                        f"pid {held.get('pid')}")
+        return
+      self._info["heartbeat"] = time.time()
+      try:
+        self._write(exclusive=False)
+      except OSError as e:  # A full or read-only disk: the loop's own writes report it.
+        if not self._renew_failed:
+          self._warn(f"warning: could not renew the lock {self.path}: {e}")
+        self._renew_failed = True
+
+  def release(self) -> None:
+    """Stops the heartbeat and deletes the lease if it is still ours."""
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join(timeout=5)
+      self._thread = None
+      try:
+        if (self._read() or {}).get("token") == self._token:
+          self.path.unlink()
+      except OSError:
+        pass  # Read-only or gone: the next run breaks it (our pid is gone by then).
+
+  def __enter__(self) -> "WorkdirLock":
+    return self.acquire()
+
+  def __exit__(self, *exc) -> None:
+    self.release()

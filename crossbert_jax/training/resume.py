@@ -1,0 +1,107 @@
+"""What may change when a run resumes: each config key is refused, allowed with a warning, or silent.
+
+Refused (one line naming every differing key): anything that changes the params' shapes or
+meaning or what the data iterator's saved position points at -- `objective`, `model.*`
+(except `remat`, `dtype`, `init_std`, the attention kernel keys and `loss_chunk`), `reconstructor.*`, `masking.*`, `mlm.*`, `train.seed`,
+and `data.path` / `format` / `text_field` / `text_unit` / `seq_len` / `shuffle_seed` -- and a
+tokenizer file whose content differs from the one the run was trained with (its sha256 and
+vocabulary size are stored in every checkpoint).
+Allowed with a one-line warning: every other key (runtime keys such as `model.remat`,
+`data.worker_count`, `metrics.log_every`, `checkpoint.*`, `mesh.*`, `eval.*`, and the
+optimizer). A change of the learning-rate schedule (`train.steps`, `learning_rate`,
+`warmup_steps`, `decay`, `final_lr_ratio`) names the jump: the lr of the next step before and
+after. Silent: `train.stop_at_step`, `metrics.progress_bar`.
+"""
+
+import hashlib
+import json
+from typing import Any
+
+import ml_collections
+from etils import epath
+
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import pipeline
+from crossbert_jax.training import optimizer
+
+_REFUSED_SECTIONS = ("model", "reconstructor", "masking", "mlm")
+# Numerics-preserving runtime choices: the attention kernel and its blocks, the loss chunking.
+_ALLOWED_IN_REFUSED = {"model.remat", "model.dtype", "model.init_std", "model.attention", "model.attention_block_q",
+                       "model.attention_block_kv", "model.attention_chunked_min_len", "model.loss_chunk"}
+_REFUSED_KEYS = {"objective", "train.seed", "data.path", "data.format", "data.text_field", "data.text_unit",
+                 "data.seq_len", "data.shuffle_seed"}
+_SILENT = {"train.stop_at_step", "metrics.progress_bar", "data.tokenizer"}  # The tokenizer: by content below.
+_SCHEDULE = ("steps", "learning_rate", "warmup_steps", "decay", "final_lr_ratio")
+
+
+def tokenizer_identity(path: str, vocab_size: int) -> dict[str, Any]:
+  """{path, sha256, vocab_size} of the tokenizer file: what a checkpoint records."""
+  digest = hashlib.sha256(epath.Path(path).read_bytes()).hexdigest()
+  return {"path": str(path), "sha256": digest, "vocab_size": int(vocab_size)}
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _refused(key: str) -> bool:
+  return key in _REFUSED_KEYS or (key.split(".")[0] in _REFUSED_SECTIONS and key not in _ALLOWED_IN_REFUSED)
+
+
+def _lr(train: dict, step: int) -> float:
+  return float(optimizer.learning_rate_schedule(ml_collections.ConfigDict(train))(step))
+
+
+def check(workdir: str, step: int, saved: dict, meta: dict | None, now: ml_collections.ConfigDict,
+          tokenizer: dict[str, Any], process_count: int) -> tuple[list[str], bool]:
+  """(warning lines, whether the saved data-iterator state applies); UserError if refused."""
+  where = f"--workdir {workdir} holds a checkpoint (step {step})"
+  if meta is not None and "tokenizer" in meta:
+    old = meta["tokenizer"]
+    if old["sha256"] != tokenizer["sha256"]:
+      raise UserError(
+          f"{where} trained with the tokenizer {old['path']} (sha256 {old['sha256'][:12]}, {old['vocab_size']} "
+          f"pieces), but data.tokenizer={tokenizer['path']} differs (sha256 {tokenizer['sha256'][:12]}, "
+          f"{tokenizer['vocab_size']} pieces); resume with the run's tokenizer or use a new --workdir")
+  a, b = _flat(saved), _flat(json.loads(json.dumps(now.to_dict())))  # As saved: tuples become lists.
+  changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
+  refused = [k for k in changed if _refused(k)]
+  if refused:
+    diffs = ", ".join(f"{k}={a[k]!r} (config: {b[k]!r})" for k in refused)
+    raise UserError(f"{where} made with {diffs}; these cannot change on resume: use the checkpoint's values "
+                    "or a new --workdir")
+  warnings, restore_data = [], True
+  for k in changed:
+    warnings.append(f"warning: resuming with {k}={b[k]!r} (checkpoint: {a[k]!r})")
+  schedule_changed = [k for k in _SCHEDULE if f"train.{k}" in changed]
+  if schedule_changed:
+    before, after = _lr(saved["train"], step), _lr(now.train.to_dict(), step)
+    jump = (f"step {step + 1} runs at lr {after:.4g} instead of {before:.4g}" if f"{after:.4g}" != f"{before:.4g}"
+            else f"step {step + 1} keeps lr {after:.4g}, later steps differ")
+    warnings.append(f"warning: {', '.join('train.' + k for k in schedule_changed)} changed the learning-rate "
+                    f"schedule: {jump}")
+  if "data.worker_count" in changed:
+    restore_data = False
+    warnings.append(f"warning: data.worker_count {a['data.worker_count']} -> {b['data.worker_count']}: Grain's "
+                    "multiprocess order depends on the worker count, so the data stream starts over from its "
+                    "first batch (documents read before this step are read again)")
+  if "train.batch_size" in changed:
+    bins = lambda batch: max(batch // process_count, pipeline.MIN_PACKING_BINS)
+    if bins(a["train.batch_size"]) != bins(b["train.batch_size"]):
+      restore_data = False
+      warnings.append("warning: the new batch size changes the number of packing bins, so the data stream "
+                      "starts over from its first batch")
+  return warnings, restore_data
+
+
+def saved_tokens_seen(step: int, saved: dict, meta: dict | None) -> int:
+  """Tokens trained on up to `step` (older checkpoints: step x their batch x length)."""
+  if meta is not None and "tokens_seen" in meta:
+    return int(meta["tokens_seen"])
+  return step * saved["train"]["batch_size"] * saved["data"]["seq_len"]
