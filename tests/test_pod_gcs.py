@@ -132,7 +132,7 @@ def test_gcs_end_to_end(gcs, tmp_path):
   assert json.loads(_get(url, "hf/config.json"))["vocab_size"] == 512
   assert _objects(url, "hf/model.safetensors")
 
-  rows = ["text\tlabel"] + [f"{d[:200]}\t{i % 2}" for i, d in enumerate(docs[:80])]
+  rows = ["text\tlabel"] + [f"{' '.join(d[:200].split())}\t{i % 2}" for i, d in enumerate(docs[:80])]  # One line per row.
   _put(url, "eval/train.tsv", ("\n".join(rows) + "\n").encode())
   _cli(env, "crossbert_jax.evaluate", f"--workdir={GS}/run", f"--generic_train={GS}/eval/train.tsv",
        "--tasks=", "--max_length=32", "--noprogress", f"--output={GS}/results/eval.json")

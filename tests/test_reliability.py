@@ -121,8 +121,8 @@ def test_damaged_latest_checkpoints_fall_back_to_the_last_complete_one(tmp_path,
 
 
 def test_diverged_run_keeps_only_checkpoints_whose_next_loss_is_finite(tmp_path, spm_model):
-  """lr 1e6 after a warmup: the params of the last step before the NaN are finite but diverge."""
-  args = [f"--config.data.tokenizer={spm_model}", "--config.train.learning_rate=1e6", "--config.train.warmup_steps=4",
+  """A warmup towards lr 1e6 (step i runs at 10(i + 1)): the last params before the NaN are finite but diverge."""
+  args = [f"--config.data.tokenizer={spm_model}", "--config.train.learning_rate=1e6", "--config.train.warmup_steps=100000",
           "--config.train.clip_norm=0", "--config.train.steps=40", "--config.checkpoint.every_steps=1",
           "--config.metrics.tensorboard=False"]
   proc = _train(tmp_path, *args, check=False)
