@@ -56,7 +56,7 @@ bench: setup
 	$(PY) -m crossbert_jax.bench --config=configs/crossbert.py:small --out=bench_results.json
 
 fault-inject: setup
-	nice -n 10 $(PY) tools/fault_inject.py --kills=$(KILLS) --workdir=runs/fault_inject
+	$(PY) tools/fault_inject.py --kills=$(KILLS) --workdir=runs/fault_inject
 
 clean:
 	rm -rf runs bench_results.json
