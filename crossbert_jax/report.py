@@ -1,6 +1,6 @@
 r"""Scaling report: Markdown and PNG plots from a sweep directory.
 
-  python -m crossbert_jax.report --root=/root/sweeps/gutenberg_cpu --output=docs/results/gutenberg_cpu
+  python -m crossbert_jax.report --root=runs/sweeps/gutenberg_cpu --output=docs/results/gutenberg_cpu
 
 Reads ROOT/plan.json and each run's metrics; unfinished runs are included and marked partial.
 Details: docs/scaling_sweeps.md.
@@ -22,7 +22,7 @@ def _main(argv):
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; use --root=... --output=...")
   if not _ROOT.value or not _OUTPUT.value:
-    raise UserError("--root and --output are required, e.g. --root=/root/sweeps/x --output=docs/results/x")
+    raise UserError("--root and --output are required, e.g. --root=runs/sweeps/x --output=docs/results/x")
   print(f"wrote {report.write_report(pathlib.Path(_ROOT.value), pathlib.Path(_OUTPUT.value))}")
 
 

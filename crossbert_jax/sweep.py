@@ -1,6 +1,6 @@
 r"""Scaling sweep: a ladder of sizes x objectives x seeds at equal FLOPs per size.
 
-  python -m crossbert_jax.sweep --spec=experiments/gutenberg_cpu.py --root=/root/sweeps/gutenberg_cpu \
+  python -m crossbert_jax.sweep --spec=experiments/gutenberg_cpu.py --root=runs/sweeps/gutenberg_cpu \
       [--dry_run] [--print_commands] [--flops_scale=0.01]
 
 Writes ROOT/plan.json, trains ROOT/tokenizer/spm.model if missing, then each run in
@@ -30,7 +30,7 @@ def _main(argv):
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; use --spec=... --root=...")
   if not _SPEC.value or not _ROOT.value:
-    raise UserError("--spec and --root are required, e.g. --spec=experiments/gutenberg_cpu.py --root=/root/sweeps/x")
+    raise UserError("--spec and --root are required, e.g. --spec=experiments/gutenberg_cpu.py --root=runs/sweeps/x")
   if not _SCALE.value > 0:
     raise UserError(f"--flops_scale={_SCALE.value}: must be positive")
   spec = plan_lib.load_spec(_SPEC.value)

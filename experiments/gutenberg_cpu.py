@@ -5,8 +5,8 @@ FLOPs, frozen probes four times per run on the shared GLUE/SentEval/STS tasks. R
 root (the paths below are relative to it); the sweep trains the tokenizer first (a 4,096-piece
 SentencePiece model on the same books, ROOT/tokenizer/spm.model) if it is not there yet:
 
-  python -m crossbert_jax.sweep --spec=experiments/gutenberg_cpu.py --root=/root/sweeps/gutenberg_cpu
-  python -m crossbert_jax.report --root=/root/sweeps/gutenberg_cpu --output=docs/results/gutenberg_cpu
+  python -m crossbert_jax.sweep --spec=experiments/gutenberg_cpu.py --root=runs/sweeps/gutenberg_cpu
+  python -m crossbert_jax.report --root=runs/sweeps/gutenberg_cpu --output=docs/results/gutenberg_cpu
 
 Budgets were sized from measured step times (docs/scaling_sweeps.md) to finish in about 90
 minutes on 2 idle CPU cores, probes included.
