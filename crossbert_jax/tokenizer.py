@@ -33,7 +33,6 @@ def _define_flags() -> None:
 
 def main(argv: Sequence[str]) -> None:
   """CLI body: trains a tokenizer from --input and prints the output path and vocab size."""
-
   f = flags.FLAGS
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: pass everything as --flags")

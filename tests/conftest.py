@@ -29,3 +29,27 @@ def shared_data() -> pathlib.Path:
   if not (path / "SOURCES.md").is_file():
     pytest.fail(f"{DATA_ENV}={root} is set but holds no shared data (no SOURCES.md there)")
   return path
+
+
+@pytest.fixture
+def two_processes(tmp_path):
+  """Runs a tiny training through launch/local_multiprocess.sh: 2 processes x 2 CPU devices."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  from crossbert_jax.data import corpus, tokenizer  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(__file__).resolve().parents[1]
+  spm = tmp_path / "spm.model"
+  tokenizer.train_tokenizer(corpus.builtin_documents()[:2000], 400, spm)
+  env = {**os.environ, "PYTHONPATH": str(root), "DEVICES_PER_PROCESS": "2", "PATH":
+         f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+  def run(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "launch/local_multiprocess.sh", "2", "--config=configs/crossbert.py:tiny",
+         f"--workdir={tmp_path / 'run'}", f"--config.data.tokenizer={spm}",
+         "--config.metrics.progress_bar=False", *overrides],
+        cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+
+  return run

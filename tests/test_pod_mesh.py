@@ -1,19 +1,13 @@
 """Mesh checks for pods: `mesh.rules` validation and batch shards that must not span processes."""
 
-import os
-import pathlib
-import subprocess
-import sys
 
 import ml_collections
 import numpy as np
 import pytest
 
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.training import sharding
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _rules(rules):
@@ -54,17 +48,9 @@ def test_process_layout_of_two_hosts_with_four_devices(tensor, ok):
       sharding.check_process_layout(owners, {"data": 1, "fsdp": 1, "tensor": 8})
 
 
-def test_two_processes_refuse_tensor_axis_across_hosts(tmp_path):
+def test_two_processes_refuse_tensor_axis_across_hosts(tmp_path, two_processes):
   """2 processes x 2 devices with mesh.tensor=4: each batch shard would span both hosts."""
-  spm = tmp_path / "spm.model"
-  tokenizer.train_tokenizer(corpus.builtin_documents()[:2000], 400, spm)
-  env = {**os.environ, "PYTHONPATH": str(ROOT), "DEVICES_PER_PROCESS": "2", "PATH":
-         f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}"}
-  proc = subprocess.run(
-      ["bash", "launch/local_multiprocess.sh", "2", "--config=configs/crossbert.py:tiny",
-       f"--workdir={tmp_path / 'run'}", f"--config.data.tokenizer={spm}", "--config.train.steps=2",
-       "--config.mesh.tensor=4", "--config.metrics.progress_bar=False"],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  proc = two_processes("--config.train.steps=2", "--config.mesh.tensor=4", timeout=300)
   assert proc.returncode == 2, f"expected exit 2, got {proc.returncode}:\n{proc.stderr[-3000:]}"
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
   assert len(errors) == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
