@@ -16,7 +16,7 @@ from ml_collections import config_flags
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
-from crossbert_jax.training import compile_cache, elastic
+from crossbert_jax.training import compile_cache
 from crossbert_jax.training.loop import run
 
 FLAGS = flags.FLAGS
@@ -48,7 +48,6 @@ def _main(argv):
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   logging.set_verbosity(logging.WARNING)
   compile_cache.enable(_WORKDIR.value, _COMPILATION_CACHE.value)
-  elastic.check_process_count(_WORKDIR.value, jax.process_count())
   last = run(config_lib.from_flag(_CONFIG.value), _WORKDIR.value, break_lock=_BREAK_LOCK.value)
   if last["status"] == "stopped":
     if jax.process_index() == 0:

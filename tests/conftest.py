@@ -31,6 +31,16 @@ def shared_data() -> pathlib.Path:
   return path
 
 
+@pytest.fixture(scope="session")
+def spm_model(tmp_path_factory) -> str:
+  """A small SentencePiece model trained on the built-in corpus."""
+  from crossbert_jax.data import corpus, tokenizer  # pylint: disable=g-import-not-at-top
+
+  path = tmp_path_factory.mktemp("tok") / "spm.model"
+  tokenizer.train_tokenizer(corpus.builtin_documents()[:4000], 512, path)
+  return str(path)
+
+
 @pytest.fixture
 def two_processes(tmp_path):
   """Runs a tiny training through launch/local_multiprocess.sh: 2 processes x 2 CPU devices."""

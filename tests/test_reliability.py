@@ -21,7 +21,7 @@ from crossbert_jax.core.errors import EXIT_STOPPED, UserError
 from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.training import lock as lock_lib
 from crossbert_jax.training import metrics
-from tests.test_train import _losses, _train, spm_model  # noqa: F401 - spm_model is a fixture.
+from tests.test_train import _losses, _train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -16,18 +16,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from crossbert_jax.data import corpus, tokenizer
+from crossbert_jax.data import tokenizer
 from crossbert_jax.training import metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def spm_model(tmp_path_factory) -> str:
-  """A small SentencePiece model trained on the built-in corpus."""
-  path = tmp_path_factory.mktemp("tok") / "spm.model"
-  tokenizer.train_tokenizer(corpus.builtin_documents()[:4000], 512, path)
-  return str(path)
 
 
 def _train(workdir, *overrides, config="configs/crossbert.py:tiny", check=True, wait=True):

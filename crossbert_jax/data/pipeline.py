@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import elastic
 from crossbert_jax.data import sources
 from crossbert_jax.data import tokenizer as tokenizer_lib
 
@@ -64,13 +65,15 @@ class _ChunkIterator(grain.DatasetIterator):
     self._chunks: list[np.ndarray] = []
     self._next_chunk = 0
 
-  def _load(self, ids_N: np.ndarray) -> None:
+  def _load(self, element: np.ndarray | tuple[np.ndarray, int]) -> None:
+    # A tuple (ids, first chunk) resumes a document whose first chunks went elsewhere (data/elastic.py).
+    ids_N, first_chunk = element if isinstance(element, tuple) else (element, 0)
     if len(ids_N):
       doc_N = np.concatenate([[tokenizer_lib.CLS_ID], ids_N, [tokenizer_lib.SEP_ID]]).astype(np.int32)
       self._chunks = [doc_N[i:i + self._seq_len] for i in range(0, len(doc_N), self._seq_len)]
     else:
       self._chunks = []
-    self._next_chunk = 0
+    self._next_chunk = first_chunk
 
   def __next__(self) -> dict[str, np.ndarray]:
     while self._next_chunk >= len(self._chunks):
@@ -192,27 +195,71 @@ def _shard(source: sources.DocumentSource, data_cfg: ml_collections.ConfigDict, 
   return ds
 
 
+def packing_bins(batch_size: int) -> int:
+  """Rows packed at once for a per-process batch size."""
+  return max(batch_size, MIN_PACKING_BINS)
+
+
+class Layout:
+  """Everything that fixes one process's stream: its documents, their order and their packing.
+
+  `documents()` is the process's share, tokenized and repeated: element i is document i % n of
+  epoch i // n (n = `epoch_len`), each epoch in a new order. `rows()` packs it: the stream of packed
+  rows that `make_dataset` batches. `pack` packs any other documents the same way (data/elastic.py).
+  """
+
+  def __init__(self, data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, *, bins: int,
+               seed: int, process_index: int, process_count: int):
+    if data_cfg.seq_len < 4:
+      raise UserError(f"data.seq_len must be >= 4, got {data_cfg.seq_len}")
+    if not 0 <= process_index < process_count:
+      raise UserError(f"process_index={process_index} must be in [0, process_count={process_count})")
+    self.data_cfg, self.tokenizer, self.bins, self.seed = data_cfg, tokenizer, bins, seed
+    self.process_index, self.process_count = process_index, process_count
+    self._documents: grain.MapDataset | None = None
+    self.epoch_len = 0
+    self.read_options = _IN_MEMORY_READ
+
+  def documents(self) -> grain.MapDataset:
+    if self._documents is None:
+      source = sources.document_source(self.data_cfg, self.process_index, self.process_count)
+      ds = _shard(source, self.data_cfg, self.seed, self.process_index, self.process_count)
+      self.epoch_len = len(ds)
+      self.read_options = _IO_READ if source.reads_files else _IN_MEMORY_READ
+      self._documents = ds.map(_Tokenize(self.tokenizer)).repeat(None)
+    return self._documents
+
+  def pack(self, documents: grain.IterDataset, *salt: int) -> grain.IterDataset:
+    """Token ids (or (ids, first chunk)) -> packed rows {tokens, tokens_segment_ids, tokens_positions}."""
+    return grain.experimental.FirstFitPackIterDataset(
+        _ChunkDataset(documents, self.data_cfg.seq_len), length_struct={"tokens": self.data_cfg.seq_len},
+        num_packing_bins=self.bins, shuffle_bins=True,
+        seed=_combine_seeds(self.data_cfg.shuffle_seed, self.seed, self.process_index, *salt))
+
+  def under(self, *, bins: int, process_index: int, process_count: int) -> "Layout":
+    """The same data and seed under another process layout (an earlier run's)."""
+    return Layout(self.data_cfg, self.tokenizer, bins=bins, seed=self.seed, process_index=process_index,
+                  process_count=process_count)
+
+  def rows(self) -> grain.IterDataset:
+    documents = self.documents()
+    return self.pack(documents.to_iter_dataset(self.read_options))
+
+
 def make_dataset(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, *,
                  batch_size: int, seed: int, process_index: int = 0,
                  process_count: int = 1) -> grain.IterDataset:
-  """The infinite training stream of this process: dicts of int32 [B, L] arrays (see module doc)."""
+  """The infinite training stream of this process: dicts of int32 [B, L] arrays (see module doc).
+
+  Its iterator's state is the packer's; after a change of process count the trainer sets a
+  re-shard state instead (`data.elastic.reshard_state`), and the stream first drains the old
+  layout's unread documents.
+  """
   if batch_size < 1:
     raise UserError(f"per-process batch size must be >= 1, got {batch_size}")
-  seq_len = data_cfg.seq_len
-  if seq_len < 4:
-    raise UserError(f"data.seq_len must be >= 4, got {seq_len}")
-  if not 0 <= process_index < process_count:
-    raise UserError(f"process_index={process_index} must be in [0, process_count={process_count})")
-  source = sources.document_source(data_cfg, process_index, process_count)
-  ds = _shard(source, data_cfg, seed, process_index, process_count)
-  read_options = _IO_READ if source.reads_files else _IN_MEMORY_READ
-  ds = ds.map(_Tokenize(tokenizer)).repeat(None)
-  it_ds = _ChunkDataset(ds.to_iter_dataset(read_options), seq_len)
-  it_ds = grain.experimental.FirstFitPackIterDataset(
-      it_ds, length_struct={"tokens": seq_len},
-      num_packing_bins=max(batch_size, MIN_PACKING_BINS),
-      seed=_combine_seeds(data_cfg.shuffle_seed, seed, process_index), shuffle_bins=True)
-  it_ds = it_ds.map(_rename).batch(batch_size, drop_remainder=True)
+  layout = Layout(data_cfg, tokenizer, bins=packing_bins(batch_size), seed=seed, process_index=process_index,
+                  process_count=process_count)
+  it_ds = elastic.ElasticRows(layout).map(_rename).batch(batch_size, drop_remainder=True)
   if data_cfg.worker_count > 0:
     it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(
         num_workers=data_cfg.worker_count, per_worker_buffer_size=data_cfg.worker_buffer_size),

@@ -1,43 +1,62 @@
-"""Process-count changes between restarts (issue #9 item 4: not supported yet, refused in one line).
+"""Restarts on another process count: the saved data-iterator states, re-sharded (issue #9 item 4).
 
-Orbax restores params and optimizer state onto any mesh, but the Grain data iterator is saved as
-one state file per process (`checkpoints/STEP/data/process_P-of-N.json`): a run restarted with
-another process count has no exact way to continue the epoch from them, and Grain raises a raw
-traceback. Until the iterator is re-sharded (keep the epoch's global position, each new process
-starting at its share), a changed process count is refused before anything is loaded.
+Orbax restores params and optimizer state onto any mesh. The Grain iterator is saved as one state
+per process (`checkpoints/STEP/data/process_P-of-N.json`); a run restarted on M != N processes
+reads the N states here and gives every new process the same re-shard state, from which its
+iterator first drains the old layout's interrupted epoch (`data/elastic.py` holds the rule).
 """
 
+import json
 import re
+from typing import Any
 
+import ml_collections
 from etils import epath
 
-from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import elastic as data_elastic
+from crossbert_jax.data import pipeline
 
 _STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
 
-def saved_process_count(workdir: str | epath.Path) -> tuple[int, int] | None:
-  """(step, process count) of the newest committed checkpoint with a data iterator, or None."""
+def saved_process_count(workdir: str | epath.Path, step: int | None = None) -> tuple[int, int] | None:
+  """(step, process count) of `step` (default: the newest committed checkpoint with a data iterator)."""
   root = epath.Path(workdir) / "checkpoints"
   if not root.is_dir():
     return None
-  steps = sorted((int(p.name) for p in root.iterdir() if p.name.isdigit()), reverse=True)
-  for step in steps:
-    data = root / str(step) / "data"
-    if not (root / str(step) / "_CHECKPOINT_METADATA").exists() or not data.is_dir():
+  steps = [step] if step is not None else sorted((int(p.name) for p in root.iterdir() if p.name.isdigit()),
+                                                 reverse=True)
+  for s in steps:
+    data = root / str(s) / "data"
+    if not (root / str(s) / "_CHECKPOINT_METADATA").exists() or not data.is_dir():
       continue
     counts = {int(m.group(2)) for p in data.iterdir() if (m := _STATE_FILE.fullmatch(p.name))}
     if len(counts) == 1:
-      return step, counts.pop()
+      return s, counts.pop()
   return None
 
 
-def check_process_count(workdir: str | epath.Path, process_count: int) -> None:
-  """UserError if `workdir`'s checkpoint was written by another number of processes."""
-  saved = saved_process_count(workdir)
-  if saved is not None and saved[1] != process_count:
-    step, count = saved
-    raise UserError(
-        f"--workdir {workdir}: checkpoint step {step} was written by {count} process(es) but this run has "
-        f"{process_count}; resuming on another process count is not supported yet (the data iterator is "
-        f"saved per process): restart with {count} processes, or start a new --workdir")
+def saved_states(workdir: str | epath.Path, step: int, count: int) -> list[dict[str, Any]]:
+  """The `count` per-process iterator states saved with `step`, in process order."""
+  data = epath.Path(workdir) / "checkpoints" / str(step) / "data"
+  return [json.loads((data / f"process_{p}-of-{count}.json").read_text()) for p in range(count)]
+
+
+def reshard(workdir: str | epath.Path, step: int, saved: dict[str, Any], now: ml_collections.ConfigDict,
+            process_count: int) -> tuple[str, dict[str, Any] | None] | None:
+  """None if `step`'s iterator was saved by `process_count` processes; else (warning line, the
+  re-shard state for every process, or None where the data stream has to start over)."""
+  found = saved_process_count(workdir, step)
+  if found is None or found[1] == process_count:
+    return None
+  old = found[1]
+  where = f"checkpoint step {step} was written by {old} process(es) and this run has {process_count}"
+  workers = (saved["data"]["worker_count"], now.data.worker_count)
+  if any(workers):
+    return (f"warning: {where}, with data.worker_count {workers[0]} -> {workers[1]}: a multiprocess iterator "
+            "cannot be re-sharded exactly, so the data stream starts over from its first batch (documents read "
+            "before this step are read again; use data.worker_count=0 for exact elastic resumes)"), None
+  states = saved_states(workdir, step, old)
+  bins = pipeline.packing_bins(saved["train"]["batch_size"] // old)
+  return (f"warning: {where}: the data stream first finishes the {old} old processes' interrupted epoch "
+          f"(each unread document once), then continues on {process_count}"), data_elastic.reshard_state(states, bins)

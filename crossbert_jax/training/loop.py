@@ -29,8 +29,8 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import pipeline as data
 from crossbert_jax.data import tokenizer as tokenizer_lib
-from crossbert_jax.training import (checkpoint, flops, guard, lock as lock_lib, metrics, optimizer, preemption,
-                                    resume, sharding, step)
+from crossbert_jax.training import (checkpoint, elastic, flops, guard, lock as lock_lib, metrics, optimizer,
+                                    preemption, resume, sharding, step)
 
 
 class TrainingDiverged(UserError):
@@ -215,9 +215,14 @@ def _train(c, workdir, mesh, rules, tok, tok_id, stop, warn, primary, state_of_r
   state_of_run["doing"] = f"reading the checkpoints in {workdir}"
   ckpt = checkpoint.Checkpointer(workdir, c.checkpoint)
 
+  resharded = {}  # The data state of a checkpoint saved on another process count.
+
   def accept(saved_step, saved_config, saved_meta):
     lines, restore_data = resume.check(str(workdir), saved_step, saved_config, saved_meta, c, tok_id,
                                        jax.process_count())
+    if restore_data and (other := elastic.reshard(workdir, saved_step, saved_config, c, jax.process_count())):
+      lines.append(other[0])
+      resharded["state"], restore_data = other[1], False
     for line in lines:
       warn(line)
     return restore_data
@@ -225,6 +230,8 @@ def _train(c, workdir, mesh, rules, tok, tok_id, stop, warn, primary, state_of_r
   found = ckpt.restore_latest(accept, abstract, shardings, data_iter, warn, primary)
   if found is not None:
     start, state, meta = found
+    if resharded.get("state") is not None:
+      data_iter.set_state(resharded["state"])
     tokens_at_start = resume.saved_tokens_seen(start, ckpt.saved_config(start), meta)
   else:
     start, tokens_at_start = 0, 0
