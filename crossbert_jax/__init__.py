@@ -2,7 +2,7 @@
 
 Layers, lowest first (a package imports only from packages above it in this list):
   core        errors, config schema
-  data        sources, splits (per-host reads), tokenizer, pipeline, prepare, built-in corpus
+  data        sources, splits (per-host reads), tokenizer, pipeline, elastic, prepare, built-in corpus
   model       layers, attention (+ chunked, kernels), encoder, reconstructor, models, inference
   evaluation  embedder, tasks, generic, probes, retrieval, runner, pooler, mteb  |  hf  mapping, files, convert
   training    masking, objectives, optimizer, sharding, step, checkpoint, metrics, flops, aot,
