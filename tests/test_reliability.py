@@ -120,6 +120,21 @@ def test_damaged_latest_checkpoints_fall_back_to_the_last_complete_one(tmp_path,
   assert (ckpts / "damaged-4").is_dir() and 5 in _saved_steps(workdir)
 
 
+def test_export_and_evaluate_read_the_newest_readable_checkpoint(tmp_path, base_run, capfd):
+  from crossbert_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+
+  workdir = _copy(base_run, tmp_path)
+  for f in (workdir / "checkpoints" / "4" / "state").rglob("*"):  # Truncated array files.
+    if f.is_file() and f.parent.name == "d":
+      f.write_bytes(b"")
+  _, params, step = checkpoint.load_run(workdir)
+  assert step == 3 and params["encoder"]
+  assert "warning: checkpoint step 4" in capfd.readouterr().err
+  assert (workdir / "checkpoints" / "4").is_dir(), "a reader leaves the run as it is"
+  with pytest.raises(UserError, match=r"checkpoint step 4 in .* is unreadable .*; pick another --step"):
+    checkpoint.load_run(workdir, step=4)
+
+
 def test_diverged_run_keeps_only_checkpoints_whose_next_loss_is_finite(tmp_path, spm_model):
   """A warmup towards lr 1e6 (step i runs at 10(i + 1)): the last params before the NaN are finite but diverge."""
   args = [f"--config.data.tokenizer={spm_model}", "--config.train.learning_rate=1e6", "--config.train.warmup_steps=100000",

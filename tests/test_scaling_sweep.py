@@ -6,6 +6,9 @@ import subprocess
 import sys
 
 
+import numpy as np
+
+from crossbert_jax.scaling import collect, report
 from crossbert_jax.scaling import plan as plan_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -14,7 +17,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_every_objective_of_a_size_gets_the_same_flops():
   spec = plan_lib.load_spec(str(ROOT / "experiments" / "gutenberg_cpu.py"))
   runs = plan_lib.plan(spec, "unused.model")
-  assert len(runs) == len(spec["sizes"]) * len(spec["objectives"]) * len(spec["seeds"]) and len(spec["sizes"]) >= 3
+  seeds = {name: size.get("seeds", spec["seeds"]) for name, size in spec["sizes"].items()}
+  assert len(runs) == len(spec["objectives"]) * sum(map(len, seeds.values())) and len(spec["sizes"]) >= 3
+  assert {(r.size, r.label, r.seed) for r in runs} == {(n, l, s) for n in seeds for l in spec["objectives"]
+                                                       for s in seeds[n]}
+  assert all(r.overrides["train.seed"] == r.seed for r in runs)
   count = spec["probes"]["count"]
   for size, s in spec["sizes"].items():
     sized = [r for r in runs if r.size == size]
@@ -27,6 +34,21 @@ def test_every_objective_of_a_size_gets_the_same_flops():
       assert abs(r.flops - s["flops"]) <= count / 2 * r.flops_per_step, (
           f"{r.name}: {r.flops:.4g} FLOPs vs budget {s['flops']:.4g} (step {r.flops_per_step:.3g})")
       assert abs(r.flops - s["flops"]) / s["flops"] < 0.02, f"{r.name}: more than 2% off the budget"
+
+
+def test_seed_spread_is_mean_and_sample_sd():
+  spec = {"objectives": {"bert_r15": {}, "cb_r50_k2": {}}}
+  results = []
+  for label, losses in (("bert_r15", [3.0, 3.2, 3.4]), ("cb_r50_k2", [2.5])):
+    for seed, loss in enumerate(losses):
+      run = plan_lib.Run(f"xs__{label}__s{seed}", "xs", label, seed, "mlm", {}, 1e9, 1e7, 100, 256)
+      results.append(collect.RunResult(run, True, 100, np.array([[100, loss]]), {"avg/knn": [(100, loss / 10)]},
+                                       1000.0 + seed, 10.0))
+  text = "\n".join(report._seed_spread(spec, results, ["xs"], ["avg/knn"]))  # pylint: disable=protected-access
+  assert "| xs | bert_r15 | 3 | 3.2 +- 0.2 | 0.32 +- 0.02 | 1001 +- 1 |" in text, text
+  assert "cb_r50_k2" not in text  # One seed: no spread.
+  one = report._seed_spread(spec, results[3:], ["xs"], ["avg/knn"])  # pylint: disable=protected-access
+  assert one == ["One seed per run: no seed spread measured."]
 
 
 def _cli(module, *args):
@@ -68,7 +90,7 @@ def test_tiny_sweep_resumes_and_reports(tmp_path, shared_data):
   assert rep.returncode == 0, rep.stderr[-3000:]
   text = (out / "report.md").read_text()
   for section in ("## Training loss vs FLOPs", "## Frozen probes vs FLOPs", "## Throughput", "## Sample efficiency",
-                  "## Power-law fits", "## What the paper claims", "## Every run"):
+                  "## Power-law fits", "## Seed spread", "## What the paper claims", "## Every run"):
     assert section in text, f"report.md lacks {section}"
   for r in runs:
     assert r.name in text, f"the run table lacks {r.name}"

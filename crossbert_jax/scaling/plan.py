@@ -20,6 +20,7 @@ from crossbert_jax.training import flops
 SPEC_KEYS = {"name", "variant", "data_path", "tokenizer_vocab_size", "common", "sizes", "objectives", "seeds",
              "probes", "warmup_fraction"}
 SIZE_KEYS = {"embed_dim", "num_heads", "num_layers", "mlp_dim", "flops"}
+SIZE_OPTIONAL_KEYS = {"seeds"}  # A size's own seeds (default: the spec's), e.g. more seeds where runs are cheap.
 OBJECTIVE_KEYS = {"objective", "ratio", "views", "reconstructor_width"}
 PROBE_KEYS = {"count", "tasks", "data_dir", "max_examples"}
 CONFIG_FILES = {"crossbert": "configs/crossbert.py", "mlm": "configs/bert.py"}
@@ -62,7 +63,7 @@ def load_spec(path: str) -> dict[str, Any]:
   spec = module.get_spec()
   _check_keys(spec, SPEC_KEYS, f"--spec={path}")
   for name, size in spec["sizes"].items():
-    _check_keys(size, SIZE_KEYS, f"--spec={path} sizes[{name!r}]")
+    _check_keys(size, SIZE_KEYS, f"--spec={path} sizes[{name!r}]", SIZE_KEYS | SIZE_OPTIONAL_KEYS)
   for name, obj in spec["objectives"].items():
     _check_keys(obj, {"objective", "ratio", "views"}, f"--spec={path} objectives[{name!r}]", OBJECTIVE_KEYS)
   _check_keys(spec["probes"], PROBE_KEYS, f"--spec={path} probes")
@@ -116,7 +117,7 @@ def plan(spec: dict, tokenizer_path: str) -> list[Run]:
   n_probes = max(1, probes["count"])
   for size_name, size in spec["sizes"].items():
     for label, obj in spec["objectives"].items():
-      for seed in spec["seeds"]:
+      for seed in size.get("seeds", spec["seeds"]):
         overrides = _overrides(spec, size, obj, seed)
         overrides["data.tokenizer"] = tokenizer_path
         c = make_config(obj["objective"], spec["variant"], overrides)

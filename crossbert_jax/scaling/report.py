@@ -131,13 +131,37 @@ def _efficiency(spec, results, sizes, keys) -> list[str]:
   return lines
 
 
+def _seed_spread(spec, results, sizes, keys) -> list[str]:
+  """Mean +- standard deviation over seeds, for the sizes that have several."""
+  avg = [k for k in keys if k.startswith("avg/")]
+  metrics = [("final loss", lambda r: r.final_loss), ("tokens/s", lambda r: r.tokens_per_second)]
+  metrics[1:1] = [(k, lambda r, k=k: r.final_probe(k)) for k in avg]
+  lines = ["| size | objective | seeds | " + " | ".join(m for m, _ in metrics) + " |",
+           "|---|---|---|" + "---|" * len(metrics)]
+  for size in sizes:
+    for label in spec["objectives"]:
+      runs = _by(results, size, label)
+      if len(runs) < 2:
+        continue
+      cells = []
+      for _, f in metrics:
+        x = np.array([f(r) for r in runs], float)
+        x = x[np.isfinite(x)]
+        cells.append(f"{_fmt(x.mean(), 4)} +- {_fmt(x.std(ddof=1), 2)}" if len(x) > 1 else "n/a")
+      lines.append(f"| {size} | {label} | {len(runs)} | " + " | ".join(cells) + " |")
+  if len(lines) == 2:
+    return ["One seed per run: no seed spread measured."]
+  return ["Mean +- standard deviation over seeds (sample sd), per size with several seeds.", "", *lines]
+
+
 def _claims(spec, results, sizes, keys) -> list[str]:
   """The paper's four claims, each as the measured numbers behind it."""
   bert = _find(spec, "mlm", 0.15, 1)
-  seeds = len(spec["seeds"])
+  seeds = ", ".join(f"{size} {len({r.run.seed for r in results if r.run.size == size})}" for size in sizes)
   mean = lambda rs, f: _nanmean([f(r) for r in rs])
-  out = [f"Measured at this scale with {seeds} seed(s) per run; differences smaller than the seed spread "
-         "(run table) or the fit intervals are not evidence either way.", ""]
+  out = [f"Measured at this scale with these seeds per run (size: count): {seeds}; differences smaller than the "
+         "seed spread (table above, where a size has several seeds) or the fit intervals are not evidence either "
+         "way.", ""]
   out.append("**(1) Throughput, CrossBERT at r >= 0.5 over BERT r=0.15** (median training tokens/s):")
   for size in sizes:
     base = mean(_by(results, size, bert), lambda r: r.tokens_per_second) if bert else float("nan")
@@ -194,6 +218,7 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
          "## Power-law fits", "", "error = E + A * C^-alpha on each objective's compute frontier (loss: best loss per "
          "log-FLOPs bin over all sizes; probes: every probe point), warmup excluded; 95% bootstrap intervals.", "",
          *fit_lines, "", *[f"![fit]({f})" for f in fit_figs], "",
+         "## Seed spread", "", *_seed_spread(spec, results, sizes, keys), "",
          "## What the paper claims, as measured here", "", *_claims(spec, results, sizes, keys), "",
          "## Every run", "", *_run_table(results, keys), ""]
   path = out / "report.md"

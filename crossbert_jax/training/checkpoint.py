@@ -10,6 +10,7 @@ A step that cannot be read back (truncated or emptied files, missing items) is r
 
 import json
 import os
+import sys
 from typing import Any, Callable
 
 import grain
@@ -169,16 +170,29 @@ def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_col
     steps = ckpt.all_steps()
     if not steps:
       raise UserError(f"--workdir {directory} holds no finished checkpoint yet")
-    if step is None:
-      step = max(steps)
-    elif step not in steps:
+    if step is not None and step not in steps:
       raise UserError(f"--step={step}: {directory} has checkpoints at steps {sorted(steps)}")
-    config = config_lib.from_dict(ckpt.saved_config(step))
-    tx = optimizer.make_optimizer(config.train)
-    abstract = jax.eval_shape(lambda k: step_lib.create_state(config, tx, k), jax.random.key(0))
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    shardings = jax.tree.map(lambda _: device, abstract)
-    state = ckpt.restore(step, abstract, shardings, None)
+    # The newest readable step; a damaged one is skipped with a warning (and left in place: the
+    # trainer, not a reader, sets it aside). An explicit --step must be readable.
+    for candidate in [step] if step is not None else sorted(steps, reverse=True):
+      try:
+        config = config_lib.from_dict(ckpt.saved_config(candidate))
+        tx = optimizer.make_optimizer(config.train)
+        abstract = jax.eval_shape(lambda k: step_lib.create_state(config, tx, k), jax.random.key(0))
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        state = ckpt.restore(candidate, abstract, jax.tree.map(lambda _: device, abstract), None)
+      except UserError:
+        raise
+      except Exception as e:  # noqa: BLE001 - any unreadable item means a damaged step.
+        reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        if step is not None or candidate == min(steps):
+          fix = "pick another --step" if step is not None else "no readable checkpoint is left"
+          raise UserError(f"checkpoint step {candidate} in {directory} is unreadable ({reason}); {fix}") from None
+        print(f"warning: checkpoint step {candidate} in {directory} is unreadable ({reason}); trying the previous one",
+              file=sys.stderr, flush=True)
+        continue
+      step = candidate
+      break
   finally:
     ckpt.close()
   return config, state.params, step
