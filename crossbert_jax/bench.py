@@ -30,7 +30,7 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import config as config_lib, xla_flags
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.training import flops, optimizer, sharding, step
 
@@ -337,7 +337,7 @@ def run(base: ml_collections.ConfigDict, *, seq_len: int, steps: int, warmup: in
 
   report = {
       "date": started.isoformat(timespec="seconds"),
-      "jax_version": jax.__version__,
+      "jax_version": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "device_kind": jax.devices()[0].device_kind,
       "platform": jax.devices()[0].platform,
       "cpu_model": _cpu_model(),
@@ -388,6 +388,7 @@ def _dumps(obj: Any) -> str:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
+  xla_flags.set_cpu_flags()
   c = config_lib.from_flag(_CONFIG.value)
   config_lib.validate(c)
   run(c, seq_len=_SEQ_LEN.value, steps=_STEPS.value, warmup=_WARMUP.value, out=_OUT.value,

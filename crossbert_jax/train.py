@@ -15,6 +15,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import xla_flags
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.training import compile_cache
 from crossbert_jax.training.loop import run
@@ -42,6 +43,7 @@ def _main(argv):
     raise UserError(f"unexpected arguments {argv[1:]}; use --config=..., --workdir=..., --config.key=value")
   if not _WORKDIR.value:
     raise UserError("--workdir is required: the run directory for checkpoints and metrics")
+  xla_flags.set_cpu_flags()  # Before the first JAX computation (jax.distributed included).
   if _DISTRIBUTED.value:
     if jax.config.jax_platforms == "cpu" or _COORDINATOR.value:
       jax.config.update("jax_cpu_collectives_implementation", "gloo")

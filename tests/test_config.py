@@ -112,3 +112,14 @@ def test_config_saved_by_an_older_version_gets_todays_defaults_for_new_keys():
   assert c.model.attention == "auto" and c.masking.exclude_special is True
   assert c.model.embed_dim == 96 and c.objective == "mlm" and c.data.seq_len == saved["data"]["seq_len"]
   assert isinstance(c.mesh.rules, tuple)
+
+
+def test_set_cpu_flags_appends_once_and_respects_explicit_choices():
+  from crossbert_jax.core import xla_flags
+  env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+  flags = xla_flags.set_cpu_flags(env)
+  assert flags == env["XLA_FLAGS"] == "--xla_dump_to=/tmp/x " + " ".join(xla_flags.CPU_FLAGS)
+  assert xla_flags.set_cpu_flags(env) == flags  # Idempotent.
+  explicit = {"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=dot"}
+  assert xla_flags.set_cpu_flags(explicit) == "--xla_cpu_experimental_ynn_fusion_type=dot"
+  assert xla_flags.set_cpu_flags({xla_flags.OPT_OUT: "0"}) == ""

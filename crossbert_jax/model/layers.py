@@ -110,7 +110,8 @@ class SelfAttention(nn.Module):
     qkv_BxTx3xHxK = Dense((3, self.num_heads, k), ("embed", None, "heads", "kv"), self.init_std,
                           dtype=self.dtype, name="Wqkv")(x_BxTxD)
     qkv_BxTx3xHxK = nn.with_logical_constraint(qkv_BxTx3xHxK, ("batch", "length", None, "heads", "kv"))
-    q, kk, v = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+    # One split (its transpose is a concatenate) rather than three slices (three pads + adds).
+    q, kk, v = (a[:, :, 0] for a in jnp.split(qkv_BxTx3xHxK, 3, axis=2))
     out_BxTxHxK = attention_lib.self_attention(apply_rope(q, cos_sin), apply_rope(kk, cos_sin), v, seg_BxT,
                                                pos_BxT, spec=self.attention, window=window,
                                                is_global=is_global)
@@ -137,10 +138,9 @@ class CrossAttention(nn.Module):
     kv_BxSx2xHxK = Dense((2, self.num_heads, k), ("embed", None, "heads", "kv"), self.init_std,
                          dtype=self.dtype, name="Wkv")(mem_BxSxE)
     kv_BxSx2xHxK = nn.with_logical_constraint(kv_BxSx2xHxK, ("batch", "length", None, "heads", "kv"))
-    out_BxTxHxK = attention_lib.attention(apply_rope(q_BxTxHxK, q_cos_sin),
-                                          apply_rope(kv_BxSx2xHxK[:, :, 0], kv_cos_sin),
-                                          kv_BxSx2xHxK[:, :, 1], q_seg_BxT, kv_seg_BxS,
-                                          spec=self.attention)
+    k_BxSxHxK, v_BxSxHxK = (a[:, :, 0] for a in jnp.split(kv_BxSx2xHxK, 2, axis=2))
+    out_BxTxHxK = attention_lib.attention(apply_rope(q_BxTxHxK, q_cos_sin), apply_rope(k_BxSxHxK, kv_cos_sin),
+                                          v_BxSxHxK, q_seg_BxT, kv_seg_BxS, spec=self.attention)
     return Dense((d,), ("heads", "kv", "embed"), self.out_std, contract=2, dtype=self.dtype,
                  name="Wo")(out_BxTxHxK)
 
@@ -158,5 +158,6 @@ class GeGLU(nn.Module):
     h_BxTx2xF = Dense((2, self.mlp_dim), ("embed", None, "mlp"), self.init_std, dtype=self.dtype,
                       name="Wi")(x_BxTxD)
     h_BxTx2xF = nn.with_logical_constraint(h_BxTx2xF, ("batch", "length", None, "mlp"))
-    h_BxTxF = nn.gelu(h_BxTx2xF[:, :, 0], approximate=False) * h_BxTx2xF[:, :, 1]
+    in_BxTxF, gate_BxTxF = (a[:, :, 0] for a in jnp.split(h_BxTx2xF, 2, axis=2))
+    h_BxTxF = nn.gelu(in_BxTxF, approximate=False) * gate_BxTxF
     return Dense((d,), ("mlp", "embed"), self.out_std, dtype=self.dtype, name="Wo")(h_BxTxF)
