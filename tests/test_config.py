@@ -114,7 +114,7 @@ def test_config_saved_by_an_older_version_gets_todays_defaults_for_new_keys():
   assert isinstance(c.mesh.rules, tuple)
 
 
-def test_set_cpu_flags_appends_once_and_respects_explicit_choices():
+def test_set_cpu_flags_appends_once_and_respects_explicit_choices(monkeypatch):
   from crossbert_jax.core import xla_flags
   env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
   flags = xla_flags.set_cpu_flags(env)
@@ -123,3 +123,5 @@ def test_set_cpu_flags_appends_once_and_respects_explicit_choices():
   explicit = {"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=dot"}
   assert xla_flags.set_cpu_flags(explicit) == "--xla_cpu_experimental_ynn_fusion_type=dot"
   assert xla_flags.set_cpu_flags({xla_flags.OPT_OUT: "0"}) == ""
+  monkeypatch.setattr(xla_flags, "_jaxlib_version", lambda: "0.11.0")  # Not measured: XLA may not know the flag.
+  assert xla_flags.set_cpu_flags({"XLA_FLAGS": "--a"}) == "--a"

@@ -10,17 +10,29 @@ read once, when JAX creates its first backend, so `set_cpu_flags` must run befor
 computation (the commands call it first thing in main).
 """
 
+import importlib.metadata
 import os
 
 CPU_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=-individual_dot",)
 OPT_OUT = "CROSSBERT_DEFAULT_XLA_FLAGS"  # "0": leave XLA_FLAGS as it is.
+# XLA aborts on a flag it does not know, and experimental flags come and go: set them only for
+# the jaxlib releases they were measured with (requirements*.txt pin 0.10.2).
+KNOWN_JAXLIB = ("0.10.",)
+
+
+def _jaxlib_version() -> str:
+  try:
+    return importlib.metadata.version("jaxlib")
+  except importlib.metadata.PackageNotFoundError:
+    return ""
 
 
 def set_cpu_flags(environ=os.environ) -> str:
   """Appends each of CPU_FLAGS to XLA_FLAGS unless that flag is already set there (an explicit
-  choice wins) or CROSSBERT_DEFAULT_XLA_FLAGS=0; returns the resulting XLA_FLAGS."""
+  choice wins), CROSSBERT_DEFAULT_XLA_FLAGS=0, or jaxlib is not a KNOWN_JAXLIB release; returns
+  the resulting XLA_FLAGS."""
   flags = environ.get("XLA_FLAGS", "")
-  if environ.get(OPT_OUT, "1") != "0":
+  if environ.get(OPT_OUT, "1") != "0" and _jaxlib_version().startswith(KNOWN_JAXLIB):
     for flag in CPU_FLAGS:
       if flag.split("=")[0] not in flags:
         flags = f"{flags} {flag}".strip()
