@@ -1,7 +1,8 @@
 r"""CPU reproduction of CrossBERT's scaling claims on the shared Gutenberg books (issue #12).
 
-Three encoder sizes x six objectives x one seed, every objective of a size at the same training
-FLOPs, frozen probes four times per run on the shared GLUE/SentEval/STS tasks. Run from the repo
+Three encoder sizes x six objectives, one seed (three at the smallest size, to measure the seed
+spread), every objective of a size at the same training FLOPs, frozen probes four times per run on
+the shared GLUE/SentEval/STS tasks. Run from the repo
 root (the paths below are relative to it); the sweep trains the tokenizer first (a 4,096-piece
 SentencePiece model on the same books, ROOT/tokenizer/spm.model) if it is not there yet:
 
@@ -9,7 +10,7 @@ SentencePiece model on the same books, ROOT/tokenizer/spm.model) if it is not th
   python -m crossbert_jax.report --root=runs/sweeps/gutenberg_cpu --output=docs/results/gutenberg_cpu
 
 Budgets were sized from measured step times (docs/scaling_sweeps.md) to finish in about 90
-minutes on 2 idle CPU cores, probes included.
+minutes on 2 idle CPU cores, probes included (the xs seeds 1 and 2 add about 30 minutes).
 """
 
 # The 379 shared books but one: "Henry David Thoreau___A Week on the Concord and Merrimack Rivers.txt"
@@ -34,7 +35,7 @@ OBJECTIVES = {
 # about 1 : 2.6 : 5.6 training MFLOPs across the rungs (BERT r=0.15: 0.93, 2.46, 5.20); budgets
 # grow 1 : 3.7 : 10.8 so that the larger models also see more tokens (1 : 1.4 : 2).
 SIZES = {
-    "xs": dict(embed_dim=64, num_heads=4, num_layers=2, mlp_dim=128, flops=1.2e12),
+    "xs": dict(embed_dim=64, num_heads=4, num_layers=2, mlp_dim=128, flops=1.2e12, seeds=[0, 1, 2]),
     "s": dict(embed_dim=96, num_heads=6, num_layers=3, mlp_dim=192, flops=4.4e12),
     "m": dict(embed_dim=128, num_heads=4, num_layers=4, mlp_dim=256, flops=1.3e13),
 }

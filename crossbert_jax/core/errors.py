@@ -13,6 +13,12 @@ class UserError(Exception):
   """A bad input from the user (config, path, data). The message is the whole story."""
 
 
+def error_line(message: str) -> None:
+  """Writes `error: <message>` as one write, so lines of several processes sharing a pipe do not interleave."""
+  sys.stderr.write(f"error: {message}\n")
+  sys.stderr.flush()
+
+
 def exit_on_user_error(fn: Callable[..., object]) -> Callable[..., object]:
   """Wraps a CLI entry point: a UserError prints `error: <message>` and exits with status 2."""
 
@@ -20,7 +26,7 @@ def exit_on_user_error(fn: Callable[..., object]) -> Callable[..., object]:
     try:
       return fn(*args, **kwargs)
     except UserError as e:
-      print(f"error: {e}", file=sys.stderr, flush=True)
+      error_line(str(e))
       sys.exit(EXIT_USER_ERROR)
 
   wrapped.__name__ = getattr(fn, "__name__", "main")
@@ -48,5 +54,5 @@ def parse_flags_or_exit(argv: list[str]) -> list[str]:
                "declared in crossbert_jax/config.py")
   except Exception as e:  # noqa: BLE001 - config files are user input; show one line, not a traceback.
     message = f"could not load --config: {' '.join(str(e).split())}"
-  print(f"error: {message}", file=sys.stderr, flush=True)
+  error_line(message)
   sys.exit(2)
