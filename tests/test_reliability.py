@@ -304,6 +304,9 @@ def test_resume_policy_per_key():
     assert any(key.replace("__", ".") in w for w in warnings), (key, warnings)
   saved, now = saved_and(train__stop_at_step=20, metrics__progress_bar=False)
   assert resume.check("w", 10, saved, None, now, tok, 1) == ([], True)
+  saved, now = saved_and(train__batch_size=256)  # 64 -> 128 packing bins per process on 2 processes.
+  assert resume.check("w", 10, saved, None, now, tok, 2)[1] is False  # Same processes: the stream starts over.
+  assert resume.check("w", 10, saved, None, now, tok, 2, saved_process_count=4)[1] is True  # Re-sharded instead.
   saved, now = saved_and(train__steps=600)
   warnings, _ = resume.check("w", 100, saved, None, now, tok, 1)
   assert "step 101 runs at lr" in warnings[-1], warnings

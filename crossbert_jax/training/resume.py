@@ -59,8 +59,14 @@ def _lr(train: dict, step: int) -> float:
 
 
 def check(workdir: str, step: int, saved: dict, meta: dict | None, now: ml_collections.ConfigDict,
-          tokenizer: dict[str, Any], process_count: int) -> tuple[list[str], bool]:
-  """(warning lines, whether the saved data-iterator state applies); UserError if refused."""
+          tokenizer: dict[str, Any], process_count: int,
+          saved_process_count: int | None = None) -> tuple[list[str], bool]:
+  """(warning lines, whether the saved data-iterator state applies); UserError if refused.
+
+  `saved_process_count`: the processes that wrote the checkpoint, if known. When it differs from
+  `process_count` the stream is re-sharded (training/elastic.py), which re-packs the old rounds
+  with their own bins, so a batch-size change does not restart it.
+  """
   where = f"--workdir {workdir} holds a checkpoint (step {step})"
   if meta is not None and "tokenizer" in meta:
     old = meta["tokenizer"]
@@ -91,7 +97,7 @@ def check(workdir: str, step: int, saved: dict, meta: dict | None, now: ml_colle
     warnings.append(f"warning: data.worker_count {a['data.worker_count']} -> {b['data.worker_count']}: Grain's "
                     "multiprocess order depends on the worker count, so the data stream starts over from its "
                     "first batch (documents read before this step are read again)")
-  if "train.batch_size" in changed:
+  if "train.batch_size" in changed and saved_process_count in (None, process_count):
     bins = lambda batch: max(batch // process_count, pipeline.MIN_PACKING_BINS)
     if bins(a["train.batch_size"]) != bins(b["train.batch_size"]):
       restore_data = False
