@@ -6,10 +6,6 @@ perturbed (so a swapped norm or transposed kernel cannot hide behind an init of 
 """
 
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -23,8 +19,8 @@ from crossbert_jax.hf import convert as export, files as hf_files, mapping as hf
 from crossbert_jax.model import inference
 from crossbert_jax.model.encoder import EncoderSpec
 from crossbert_jax.training import objectives
+from tests.helpers import run_module
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 512
 LOCAL_WINDOW = 8  # +-4 tokens: far below the verify sentences' lengths, so local != global.
 
@@ -251,14 +247,7 @@ def test_failed_verify_leaves_no_folder(tmp_path, tok, monkeypatch):
 
 
 def _cli(module_args, check=True, wait=True):
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-  cmd = [sys.executable, "-m", *module_args]
-  if not wait:
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  if check and proc.returncode != 0:
-    pytest.fail(f"{module_args} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-  return proc
+  return run_module(module_args, check=check, wait=wait)
 
 
 def test_cli_real_run_exports_verifies_and_imports(tmp_path, real_run):

@@ -1,10 +1,6 @@
 """Elastic resume: a data stream saved by N processes continues on M, no chunk skipped or repeated."""
 
 import collections
-import os
-import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,8 +8,7 @@ import pytest
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.data import elastic as data_elastic, pipeline, tokenizer
 from crossbert_jax.training import elastic, metrics
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.helpers import run_module
 
 
 _WORDS = "packed rows hold chunks of documents and every chunk must be read once per epoch".split()
@@ -112,10 +107,8 @@ def test_training_resumes_on_one_process_then_on_two_again(tmp_path, two_process
   proc = two_processes("--config.model.vocab_size=400", "--config.train.steps=2")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert elastic.saved_process_count(tmp_path / "run") == (2, 2)
-  env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny",
-                         f"--workdir={tmp_path / 'run'}", *common, "--config.train.steps=4"],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  proc = run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
+                     *common, "--config.train.steps=4"], check=False)
   assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert "written by 2 process(es) and this run has 1: the data stream first finishes" in proc.stderr
   assert elastic.saved_process_count(tmp_path / "run") == (4, 1)

@@ -20,6 +20,7 @@ import urllib.request
 import pytest
 
 from crossbert_jax.data import corpus, tokenizer
+from tests.helpers import cpu_env, run_module
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BUCKET = "crossbert-test"
@@ -49,12 +50,11 @@ def gcs(tmp_path_factory):
     except OSError:
       assert proc.poll() is None, f"the GCS emulator exited: {log.read_text()[-2000:]}"
       time.sleep(0.1)
-  env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu",
-         "STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
-         # array_record's reader (riegeli on google-cloud-cpp) has its own variable.
-         "CLOUD_STORAGE_EMULATOR_ENDPOINT": url,
-         # No credentials lookups: tensorstore takes this token, google-auth skips the metadata server.
-         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test", "NO_GCE_CHECK": "True"}
+  env = cpu_env(STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url,
+                # array_record's reader (riegeli on google-cloud-cpp) has its own variable.
+                CLOUD_STORAGE_EMULATOR_ENDPOINT=url,
+                # No credentials lookups: tensorstore takes this token, google-auth skips the metadata server.
+                GOOGLE_AUTH_TOKEN_FOR_TESTING="test", NO_GCE_CHECK="True")
   yield env, url
   proc.terminate()
   proc.wait(timeout=30)
@@ -80,13 +80,7 @@ def _get(url: str, name: str) -> bytes:
 
 
 def _cli(env, *args, check=True, wait=True):
-  cmd = [sys.executable, "-m", *args]
-  if not wait:
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-  if check and proc.returncode != 0:
-    pytest.fail(f"{args[0]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-  return proc
+  return run_module(args, env=env, check=check, wait=wait, timeout=300)
 
 
 def _saved_steps(url: str) -> set[int]:

@@ -175,16 +175,20 @@ def test_lock_refuses_a_live_holder_and_breaks_dead_or_stale_ones(tmp_path):
     lock_lib.WorkdirLock(tmp_path).acquire()
 
 
+def _wait_for_first_metrics(proc, workdir, timeout: float = 300) -> None:
+  """Until the running trainer `proc` has logged a metrics row in `workdir` (it is past compiling)."""
+  jsonl, deadline = workdir / "metrics.jsonl", time.time() + timeout
+  while time.time() < deadline and (not jsonl.exists() or not jsonl.read_text().strip()):
+    assert proc.poll() is None, f"training exited early: {proc.stderr.read()[-2000:]}"
+    time.sleep(0.5)
+
+
 def test_second_trainer_is_refused_and_sigterm_exits_resumable(tmp_path, spm_model):
   args = [f"--config.data.tokenizer={spm_model}", "--config.train.steps=100000",
           "--config.checkpoint.every_steps=100000", "--config.metrics.tensorboard=False"]
   first = _train(tmp_path, *args, wait=False)
   try:
-    jsonl = tmp_path / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and (not jsonl.exists() or not jsonl.read_text().strip()):
-      assert first.poll() is None, f"training exited early: {first.stderr.read()[-2000:]}"
-      time.sleep(0.5)
+    _wait_for_first_metrics(first, tmp_path)
     second = _train(tmp_path, *args, check=False)
     err = _error_lines(second)
     assert second.returncode == 2 and len(err) == 1 and "is in use by" in err[0], second.stderr[-2000:]
@@ -222,11 +226,7 @@ def test_data_workers_exit_when_the_trainer_is_killed(tmp_path, spm_model):
   proc = _train(tmp_path, f"--config.data.tokenizer={spm_model}", "--config.train.steps=100000",
                 "--config.data.worker_count=2", "--config.metrics.tensorboard=False", wait=False)
   try:
-    jsonl = tmp_path / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and (not jsonl.exists() or not jsonl.read_text().strip()):
-      assert proc.poll() is None, f"training exited early: {proc.stderr.read()[-2000:]}"
-      time.sleep(0.5)
+    _wait_for_first_metrics(proc, tmp_path)
     workers = _children(proc.pid)
     assert len(workers) >= 2, f"expected 2 Grain workers under {proc.pid}, found {workers}"
   finally:

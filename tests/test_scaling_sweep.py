@@ -1,17 +1,10 @@
 """The sweep planner (equal FLOPs per size) and a tiny two-run sweep end to end: resumable, reported."""
 
-import os
-import pathlib
-import subprocess
-import sys
-
-
 import numpy as np
 
 from crossbert_jax.scaling import collect, report
 from crossbert_jax.scaling import plan as plan_lib
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, run_module
 
 
 def test_every_objective_of_a_size_gets_the_same_flops():
@@ -52,9 +45,7 @@ def test_seed_spread_is_mean_and_sample_sd():
 
 
 def _cli(module, *args):
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-  return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=900)
+  return run_module([module, *args], check=False, timeout=900)
 
 
 TINY_SPEC = '''

@@ -4,12 +4,9 @@ Every run is a subprocess on one CPU device (XLA_FLAGS cleared), as a user would
 """
 
 import json
-import os
 import pathlib
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -18,20 +15,13 @@ import pytest
 
 from crossbert_jax.data import tokenizer
 from crossbert_jax.training import metrics
+from tests.helpers import run_module
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _train(workdir, *overrides, config="configs/crossbert.py:tiny", check=True, wait=True):
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-  cmd = [sys.executable, "-m", "crossbert_jax.train", f"--config={config}", f"--workdir={workdir}",
-         "--config.metrics.progress_bar=False", *overrides]
-  if not wait:
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  if check and proc.returncode != 0:
-    pytest.fail(f"training failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-  return proc
+  return run_module(["crossbert_jax.train", f"--config={config}", f"--workdir={workdir}",
+                     "--config.metrics.progress_bar=False", *overrides], check=check, wait=wait)
 
 
 def _losses(workdir) -> dict[int, float]:

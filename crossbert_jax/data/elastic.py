@@ -99,7 +99,7 @@ def _unread(layout: Any, state: dict[str, Any]) -> _Work:
   """The unread work of the process with `layout` whose iterator saved `state`."""
   if not is_draining(state):
     count, (i, chunk) = _replay(lambda: layout.rows().__iter__(), state, None)
-    n = len_epoch(layout)
+    n = layout.epoch_length()
     if count == 0 and chunk == 0 and i % n == 0:  # Nothing of epoch i // n read yet.
       return _Work(0, lambda a, b: [], [], i // n)
     return _Work(count, lambda a, b: _replay(lambda: layout.rows().__iter__(), state, (a, b))[0],
@@ -154,11 +154,6 @@ class _Plan:
     size = sum(s.end - s.start for s in self.segments)
     docs = grain.MapDataset.range(size).map(_SegmentDocument(self.segments))
     return self._layout.pack(docs.to_iter_dataset(), _DRAIN_SALT).__iter__()
-
-
-def len_epoch(layout: Any) -> int:
-  layout.documents()
-  return layout.epoch_len
 
 
 def _replay(make: Callable[[], grain.DatasetIterator], state: dict[str, Any], keep: tuple[int, int] | None):
@@ -225,7 +220,7 @@ class _ElasticRowsIterator(grain.DatasetIterator):
     elif phase == "documents":
       self._drain = plan.packer()
     else:  # The drain is over: the new layout from the first epoch no old process had started.
-      first = plan.epoch * len_epoch(self._layout)
+      first = plan.epoch * self._layout.epoch_length()
       self._parent.set_state({"parent": {"parent": {"next_index": first}, "chunk": 0}, "next_row": 0, "counter": 0})
       self._reshard = self._plan = self._drain = None
       return

@@ -204,7 +204,7 @@ class Layout:
   """Everything that fixes one process's stream: its documents, their order and their packing.
 
   `documents()` is the process's share, tokenized and repeated: element i is document i % n of
-  epoch i // n (n = `epoch_len`), each epoch in a new order. `rows()` packs it: the stream of packed
+  epoch i // n (n = `epoch_length()`), each epoch in a new order. `rows()` packs it: the stream of packed
   rows that `make_dataset` batches. `pack` packs any other documents the same way (data/elastic.py).
   """
 
@@ -217,17 +217,22 @@ class Layout:
     self.data_cfg, self.tokenizer, self.bins, self.seed = data_cfg, tokenizer, bins, seed
     self.process_index, self.process_count = process_index, process_count
     self._documents: grain.MapDataset | None = None
-    self.epoch_len = 0
+    self._epoch_length = 0
     self.read_options = _IN_MEMORY_READ
 
   def documents(self) -> grain.MapDataset:
     if self._documents is None:
       source = sources.document_source(self.data_cfg, self.process_index, self.process_count)
       ds = _shard(source, self.data_cfg, self.seed, self.process_index, self.process_count)
-      self.epoch_len = len(ds)
+      self._epoch_length = len(ds)
       self.read_options = _IO_READ if source.reads_files else _IN_MEMORY_READ
       self._documents = ds.map(_Tokenize(self.tokenizer)).repeat(None)
     return self._documents
+
+  def epoch_length(self) -> int:
+    """Documents in one epoch of this process's share."""
+    self.documents()
+    return self._epoch_length
 
   def pack(self, documents: grain.IterDataset, *salt: int) -> grain.IterDataset:
     """Token ids (or (ids, first chunk)) -> packed rows {tokens, tokens_segment_ids, tokens_positions}."""

@@ -42,14 +42,13 @@ def saved_states(workdir: str | epath.Path, step: int, count: int) -> list[dict[
   return [json.loads((data / f"process_{p}-of-{count}.json").read_text()) for p in range(count)]
 
 
-def reshard(workdir: str | epath.Path, step: int, saved: dict[str, Any], now: ml_collections.ConfigDict,
-            process_count: int) -> tuple[str, dict[str, Any] | None] | None:
-  """None if `step`'s iterator was saved by `process_count` processes; else (warning line, the
-  re-shard state for every process, or None where the data stream has to start over)."""
-  found = saved_process_count(workdir, step)
-  if found is None or found[1] == process_count:
+def reshard(workdir: str | epath.Path, step: int, old: int | None, saved: dict[str, Any],
+            now: ml_collections.ConfigDict, process_count: int) -> tuple[str, dict[str, Any] | None] | None:
+  """None if `step`'s iterator was saved by `process_count` processes (`old`: the count that saved
+  it, None if unknown); else (warning line, the re-shard state for every process, or None where the
+  data stream has to start over)."""
+  if old is None or old == process_count:
     return None
-  old = found[1]
   where = f"checkpoint step {step} was written by {old} process(es) and this run has {process_count}"
   workers = (saved["data"]["worker_count"], now.data.worker_count)
   if any(workers):

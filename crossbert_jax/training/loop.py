@@ -219,9 +219,11 @@ def _train(c, workdir, mesh, rules, tok, tok_id, stop, warn, primary, state_of_r
 
   def accept(saved_step, saved_config, saved_meta):
     written_by = elastic.saved_process_count(workdir, saved_step)
+    old_count = written_by[1] if written_by else None
     lines, restore_data = resume.check(str(workdir), saved_step, saved_config, saved_meta, c, tok_id,
-                                       jax.process_count(), written_by[1] if written_by else None)
-    if restore_data and (other := elastic.reshard(workdir, saved_step, saved_config, c, jax.process_count())):
+                                       jax.process_count(), old_count)
+    if restore_data and (other := elastic.reshard(workdir, saved_step, old_count, saved_config, c,
+                                                  jax.process_count())):
       lines.append(other[0])
       resharded["state"], restore_data = other[1], False
     for line in lines:
