@@ -5,7 +5,7 @@ Usage:
   python -m crossbert_jax.bench --config=configs/crossbert.py:small --config.data.seq_len=512 \
       --out=/tmp/bench_512.json
 
-It times the real `step.make_train_step` (state donated, one device, random ids, full rows) for
+It times the real train step of `program.TrainProgram` (state donated, one device, random ids, full rows) for
 six cases sharing the config's encoder, batch and length: BERT r=0.15 (the reference) and 0.30,
 CrossBERT r=0.5 K=1, K=2, r=0.75 K=1, and r=0.5 K=1 with a half-width reconstructor (embed and
 mlp halved, heads kept); then BERT r=0.15 and CrossBERT r=0.5 K=1 at `--long_len` with dense and
@@ -21,7 +21,6 @@ import statistics
 import time
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -32,7 +31,7 @@ from ml_collections import config_flags
 
 from crossbert_jax.core import config as config_lib, xla_flags
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
-from crossbert_jax.training import flops, optimizer, sharding, step
+from crossbert_jax.training import flops, program as program_lib, sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/crossbert.py:small.",
                                           lock_config=True)
@@ -145,17 +144,13 @@ def time_case(c: ml_collections.ConfigDict, steps: int, warmup: int) -> dict[str
   """Compile time and per-step times of the real train step for config `c`."""
   device = jax.devices()[0]
   mesh = sharding.make_mesh(c.mesh, devices=[device])
-  rules = sharding.logical_rules(c.mesh)
-  tx = optimizer.make_optimizer(c.train)
-  _, shardings = step.state_shardings(c, tx, mesh, rules)
-  state = step.init_state(c, tx, mesh, rules, shardings)
-  train_step = step.make_train_step(c, tx, mesh, rules, shardings)
-  batch = sharding.global_batch(random_batch(c), mesh)
+  train_program = program_lib.TrainProgram(c, mesh)
+  state = train_program.init_state()
+  batch = train_program.global_batch(random_batch(c))
   jax.block_until_ready((state, batch))
 
   t0 = time.perf_counter()
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    compiled = train_step.jitted.lower(state, batch).compile()
+  compiled = train_program.lower(state, batch).compile()
   compile_s = time.perf_counter() - t0
   # XLA's buffer assignment: the step's peak temporaries (activations, scores, logits).
   temp_bytes = compiled.memory_analysis().temp_size_in_bytes

@@ -30,7 +30,7 @@ from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.evaluation import tasks as eval_tasks
 from crossbert_jax.evaluation.runner import evaluate_model, markdown_table
 from crossbert_jax.model.encoder import EncoderSpec
-from crossbert_jax.training import checkpoint
+from crossbert_jax.run import checkpoint
 
 def absolute(path: str) -> str:
   """`path` made absolute (local paths); URLs such as gs://... are absolute already."""

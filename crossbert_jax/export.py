@@ -20,7 +20,7 @@ from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.hf import files as hf_files
 from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, _check_output, export, import_hf, similarity
-from crossbert_jax.training import checkpoint, metrics
+from crossbert_jax.run import checkpoint, metrics
 
 def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "",
                do_verify: bool = False, force: bool = False) -> dict | None:

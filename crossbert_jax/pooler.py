@@ -31,7 +31,7 @@ from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.hf import convert
 from crossbert_jax.hf import files as hf_files
 from crossbert_jax.model.encoder import EncoderSpec
-from crossbert_jax.training import checkpoint
+from crossbert_jax.run import checkpoint
 
 
 def _define_flags() -> None:

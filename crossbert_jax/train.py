@@ -3,7 +3,7 @@ r"""Pretraining entry point: CrossBERT or flat BERT on a device mesh.
   python -m crossbert_jax.train --config=configs/crossbert.py:tiny --workdir=runs/cb \
       --config.data.tokenizer=runs/tok/spm.model [--config.key=value ...]
 
-Flags, `jax.distributed` set-up, then one call into `crossbert_jax.training.loop.run`.
+Flags, `jax.distributed` set-up, then one call into `crossbert_jax.run.trainer.run`.
 Exit status: 0 finished (or nothing left to train), 2 a bad input or environment (one `error:`
 line), 75 (EXIT_STOPPED) stopped by SIGTERM/SIGINT after saving: rerun the same command to resume.
 """
@@ -17,8 +17,8 @@ from ml_collections import config_flags
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import xla_flags
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
-from crossbert_jax.training import compile_cache
-from crossbert_jax.training.loop import run
+from crossbert_jax.run import compile_cache
+from crossbert_jax.run.trainer import run
 
 FLAGS = flags.FLAGS
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and variant, e.g. configs/crossbert.py:tiny.")

@@ -17,7 +17,7 @@ import pytest
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import aot, flops, optimizer, step
+from crossbert_jax.training import aot, flops, optimizer, program as program_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -147,7 +147,7 @@ def test_pod_variants_compute_in_bf16_with_scan_and_full_remat_and_keep_fp32_sta
   for variant in ("base", "large"):
     c = config_lib.get_config(objective, variant)
     assert (c.model.dtype, c.model.scan_layers, c.model.remat) == ("bfloat16", True, "full"), variant
-  state = jax.eval_shape(lambda k: step.create_state(c, optimizer.make_optimizer(c.train), k), jax.random.key(0))
+  state = jax.eval_shape(lambda k: program_lib.create_state(c, optimizer.make_optimizer(c.train), k), jax.random.key(0))
   dtypes = {str(x.dtype) for x in jax.tree.leaves((state.params, state.opt_state)) if x.ndim}
   assert dtypes == {"float32"}  # Params and AdamW moments stay fp32; only the compute is bf16.
   small = config_lib.get_config(objective, "small").model

@@ -101,7 +101,7 @@ def test_cli_user_errors(tmp_path):
 
 def test_probe_scores_cache_and_mteb_wrapper(run_dir, shared_data, tmp_path):
   """probe_scores: the expected keys, finite, deterministic; the mteb wrapper's encode contract."""
-  from crossbert_jax.training import checkpoint
+  from crossbert_jax.run import checkpoint
   from crossbert_jax.evaluation import embedder, runner as evaluate, mteb as mteb_eval
 
   cache_dir = tmp_path / "cache"
@@ -141,7 +141,7 @@ def _tsv(path: pathlib.Path, header: list[str], rows) -> str:
 def _run_embedder(run_dir, max_length=64):
   from crossbert_jax.evaluation import embedder
   from crossbert_jax.model.encoder import EncoderSpec
-  from crossbert_jax.training import checkpoint
+  from crossbert_jax.run import checkpoint
 
   config, params, step = checkpoint.load_run(run_dir)
   tok = tokenizer.Tokenizer.load(config.data.tokenizer)
@@ -301,3 +301,30 @@ def test_pooler_and_task_file_user_errors(tmp_path):
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
   assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.tsv", "tasks.json"]
+
+
+def test_load_run_restores_only_the_params(run_dir, monkeypatch):
+  """evaluate / export / pooler / mteb_eval read the params item alone: no optimizer is built and the
+  AdamW moments (twice the params) are never materialised."""
+  import gc
+
+  import jax
+
+  from crossbert_jax.run import checkpoint
+  from crossbert_jax.training import optimizer, program
+
+  def no_optimizer(*args, **kwargs):
+    raise AssertionError("load_run built an optimizer")
+
+  monkeypatch.setattr(optimizer, "make_optimizer", no_optimizer)
+  gc.collect()
+  before = {id(a) for a in jax.live_arrays()}
+  config, params, step = checkpoint.load_run(run_dir)
+  gc.collect()
+  restored = sum(a.nbytes for a in jax.live_arrays() if id(a) not in before)
+  param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  assert step == 5 and param_bytes > 0
+  assert restored == param_bytes, f"{restored} bytes on the device after load_run, the params are {param_bytes}"
+  abstract = program.abstract_params(config)
+  assert jax.tree.structure(params) == jax.tree.structure(abstract)
+  assert all(p.shape == a.shape and p.dtype == a.dtype for p, a in zip(jax.tree.leaves(params), jax.tree.leaves(abstract)))

@@ -324,7 +324,7 @@ def test_bert_random_replacements_come_from_the_tokenizer(tmp_path):
   tokenizer.train_tokenizer(corpus.builtin_documents()[:2000], 512, spm)
   c = config_lib.get_config("mlm", "tiny")
   c.model.vocab_size, c.data.tokenizer = VOCAB, str(spm)
-  n_pieces = objectives.replacement_vocab_size(c)
+  n_pieces = objectives.replacement_vocab_size(c, tokenizer.Tokenizer.load(str(spm)).vocab_size)
   assert n_pieces == 512, f"replacements must end at the tokenizer's 512 pieces, not model.vocab_size={VOCAB}: {n_pieces}"
   seg = np.ones((64, L), np.int32)
   tokens = np.full((64, L), 7, np.int32)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import metrics
+from crossbert_jax.run import metrics
 
 
 def _logger(workdir, **kwargs):

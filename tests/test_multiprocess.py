@@ -1,6 +1,6 @@
 """Two processes on localhost through jax.distributed: per-process shards, one global batch."""
 
-from crossbert_jax.training import metrics
+from crossbert_jax.run import metrics
 
 
 def test_two_processes_train_and_checkpoint(tmp_path, two_processes):

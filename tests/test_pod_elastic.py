@@ -7,7 +7,7 @@ import pytest
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.data import elastic as data_elastic, pipeline, tokenizer
-from crossbert_jax.training import elastic, metrics
+from crossbert_jax.run import elastic, metrics
 from tests.helpers import run_module
 
 

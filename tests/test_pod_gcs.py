@@ -111,7 +111,7 @@ def test_gcs_end_to_end(gcs, tmp_path):
   _, stderr = proc.communicate(timeout=120)
   assert "Traceback" not in stderr and "error:" not in stderr, stderr[-3000:]
   stopped = max(_saved_steps(url))
-  from crossbert_jax.training import metrics  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.run import metrics  # pylint: disable=g-import-not-at-top
   os.environ.update({k: env[k] for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING", "NO_GCE_CHECK")})
   rows = metrics.read_metrics(f"{GS}/run")
   assert [r["step"] for r in rows] == list(range(1, stopped + 1)), "metrics of the stopped run, flushed at exit"

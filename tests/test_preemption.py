@@ -14,7 +14,7 @@ import time
 
 from crossbert_jax.core.errors import EXIT_STOPPED
 from crossbert_jax.data import corpus, tokenizer
-from crossbert_jax.training import metrics
+from crossbert_jax.run import metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -19,8 +19,8 @@ import pytest
 
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError
 from crossbert_jax.data import corpus, tokenizer
-from crossbert_jax.training import lock as lock_lib
-from crossbert_jax.training import metrics
+from crossbert_jax.run import lock as lock_lib
+from crossbert_jax.run import metrics
 from tests.test_train import _losses, _train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def test_damaged_latest_checkpoints_fall_back_to_the_last_complete_one(tmp_path,
 
 
 def test_export_and_evaluate_read_the_newest_readable_checkpoint(tmp_path, base_run, capfd):
-  from crossbert_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.run import checkpoint  # pylint: disable=g-import-not-at-top
 
   workdir = _copy(base_run, tmp_path)
   for f in (workdir / "checkpoints" / "4" / "state").rglob("*"):  # Truncated array files.
@@ -279,7 +279,7 @@ def test_resume_policy_per_key():
   import json as json_lib
 
   from crossbert_jax.core import config as config_lib
-  from crossbert_jax.training import resume
+  from crossbert_jax.run import resume
 
   def saved_and(**changes):
     base = config_lib.get_config("crossbert", "tiny")

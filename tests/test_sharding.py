@@ -9,7 +9,7 @@ import pytest
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import objectives, optimizer, sharding, step
+from crossbert_jax.training import objectives, program as program_lib, sharding
 
 STEPS = 3
 LOSS_RTOL = 1e-5
@@ -46,17 +46,15 @@ def _batch(c, seed=0):
 def _run(c, devices, batch, steps=STEPS, host_state=None):
   """Runs `steps` train steps; returns (final state, metrics per step, host copy of the initial state).
 
-  host_state: start from this (numpy) state instead of step.init_state (saves an init compile).
+  host_state: start from this (numpy) state instead of TrainProgram.init_state (saves an init compile).
   """
   mesh = sharding.make_mesh(c.mesh, devices=devices)
-  rules = sharding.logical_rules(c.mesh)
-  tx = optimizer.make_optimizer(c.train)
-  _, shardings = step.state_shardings(c, tx, mesh, rules)
+  train_program = program_lib.TrainProgram(c, mesh)
   if host_state is None:
-    state = step.init_state(c, tx, mesh, rules, shardings)
+    state = train_program.init_state()
   else:
-    state = jax.device_put(host_state, shardings)
-  train_step = step.make_train_step(c, tx, mesh, rules, shardings)
+    state = jax.device_put(host_state, train_program.shardings)
+  train_step = train_program.step
   initial = jax.tree.map(np.asarray, state)  # Host copy: the step donates the state.
   gb = sharding.global_batch(batch, mesh)
   metrics = []

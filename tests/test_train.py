@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from crossbert_jax.data import tokenizer
-from crossbert_jax.training import metrics
+from crossbert_jax.run import metrics
 from tests.helpers import run_module
 
 

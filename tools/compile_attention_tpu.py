@@ -13,14 +13,12 @@ import json
 import os
 import time
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from absl import app, flags
 from jax.experimental import topologies
 
 from crossbert_jax.core import config as config_lib
-from crossbert_jax.training import optimizer, sharding, step
+from crossbert_jax.training import program as program_lib, sharding
 
 _TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x1", "TPU topology GENERATION:SHAPE.")
 _VARIANT = flags.DEFINE_string("variant", "base", "Config variant.")
@@ -36,17 +34,9 @@ _CHIP = {"v5p": "megacore", "v4": "megacore"}  # Both TensorCores as one device,
 def compile_case(c, devices):
   mesh = jax.make_mesh(sharding.mesh_shape(c.mesh, len(devices)), sharding.MESH_AXES,
                        axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices)
-  rules = sharding.logical_rules(c.mesh)
-  tx = optimizer.make_optimizer(c.train)
-  abstract, shardings = step.state_shardings(c, tx, mesh, rules)
-  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-  shape = (c.train.batch_size, c.data.seq_len)
-  batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding.batch_sharding(mesh))
-           for k in ("tokens", "segment_ids", "positions")}
-  train_step = step.make_train_step(c, tx, mesh, rules, shardings)
+  train_program = program_lib.TrainProgram(c, mesh)
   t0 = time.perf_counter()
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    compiled = train_step.jitted.lower(state, batch).compile()
+  compiled = train_program.lower().compile()
   m = compiled.memory_analysis()
   hlo = compiled.as_text()
   return {"compile_s": time.perf_counter() - t0, "argument_bytes": m.argument_size_in_bytes,

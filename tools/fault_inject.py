@@ -44,7 +44,7 @@ def _rows(workdir: pathlib.Path) -> int:
 
 
 def _last_rows(workdir: pathlib.Path) -> dict[int, dict]:
-  from crossbert_jax.training import metrics
+  from crossbert_jax.run import metrics
   return {r["step"]: r for r in metrics.read_metrics(str(workdir))}  # A re-run step: the last row wins.
 
 

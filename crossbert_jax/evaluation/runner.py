@@ -145,6 +145,3 @@ def markdown_table(results: dict[str, dict[str, Any]]) -> str:
   lines += [""] + [f"- {n}" for n in sorted(notes)] if notes else []
   lines += ["", "Scores x100. Splits: cv = cross-validation on the only split; stsb test = STS Benchmark test."]
   return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- CLI

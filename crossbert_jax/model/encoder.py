@@ -68,11 +68,8 @@ class EncoderSpec:
 
 
 def _remat(block_cls, spec: EncoderSpec, static_argnums=()):
-  if spec.remat == "none":
-    return block_cls
-  policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if spec.remat == "dots" else None)
-  return nn.remat(block_cls, policy=policy, prevent_cse=not spec.scan_layers,
-                  static_argnums=static_argnums)
+  # Under nn.scan, CSE cannot merge the recomputation into the forward: prevent_cse is not needed.
+  return layers.remat(block_cls, spec.remat, prevent_cse=not spec.scan_layers, static_argnums=static_argnums)
 
 
 class EncoderBlock(nn.Module):

@@ -161,3 +161,12 @@ class GeGLU(nn.Module):
     in_BxTxF, gate_BxTxF = (a[:, :, 0] for a in jnp.split(h_BxTx2xF, 2, axis=2))
     h_BxTxF = nn.gelu(in_BxTxF, approximate=False) * gate_BxTxF
     return Dense((d,), ("mlp", "embed"), self.out_std, dtype=self.dtype, name="Wo")(h_BxTxF)
+
+
+def remat(block_cls: type[nn.Module], mode: str, *, prevent_cse: bool = True, static_argnums=()) -> type[nn.Module]:
+  """`block_cls` under the config's `model.remat`: "none" (as is), "dots" (save the matmuls
+  without batch dimensions, recompute the rest) or "full" (save only the block's inputs)."""
+  if mode == "none":
+    return block_cls
+  policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if mode == "dots" else None
+  return nn.remat(block_cls, policy=policy, prevent_cse=prevent_cse, static_argnums=static_argnums)

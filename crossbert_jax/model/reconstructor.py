@@ -111,10 +111,7 @@ class Reconstructor(nn.Module):
     head_dim = s.embed_dim // s.num_heads
     q_rope = layers.rope_tables(q_pos_BxQ, head_dim, s.rope_theta)
     kv_rope = layers.rope_tables(mem_pos_BxS, head_dim, s.rope_theta)
-    block_cls = ReconstructorBlock
-    if s.remat != "none":
-      policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if s.remat == "dots" else None
-      block_cls = nn.remat(ReconstructorBlock, policy=policy)
+    block_cls = layers.remat(ReconstructorBlock, s.remat)
     for i in range(s.num_layers):
       x_BxQxD = block_cls(s, name=f"layers_{i}")(x_BxQxD, memory, q_rope, kv_rope, q_seg_BxQ, mem_seg_BxS)
     x_BxQxD = layers.layer_norm(s.norm_eps, dt, "final_norm")(x_BxQxD)

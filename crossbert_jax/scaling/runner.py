@@ -17,7 +17,7 @@ import time
 
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import plan as plan_lib
-from crossbert_jax.training import metrics
+from crossbert_jax.run import metrics
 
 
 def tokenizer_path(root: pathlib.Path) -> pathlib.Path:

@@ -1,1 +1,1 @@
-"""Pretraining: masking, objectives, optimizer, mesh and sharding, the jitted step, checkpoints, metrics, FLOPs, the loop."""
+"""What a step computes: masking, objectives, optimizer, mesh and sharding, the compiled program, FLOPs, AOT compile."""

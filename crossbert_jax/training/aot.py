@@ -1,7 +1,7 @@
 """Ahead-of-time compile of the real train step for a TPU topology or the local devices.
 
 The MaxText `train_compile.py` pattern: the state and the batch exist only as sharded
-`jax.ShapeDtypeStruct`s (from the same abstract-first init the trainer uses), the mesh is built
+`jax.ShapeDtypeStruct`s (`TrainProgram.shaped_inputs`, the trainer's own program), the mesh is built
 over the topology's compile-only devices (`jax.experimental.topologies`, needs libtpu but no
 TPU), and `lower().compile()` runs the same SPMD partitioner and memory planner as the pod.
 What fails on the pod fails here: out of memory, a mesh that does not divide the chips, a
@@ -21,7 +21,7 @@ from jax.experimental import topologies
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import flops, objectives, optimizer, sharding, step
+from crossbert_jax.training import flops, objectives, program as program_lib, sharding
 
 GIB = 1024 ** 3
 
@@ -95,18 +95,6 @@ def make_mesh(c: ml_collections.ConfigDict, devices: list[jax.Device] | None) ->
   return sharding.make_topology_mesh(c.mesh, devices)
 
 
-def shaped_inputs(c: ml_collections.ConfigDict, tx, mesh, rules):
-  """(state, batch) as sharded ShapeDtypeStructs, and the state shardings: nothing is allocated."""
-  abstract, shardings = step.state_shardings(c, tx, mesh, rules)
-  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-  # The keys and dtypes of data.pipeline's batches (tokens, segment ids, positions: B x L int32).
-  batch_sharding = sharding.batch_sharding(mesh)
-  shape = (c.train.batch_size, c.data.seq_len)
-  batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding)
-           for k in ("tokens", "segment_ids", "positions")}
-  return state, batch, shardings
-
-
 def param_table(c: ml_collections.ConfigDict, params, shardings) -> list[dict[str, Any]]:
   """One row per param: path, shape, logical axes, mesh PartitionSpec, per-device shard shape."""
   boxed = jax.eval_shape(lambda k: objectives.init_params(c, k), jax.random.key(0))
@@ -166,17 +154,14 @@ def compile_train_step(c: ml_collections.ConfigDict, topology: str = "") -> dict
   config_lib.validate(c)
   devices = topology_devices(topology) if topology else None
   mesh = make_mesh(c, devices)
-  rules = sharding.logical_rules(c.mesh)
   sharding.check_batch_divisible(c.train.batch_size, c.train.grad_accum, mesh)
-  tx = optimizer.make_optimizer(c.train)
-  state, batch, shardings = shaped_inputs(c, tx, mesh, rules)
-  train_step = step.make_train_step(c, tx, mesh, rules, shardings)
+  train_program = program_lib.TrainProgram(c, mesh)
+  state, batch = train_program.shaped_inputs()
   device = mesh.devices.flat[0]
   where = topology or f"{mesh.size} local {device.platform} device(s)"
 
   t0 = time.perf_counter()
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    lowered = train_step.jitted.lower(state, batch)
+  lowered = train_program.lower(state, batch)
   t1 = time.perf_counter()
   try:
     compiled = lowered.compile()
@@ -212,7 +197,7 @@ def compile_train_step(c: ml_collections.ConfigDict, topology: str = "") -> dict
       "memory": memory,
       "flops": {"analytic_per_device": per_step / mesh.size, "xla_per_device": _xla_flops(compiled)},
       "params": {"total": counts["total"], "non_embedding": counts["non_embedding"],
-                 "table": param_table(c, state.params, shardings.params)},
+                 "table": param_table(c, state.params, train_program.shardings.params)},
       "jax_version": jax.__version__,
   }
 

@@ -49,16 +49,13 @@ def targetable(tokens_BxL: Array, segment_ids_BxL: Array, exclude_special: bool)
   return real_BxL & (tokens_BxL != tokenizer.CLS_ID) & (tokens_BxL != tokenizer.SEP_ID)
 
 
-def replacement_vocab_size(c: ml_collections.ConfigDict) -> int:
+def replacement_vocab_size(c: ml_collections.ConfigDict, tokenizer_vocab_size: int) -> int:
   """End (exclusive) of the ids BERT's random replacements draw from: the tokenizer's vocabulary.
 
   model.vocab_size may be larger (padded for the MXU); ids past the tokenizer's never occur in
-  the data, so drawing them would teach nothing. Shape-only callers without a tokenizer get
-  model.vocab_size.
+  the data, so drawing them would teach nothing.
   """
-  if not c.data.tokenizer:
-    return c.model.vocab_size
-  return min(c.model.vocab_size, tokenizer.Tokenizer.load(c.data.tokenizer).vocab_size)
+  return min(c.model.vocab_size, tokenizer_vocab_size)
 
 
 def chunked_cross_entropy(x_BxQxD: Array, head: tuple[Array, Array | None], targets_BxQ: Array,
@@ -89,11 +86,16 @@ def chunked_cross_entropy(x_BxQxD: Array, head: tuple[Array, Array | None], targ
   return loss, stats
 
 
-def make_loss_fn(c: ml_collections.ConfigDict) -> Callable[[dict, Batch, Array], tuple[Array, LossStats]]:
-  """The loss function for `c.objective` (params, batch, key) -> (summed loss, stats)."""
+def make_loss_fn(c: ml_collections.ConfigDict, replacement_vocab: int | None = None
+                 ) -> Callable[[dict, Batch, Array], tuple[Array, LossStats]]:
+  """The loss function for `c.objective` (params, batch, key) -> (summed loss, stats).
+
+  `replacement_vocab`: where BERT's random replacement ids end (`replacement_vocab_size`, from
+  the run's tokenizer); shape-only callers leave it None and get model.vocab_size.
+  """
   model = build_model(c)
   mk = c.masking
-  random_end = replacement_vocab_size(c) if c.objective == "mlm" else 0
+  random_end = (c.model.vocab_size if replacement_vocab is None else replacement_vocab) if c.objective == "mlm" else 0
 
   def crossbert_loss(params, batch: Batch, key: Array):
     tokens_BxL, seg_BxL, pos_BxL = batch["tokens"], batch["segment_ids"], batch["positions"]

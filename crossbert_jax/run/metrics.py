@@ -34,6 +34,7 @@ POSTFIX_KEYS = {
   "loss": ("loss",),
   "acc": ("accuracy",),
   "tok/s": ("tokens_per_second",),
+  "wait": ("data_wait_fraction",),
 }
 
 

@@ -9,8 +9,11 @@ on this host and its pid is gone (a `kill -9`), or when the user passes `--break
 Creation is exclusive on local disk (O_EXCL). Object stores have no exclusive create through
 epath: there the lease is written, then read back after `SETTLE_S` and kept only if it still
 holds our token, which closes the race except for two starts within the same second or so.
-Only process 0 of a multi-process run takes the lease.
+Only process 0 of a multi-process run takes the lease (`held_for_run`); every process learns
+whether it got it.
 """
+
+import contextlib
 
 import getpass
 import json
@@ -19,9 +22,12 @@ import socket
 import threading
 import time
 import uuid
-from typing import Callable
+from typing import Callable, Iterator
 
+import jax
+import numpy as np
 from etils import epath
+from jax.experimental import multihost_utils
 
 from crossbert_jax.core.errors import UserError
 
@@ -161,3 +167,29 @@ class WorkdirLock:
 
   def __exit__(self, *exc) -> None:
     self.release()
+
+
+@contextlib.contextmanager
+def held_for_run(workdir: str | epath.Path, *, break_lock: bool, warn: Callable[[str], None],
+                 on_lost: Callable[[str], None]) -> Iterator[WorkdirLock]:
+  """The lease of a (possibly multi-process) run: process 0 takes it, every process learns
+  whether it did (refused: one line on each), and process 0 releases it at the end."""
+  primary = jax.process_index() == 0
+  lease = WorkdirLock(workdir, break_lock=break_lock, warn=warn, on_lost=on_lost)
+  held = True
+  if primary:
+    try:
+      lease.acquire()
+    except UserError:
+      if jax.process_count() == 1:
+        raise
+      held = False
+  if jax.process_count() > 1:
+    held = bool(multihost_utils.broadcast_one_to_all(np.int32(held)))
+    if not held:
+      raise UserError(f"process 0 could not lock --workdir {workdir} (see its error line)")
+  try:
+    yield lease
+  finally:
+    if primary:
+      lease.release()

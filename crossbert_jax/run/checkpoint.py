@@ -137,6 +137,14 @@ class Checkpointer:
       args["data"] = grain.checkpoint.CheckpointRestore(data_iter)
     return self._manager.restore(step, args=ocp.args.Composite(**args))["state"]
 
+  def restore_params(self, step: int, abstract_params: Any, shardings: Any) -> Any:
+    """Only the params of the state saved at `step`, into `shardings` (the optimizer state is not read)."""
+    target = {"params": jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                     abstract_params, shardings)}
+    args = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                                  partial_restore=True)
+    return self._manager.restore(step, args=ocp.args.Composite(state=args))["state"]["params"]
+
   def wait(self) -> None:
     self._manager.wait_until_finished()
 
@@ -154,13 +162,35 @@ class _IteratorState:
     return json.dumps(self._state, indent=4).encode()
 
 
-def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_collections.ConfigDict, Any, int]:
-  """(config, params, step) of a training run's checkpoint (latest if `step` is None), on one device.
+def _params_placement(c: ml_collections.ConfigDict, abstract: Any) -> Any:
+  """Shardings for the params: one local device when they fit in a fraction of its memory, else
+  FSDP over a mesh of all local devices (the model's own logical axes)."""
+  from crossbert_jax.training import program, sharding  # Local: program imports the model stack.
 
-  For evaluation and export: restores the train state onto the first local device and keeps the
-  params (the model's full tree: "encoder" plus "reconstructor" or "head").
+  devices = jax.local_devices()
+  nbytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(abstract))
+  limit = (devices[0].memory_stats() or {}).get("bytes_limit") if hasattr(devices[0], "memory_stats") else None
+  if len(devices) == 1 or limit is None or nbytes <= _ONE_DEVICE_FRACTION * limit:
+    one = jax.sharding.SingleDeviceSharding(devices[0])
+    return jax.tree.map(lambda _: one, abstract)
+  mesh_cfg = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1, "rules": ()})
+  mesh = sharding.make_mesh(mesh_cfg, devices=devices)
+  return program.param_shardings(c, mesh, sharding.logical_rules(mesh_cfg))
+
+
+# Params up to this fraction of one device's memory are restored onto it; larger ones are sharded.
+_ONE_DEVICE_FRACTION = 0.5
+
+
+def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_collections.ConfigDict, Any, int]:
+  """(config, params, step) of a training run's checkpoint (latest if `step` is None).
+
+  For evaluation and export: restores only the params item of the state (Orbax partial restore:
+  no optimizer is built and its state is never read), onto the first local device, or sharded
+  over all local devices when they would not fit on one (`_params_placement`). The params are
+  the model's full tree: "encoder" plus "reconstructor" or "head".
   """
-  from crossbert_jax.training import optimizer, step as step_lib  # Local: step imports the model stack.
+  from crossbert_jax.training import program  # Local: program imports the model stack.
 
   directory = epath.Path(str(workdir))
   if not (directory / "checkpoints").exists():
@@ -177,10 +207,8 @@ def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_col
     for candidate in [step] if step is not None else sorted(steps, reverse=True):
       try:
         config = config_lib.from_dict(ckpt.saved_config(candidate))
-        tx = optimizer.make_optimizer(config.train)
-        abstract = jax.eval_shape(lambda k: step_lib.create_state(config, tx, k), jax.random.key(0))
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        state = ckpt.restore(candidate, abstract, jax.tree.map(lambda _: device, abstract), None)
+        abstract = program.abstract_params(config)
+        params = ckpt.restore_params(candidate, abstract, _params_placement(config, abstract))
       except UserError:
         raise
       except Exception as e:  # noqa: BLE001 - any unreadable item means a damaged step.
@@ -195,4 +223,4 @@ def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_col
       break
   finally:
     ckpt.close()
-  return config, state.params, step
+  return config, params, step

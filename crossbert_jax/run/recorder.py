@@ -1,0 +1,146 @@
+"""A step's metrics row: fetched one step late, timed, checked finite, with probes and data wait.
+
+The loop dispatches step N, then hands its device metrics to `StepRecorder.dispatched`, which
+first fetches step N-1's (the device is already busy with step N, so the host never blocks it).
+A fetched row gets the step's wall time, throughput, analytic FLOPs and MFU, `tokens_seen`, and
+the time the host spent blocked on the step's input (`data_wait_s`, and `data_wait_fraction` of
+the step's time); a non-finite loss raises `TrainingDiverged`. When the input takes more than
+`DATA_WAIT_WARN` of the step time over a window of `DATA_WAIT_WINDOW` steps (the first step after
+a start excluded: it includes compilation), one warning line names the fixes.
+"""
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+import jax
+import ml_collections
+import numpy as np
+
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.run import metrics
+from crossbert_jax.training import flops
+
+DATA_WAIT_WARN = 0.10
+DATA_WAIT_WINDOW = 50
+
+
+class TrainingDiverged(UserError):
+  """The loss became non-finite; the last good checkpoint is kept."""
+
+
+@dataclasses.dataclass
+class Progress:
+  """What the run is doing now (named by a one-line environment error) and what it has kept."""
+  doing: str
+  last_good: int | None = None  # The newest saved step whose params' loss was checked finite.
+  lost_lock: str | None = None  # Another trainer took the lease: stop, and save nothing over its checkpoints.
+
+  def kept(self) -> str:
+    if self.last_good is None:
+      return "no checkpoint was saved"
+    return f"the last good checkpoint (step {self.last_good}) is kept"
+
+
+@dataclasses.dataclass
+class Outcome:
+  """How the run ended and its last logged scalars: `run`'s result (`as_dict`)."""
+  status: str = "finished"  # "finished" | "stopped" (a signal: resumable) | "nothing_to_do".
+  step: int | None = None
+  first_loss: float | None = None  # The loss of this process start's first step.
+  scalars: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def as_dict(self) -> dict[str, Any]:
+    out: dict[str, Any] = {"status": self.status}
+    if self.step is not None:
+      out["step"] = self.step
+    if self.first_loss is not None:
+      out["first_loss"] = self.first_loss
+    return {**out, **self.scalars}
+
+
+@dataclasses.dataclass
+class _Pending:
+  step: int
+  device_metrics: dict
+  dispatched_at: float
+  data_wait_s: float
+
+
+class StepRecorder:
+  """Turns each dispatched step's device metrics into its logged row, one step late."""
+
+  def __init__(self, c: ml_collections.ConfigDict, num_devices: int, logger: metrics.MetricsLogger,
+               tokens_at: Callable[[int], int], progress: Progress, outcome: Outcome, where: str,
+               warn: Callable[[str], None]):
+    self._c = c
+    self._logger = logger
+    self._tokens_at = tokens_at
+    self._progress = progress
+    self._outcome = outcome
+    self._where = where
+    self._warn = warn
+    self._tokens_per_step = c.train.batch_size * c.data.seq_len
+    self._flops_per_step = flops.train_flops_per_step(c)
+    self._num_devices = num_devices
+    self._peak = flops.peak_tflops_per_device(jax.devices()[0], c.model.dtype, c.metrics.cpu_peak_tflops)
+    self._last_time: float | None = None
+    self._pending: _Pending | None = None
+    self._window: list[tuple[float, float]] = []  # (data wait, step time) of recent steps.
+    self._warned = False
+    self._fetched = 0
+
+  def dispatched(self, step_num: int, device_metrics: dict, dispatched_at: float, data_wait_s: float) -> None:
+    """Records step `step_num`, just dispatched; logs the previous one."""
+    self.flush()
+    self._pending = _Pending(step_num, device_metrics, dispatched_at, data_wait_s)
+
+  def flush(self, probes: Callable[[], dict[str, float]] | None = None) -> None:
+    """Fetches and logs the pending step (blocking until it is done); `probes()` adds frozen probe scores."""
+    p, self._pending = self._pending, None
+    if p is None:
+      return
+    self._progress.doing = f"writing the metrics of step {p.step} in {self._where}"
+    scalars = self._scalars(p)
+    if probes is not None and np.isfinite(scalars["loss"]):
+      scalars.update(probes())
+    if not np.isfinite(scalars["loss"]):
+      raise TrainingDiverged(f"loss is {scalars['loss']} at step {p.step}; stopping. In {self._where}, "
+                             f"{self._progress.kept()}; lower train.learning_rate or raise train.warmup_steps")
+    if p.step % self._c.metrics.log_every == 0 or p.step == self._c.train.steps or probes is not None:
+      self._logger.log(p.step, scalars)
+    out = self._outcome
+    out.step, out.scalars = p.step, scalars
+    out.first_loss = scalars["loss"] if out.first_loss is None else out.first_loss
+    self._watch_data_wait(p, scalars["step_time"])
+
+  def _scalars(self, p: _Pending) -> dict[str, float]:
+    host = jax.device_get(p.device_metrics)
+    now = time.perf_counter()
+    first = self._last_time is None  # The first step after a (re)start includes compilation.
+    dt = now - (p.dispatched_at if first else self._last_time)
+    self._last_time = now
+    out = {k: float(np.asarray(v)) for k, v in host.items()}
+    out.update(
+        step_time=dt,
+        tokens_per_second=self._tokens_per_step / dt,
+        flops_per_step=self._flops_per_step,
+        tflops_per_device=flops.achieved_tflops_per_device(self._flops_per_step, dt, self._num_devices),
+        mfu=flops.mfu(self._flops_per_step, dt, self._num_devices, self._peak),
+        tokens_seen=float(self._tokens_at(p.step)),
+        data_wait_s=p.data_wait_s,
+        data_wait_fraction=min(1.0, p.data_wait_s / dt) if dt > 0 else 0.0,
+    )
+    return out
+
+  def _watch_data_wait(self, p: _Pending, step_time: float) -> None:
+    self._fetched += 1
+    if self._warned or self._fetched == 1:  # The first step's time is mostly compilation.
+      return
+    self._window = (self._window + [(p.data_wait_s, step_time)])[-DATA_WAIT_WINDOW:]
+    waited, took = (sum(w for w, _ in self._window), sum(t for _, t in self._window))
+    if len(self._window) == DATA_WAIT_WINDOW and took > 0 and waited / took > DATA_WAIT_WARN:
+      self._warned = True
+      self._warn(f"warning: the input took {100 * waited / took:.0f}% of the step time over steps "
+                 f"{p.step - DATA_WAIT_WINDOW + 1}-{p.step} (data_wait_fraction in metrics.jsonl): use "
+                 "pre-tokenized shards (`prepare --tokenizer=...`) or raise --config.data.worker_count")

@@ -1,0 +1,248 @@
+"""The pretraining run: CrossBERT or flat BERT on a device mesh (`run(config, workdir)`).
+
+`run` validates the config, takes the workdir's lease (`lock`) and turns a full or read-only
+disk into one error line (`environment`); `Trainer.train` is the run itself, top to bottom:
+restore the newest checkpoint (after `resume.check` vetted the config and tokenizer; a damaged
+step falls back to the previous one) or initialise, then the steps, with periodic saves, then
+the final save. Only params whose next loss was checked finite are saved
+(`TrainProgram.check_loss`). SIGTERM / SIGINT stop every process at the same step, which is
+saved (`preemption`); the status is then "stopped" (exit code EXIT_STOPPED). Metrics are
+fetched one step late, so the host never blocks the device (`recorder`). The CLI is
+`crossbert_jax.train`.
+"""
+
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import ml_collections
+from jax.experimental import multihost_utils
+import numpy as np
+from etils import epath
+
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import pipeline, tokenizer as tokenizer_lib
+from crossbert_jax.run import (checkpoint, elastic, environment, lock, metrics, preemption, recorder, resume,
+                               warm_start)
+from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # noqa: F401 - re-exported.
+from crossbert_jax.training import objectives, program as program_lib, sharding
+
+
+def load_tokenizer(c: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer:
+  """The run's tokenizer, checked against the model's vocabulary."""
+  if not c.data.tokenizer:
+    raise UserError("config data.tokenizer is empty: train one with `python -m crossbert_jax.tokenizer "
+                    "--input=builtin --vocab_size=N --output=FILE.model` and pass --config.data.tokenizer=FILE.model")
+  tok = tokenizer_lib.Tokenizer.load(c.data.tokenizer)
+  if tok.vocab_size > c.model.vocab_size:
+    raise UserError(f"config model.vocab_size={c.model.vocab_size} is smaller than the tokenizer's "
+                    f"{tok.vocab_size} pieces ({c.data.tokenizer}); set --config.model.vocab_size>={tok.vocab_size}")
+  return tok
+
+
+def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False) -> dict[str, Any]:
+  """Trains `c` in `workdir` (resuming if it holds a checkpoint); returns the last logged scalars.
+
+  The result's "status" is "finished", "stopped" (a signal: resumable) or "nothing_to_do".
+  """
+  config_lib.validate(c)
+  workdir = epath.Path(workdir)
+  mesh = sharding.make_mesh(c.mesh)
+  sharding.check_batch_divisible(c.train.batch_size, c.train.grad_accum, mesh)
+  tok = load_tokenizer(c)
+  progress = Progress(doing=f"creating {workdir}")
+  environment.install_log_filter()
+  with environment.reported(workdir, progress), preemption.StopRequest() as stop:
+    workdir.mkdir(parents=True, exist_ok=True)
+    progress.doing = f"taking the lock in {workdir}"
+    warn = _warn if jax.process_index() == 0 else (lambda msg: None)
+
+    def lost(msg: str) -> None:  # Another trainer broke our lease (the lock's heartbeat thread).
+      progress.lost_lock = msg
+      stop.request("lock lost")
+
+    with lock.held_for_run(workdir, break_lock=break_lock, warn=warn, on_lost=lost):
+      return Trainer(c, workdir, mesh, tok, stop, progress, warn).train()
+
+
+def _warn(msg: str) -> None:
+  print(msg, file=sys.stderr, flush=True)
+
+
+class Trainer:
+  """One process start of a run: restore or init, the steps, the saves, the stop."""
+
+  def __init__(self, c: ml_collections.ConfigDict, workdir: epath.Path, mesh: jax.sharding.Mesh,
+               tok: tokenizer_lib.Tokenizer, stop: preemption.StopRequest, progress: Progress,
+               warn: Callable[[str], None]):
+    self.c, self.workdir, self.tok, self.stop, self.progress, self.warn = c, workdir, tok, stop, progress, warn
+    self.primary = jax.process_index() == 0
+    self.tok_id = resume.tokenizer_identity(c.data.tokenizer, tok.vocab_size)
+    self.program = program_lib.TrainProgram(
+        c, mesh, replacement_vocab=objectives.replacement_vocab_size(c, tok.vocab_size))
+    self.data = pipeline.make_iterator(c.data, tok, batch_size=c.train.batch_size // jax.process_count(),
+                                       seed=c.train.seed, process_index=jax.process_index(),
+                                       process_count=jax.process_count())
+    progress.doing = f"reading the checkpoints in {workdir}"
+    self.ckpt = checkpoint.Checkpointer(workdir, c.checkpoint)
+    self.outcome = Outcome()
+    self.tokens_per_step = c.train.batch_size * c.data.seq_len
+    self._resharded_data: dict | None = None  # The data state of a checkpoint saved on another process count.
+    self._next_batch = None  # The batch a checked save already read for the next step.
+    self._data_wait = 0.0  # Seconds blocked on input since the last dispatched step.
+
+  def train(self) -> dict[str, Any]:
+    """The run, top to bottom; its outcome (`Outcome.as_dict`)."""
+    c = self.c
+    state, start, restored = self._restore_or_init()
+    end = min(c.train.steps, c.train.stop_at_step or c.train.steps)
+    if restored and start >= end:
+      return self._nothing_to_do(start)
+    self._begin(start, restored)
+    finished = False
+    try:
+      for step_num in range(start + 1, end + 1):
+        state, stopping = self._step(state, step_num)
+        if stopping:
+          self._log_stop(step_num)
+          break
+        if step_num % c.checkpoint.every_steps == 0:
+          self.recorder.flush()
+          self._checked_save(step_num, state)
+      self._finish(state, start, restored)
+      finished = True
+    finally:
+      self._close(finished)
+    return self.outcome.as_dict()
+
+  # -- Restore or init --------------------------------------------------------------------------
+
+  def _restore_or_init(self) -> tuple[program_lib.TrainState, int, bool]:
+    """(state, its step, whether it came from a checkpoint); sets `tokens_at_start`."""
+    p = self.program
+    found = self.ckpt.restore_latest(self._accept, p.abstract, p.shardings, self.data, self.warn, self.primary)
+    if found is None:
+      self.tokens_at_start = 0
+      state = p.init_state()
+      return (warm_start.from_imported(self.c, state) if self.c.train.init_from else state), 0, False
+    start, state, meta = found
+    if self._resharded_data is not None:
+      self.data.set_state(self._resharded_data)
+    self.tokens_at_start = resume.saved_tokens_seen(start, self.ckpt.saved_config(start), meta)
+    self.progress.last_good = start
+    return state, start, True
+
+  def _accept(self, saved_step: int, saved_config: dict, saved_meta: dict | None) -> bool:
+    """Vets a checkpoint before its state is read (UserError refuses the run); True to restore its data state."""
+    written_by = elastic.saved_process_count(self.workdir, saved_step)
+    old_count = written_by[1] if written_by else None
+    lines, restore_data = resume.check(str(self.workdir), saved_step, saved_config, saved_meta, self.c,
+                                       self.tok_id, jax.process_count(), old_count)
+    if restore_data and (other := elastic.reshard(self.workdir, saved_step, old_count, saved_config, self.c,
+                                                  jax.process_count())):
+      lines.append(other[0])
+      self._resharded_data, restore_data = other[1], False
+    for line in lines:
+      self.warn(line)
+    return restore_data
+
+  def _nothing_to_do(self, start: int) -> dict[str, Any]:
+    t = self.c.train
+    key = "train.stop_at_step" if t.stop_at_step and t.stop_at_step < t.steps else "train.steps"
+    self.warn(f"nothing to train: {self.workdir} already holds step {start} and {key}={t[key.split('.')[1]]}; "
+              f"raise --config.{key} to continue")
+    self.ckpt.close()
+    return Outcome(status="nothing_to_do", step=start).as_dict()
+
+  def _begin(self, start: int, restored: bool) -> None:
+    """config.json, the metrics logger and recorder, the stop sync, the first log line."""
+    c, mesh = self.c, self.program.mesh
+    self.start = start
+    self.progress.doing = f"writing {self.workdir / 'config.json'}"
+    if self.primary:
+      (self.workdir / "config.json").write_text(c.to_json_best_effort(indent=2))
+    self.sync = preemption.StopSync(mesh)
+    self.logger = metrics.MetricsLogger(str(self.workdir), total_steps=c.train.steps, start_step=start,
+                                        enabled=self.primary, tensorboard=c.metrics.tensorboard,
+                                        progress_bar=c.metrics.progress_bar)
+    self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress,
+                                          self.outcome, str(self.workdir), self.warn)
+    self.logger.log_text(f"{c.objective}: {'resuming from step ' + str(start) if restored else 'starting'} "
+                         f"in {self.workdir} on {mesh.size} device(s), mesh {dict(mesh.shape)}")
+
+  def _tokens_at(self, step_num: int) -> int:
+    return self.tokens_at_start + (step_num - self.start) * self.tokens_per_step
+
+  # -- The steps --------------------------------------------------------------------------------
+
+  def _read_batch(self) -> dict[str, jax.Array]:
+    """The next global batch, timing how long the host was blocked on the input."""
+    t0 = time.perf_counter()
+    batch = self.program.global_batch(next(self.data))
+    self._data_wait += time.perf_counter() - t0
+    return batch
+
+  def _step(self, state: program_lib.TrainState, step_num: int) -> tuple[program_lib.TrainState, bool]:
+    """Dispatches step `step_num`; logs the previous one meanwhile. True when every process agreed to stop."""
+    batch = self._next_batch if self._next_batch is not None else self._read_batch()
+    self._next_batch = None
+    dispatched_at = time.perf_counter()
+    state, device_metrics = self.program.step(state, batch)
+    stopping = self.sync.agreed(self.stop.signal_name is not None)
+    self.recorder.dispatched(step_num, device_metrics, dispatched_at, self._data_wait)
+    self._data_wait = 0.0
+    if self.c.eval.every_steps and step_num % self.c.eval.every_steps == 0:
+      self.recorder.flush(probes=lambda: self._probe_scores(state))  # In this step's metrics row.
+    return state, stopping
+
+  def _probe_scores(self, state: program_lib.TrainState) -> dict[str, float]:
+    """Frozen probes (eval.tasks) on the encoder: gathered to every host, scored on process 0."""
+    from crossbert_jax.evaluation import runner  # Local: scikit-learn and the task readers load only when used.
+
+    encoder = multihost_utils.process_allgather(state.params["encoder"], tiled=True)
+    return runner.probe_scores(self.c, encoder, self.tok) if self.primary else {}
+
+  def _log_stop(self, step_num: int) -> None:
+    self.logger.log_text(f"{self.stop.signal_name or 'a stop signal on another process'} received: saving step "
+                         f"{step_num} and stopping")
+    self.outcome.status = "stopped"
+
+  # -- Saves and the end ------------------------------------------------------------------------
+
+  def _checked_save(self, step_num: int, state: program_lib.TrainState) -> None:
+    """Saves `state` once the loss of its params on the next batch is finite; keeps that batch for the next step."""
+    position = self.data.get_state()
+    self._next_batch = self._read_batch()
+    loss = float(np.asarray(self.program.check_loss(state, self._next_batch).addressable_data(0)))
+    if not np.isfinite(loss):
+      raise TrainingDiverged(f"loss is {loss} at step {step_num + 1} (checked before saving step {step_num}, which "
+                             f"is not saved); stopping. In {self.workdir}, {self.progress.kept()}; lower "
+                             "train.learning_rate or raise train.warmup_steps")
+    self.progress.doing = f"saving the checkpoint of step {step_num} in {self.workdir}"
+    meta = {"tokenizer": self.tok_id, "tokens_seen": self._tokens_at(step_num), "process_count": jax.process_count()}
+    self.ckpt.save(step_num, state, position, self.c, meta)
+    self.progress.last_good = step_num
+
+  def _finish(self, state: program_lib.TrainState, start: int, restored: bool) -> None:
+    """Logs the last step, saves the final state (unless the lease was lost), waits for the writes."""
+    self.recorder.flush()
+    self.sync.flush()
+    if self.progress.lost_lock:
+      raise UserError(f"{self.progress.lost_lock}; stopped at step {self.outcome.step} without saving over its "
+                      "checkpoints")
+    final = int(jax.device_get(state.step))
+    if final > start or not restored:
+      self._checked_save(final, state)
+    self.progress.doing = f"finishing the checkpoint writes in {self.workdir}"
+    self.ckpt.wait()
+
+  def _close(self, finished: bool) -> None:
+    self.logger.close()
+    if hasattr(self.data, "close"):
+      self.data.close()  # Stops Grain's worker processes now rather than at interpreter exit.
+    if finished:
+      self.ckpt.close()
+    else:  # Already failing: keep the first error; Orbax's writer threads would repeat a disk error raw.
+      environment.without_stderr(self.ckpt.close)
