@@ -1,0 +1,61 @@
+"""The step recorder: data wait per row, the one input-bound warning, divergence, the outcome."""
+
+import time
+
+import jax.numpy as jnp
+import pytest
+
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.run import metrics, recorder
+
+
+def _recorder(tmp_path, warnings):
+  c = config_lib.get_config("crossbert", "tiny")
+  c.metrics.log_every = 1
+  logger = metrics.MetricsLogger(str(tmp_path), total_steps=c.train.steps, start_step=0, enabled=True,
+                                 tensorboard=False, progress_bar=False)
+  outcome, progress = recorder.Outcome(), recorder.Progress(doing="")
+  rec = recorder.StepRecorder(c, 1, logger, lambda s: s * 100, progress, outcome, str(tmp_path), warnings.append)
+  return rec, logger, outcome
+
+
+def _device_metrics(loss=2.0):
+  return {"loss": jnp.float32(loss), "accuracy": jnp.float32(0.5)}
+
+
+def _run_steps(rec, n, wait_s, step_s):
+  for step in range(1, n + 1):
+    t0 = time.perf_counter()
+    time.sleep(step_s)
+    rec.dispatched(step, _device_metrics(), t0, wait_s)
+  rec.flush()
+
+
+def test_rows_carry_data_wait_and_an_input_bound_run_warns_once(tmp_path):
+  warnings = []
+  rec, logger, outcome = _recorder(tmp_path, warnings)
+  # The host reports 9 ms blocked on input per ~10 ms step: input-bound.
+  _run_steps(rec, recorder.DATA_WAIT_WINDOW + 10, wait_s=0.009, step_s=0.01)
+  logger.close()
+  rows = metrics.read_metrics(str(tmp_path))
+  assert [r["step"] for r in rows] == list(range(1, recorder.DATA_WAIT_WINDOW + 11))
+  assert all(r["data_wait_s"] == pytest.approx(0.009) and 0 < r["data_wait_fraction"] <= 1 for r in rows)
+  assert len(warnings) == 1 and "pre-tokenized shards" in warnings[0] and "data.worker_count" in warnings[0], warnings
+  assert outcome.step == recorder.DATA_WAIT_WINDOW + 10 and outcome.first_loss == 2.0
+  assert outcome.as_dict()["status"] == "finished" and outcome.as_dict()["tokens_seen"] == 100 * outcome.step
+
+
+def test_a_device_bound_run_does_not_warn(tmp_path):
+  warnings = []
+  rec, logger, _ = _recorder(tmp_path, warnings)
+  _run_steps(rec, recorder.DATA_WAIT_WINDOW + 10, wait_s=0.0002, step_s=0.01)
+  logger.close()
+  assert warnings == []
+
+
+def test_a_non_finite_loss_stops_with_the_kept_checkpoint(tmp_path):
+  rec, logger, _ = _recorder(tmp_path, [])
+  rec.dispatched(1, _device_metrics(float("nan")), time.perf_counter(), 0.0)
+  with pytest.raises(recorder.TrainingDiverged, match=r"loss is nan at step 1; stopping\. .*no checkpoint was saved"):
+    rec.flush()
+  logger.close()
