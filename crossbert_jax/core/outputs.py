@@ -84,32 +84,39 @@ def _check_location(path: str | os.PathLike, flag: str, inputs: Mapping[str, str
     if not checkpoints.is_dir() or (inside_run_ok and checkpoints not in (output, *output.parents)):
       continue
     raise UserError(f"{flag}={path} is inside {folder}, which holds training checkpoints: "
-                      f"choose a {flag} outside any training run")
-  if output.exists() and not output.is_dir():
-    raise UserError(f"{flag}={path} is a file, not a folder: give a folder path (a file is never replaced)")
-  if "://" not in str(output):
-    _check_writable(output, flag, path)
+                    f"choose a {flag} outside any training run")
+  check_folder_path(path, flag)
   return output
 
 
-def _check_writable(output: epath.Path, flag: str, given: str | os.PathLike) -> None:
-  """Refuses a local output whose parent cannot be made or written (the staging folder goes there)."""
+def check_folder_path(path: str | os.PathLike, flag: str) -> None:
+  """Refuses a folder path that is a file, or (locally) whose parent cannot be made or written."""
+  output = absolute(path)
+  if output.exists() and not output.is_dir():
+    raise UserError(f"{flag}={path} is a file, not a folder: give a folder path (a file is never replaced)")
+  if "://" in str(output):
+    return
   folder = output.parent
   while not folder.exists() and folder != folder.parent:
     folder = folder.parent
   if not folder.is_dir():
-    raise UserError(f"{flag}={given}: {folder} is a file, so no folder can be made below it; choose another path")
+    raise UserError(f"{flag}={path}: {folder} is a file, so no folder can be made below it; choose another path")
   if not os.access(folder, os.W_OK):
-    raise UserError(f"{flag}={given}: {folder} is not writable; choose a writable folder")
+    raise UserError(f"{flag}={path}: {folder} is not writable; choose a writable folder")
 
 
 def check_output_file(path: str, flag: str = "--out") -> epath.Path:
   """Refuses an output file that is a folder or cannot be written (probed locally; nothing is left)."""
   out = epath.Path(path)
   if out.is_dir():
-    raise UserError(f"{flag}={path} is a folder: give a file path, e.g. {flag}={out / 'report.json'}")
+    raise UserError(f"{flag}={path} is a folder: give a file path in it, e.g. {flag}={out}/NAME.json")
   if "://" in path:
     return out
+  folder = out.parent
+  while not folder.exists() and folder != folder.parent:
+    folder = folder.parent
+  if not folder.is_dir():
+    raise UserError(f"{flag}={path}: {folder} is a file, so nothing can be written below it; choose another path")
   existed = out.exists()
   try:
     if str(out.parent) not in ("", "."):
