@@ -129,9 +129,10 @@ def main(argv: Sequence[str]) -> None:
   if not f.output and not f.workdir:
     raise UserError("--output is empty: with --hf, say where the pooler goes")
   output = f.output or os.path.join(f.workdir, "pooler")
-  # Every output is checked before the slow embedding; the pooler may sit inside the run (its
-  # default), never in its checkpoints/, and --force never replaces a run or an input.
-  outputs.check_output_dir(output, f.force, inputs={"--hf": f.hf, "--pairs": f.pairs}, inside_run_ok=True)
+  # Every output is checked before the slow embedding: the pooler may sit inside the run (its
+  # default) or the --hf folder, never in checkpoints/; --force never replaces a run or an input.
+  pooler_dir = {"inputs": _output_inputs(f), "may_sit_inside": ("--workdir", "--hf"), "inside_run_ok": True}
+  outputs.check_output_dir(output, f.force, **pooler_dir)
   export_inputs = {**_output_inputs(f), "--output": output}
   if f.export:
     outputs.check_output_dir(f.export, f.force, flag="--export", inputs=export_inputs)
@@ -157,8 +158,7 @@ def main(argv: Sequence[str]) -> None:
           "train": {**opts.__dict__, "pairs": os.path.abspath(f.pairs), "pairs_split": f.pairs_split,
                     "rows": len(triples), "sentences": len(texts)},
           "loss_first": losses[0], "loss_last_10": float(np.mean(losses[-10:])), "train_seconds": seconds}
-  with outputs.staged_output_dir(output, f.force, inputs={"--hf": f.hf, "--pairs": f.pairs},
-                                 inside_run_ok=True) as tmp:
+  with outputs.staged_output_dir(output, f.force, **pooler_dir) as tmp:
     pooler_lib.save_pooler(str(tmp), params, meta)
   print(f"trained the pooler in {seconds:.1f}s: loss {losses[0]:.4f} -> {meta['loss_last_10']:.4f} "
         f"(mean of the last 10 steps); wrote {output}", flush=True)

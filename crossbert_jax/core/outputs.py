@@ -11,7 +11,7 @@ import contextlib
 import os
 import re
 import uuid
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 from absl import logging
 from etils import epath
@@ -49,15 +49,15 @@ def _relation(output: epath.Path, other: epath.Path) -> str | None:
 
 def check_output_dir(path: str | os.PathLike, force: bool, *, flag: str = "--output",
                      inputs: Mapping[str, str | os.PathLike | None] | None = None,
-                     inside_run_ok: bool = False) -> epath.Path:
+                     may_sit_inside: Sequence[str] = (), inside_run_ok: bool = False) -> epath.Path:
   """Refuses an output folder that would overwrite user data, an input or a training run.
 
   `inputs`: {flag: path} of what the command reads (a workdir, an HF folder): the output may not
-  be, contain or sit inside any of them. `inside_run_ok`: the output may sit inside a training
-  run (the pooler's default <workdir>/pooler) but still not inside its checkpoints/. Returns the
-  absolute output path.
+  be, contain or sit inside any of them, except sit inside those whose flag is in `may_sit_inside`.
+  `inside_run_ok`: the output may sit inside a training run (the pooler's default
+  <workdir>/pooler) but still not inside its checkpoints/. Returns the absolute output path.
   """
-  output = _check_location(path, flag, inputs, inside_run_ok)
+  output = _check_location(path, flag, inputs, may_sit_inside, inside_run_ok)
   if output.exists() and any(output.iterdir()):
     if holds_checkpoints(output):
       raise UserError(f"{flag}={path} holds training checkpoints: choose another folder "
@@ -68,14 +68,14 @@ def check_output_dir(path: str | os.PathLike, force: bool, *, flag: str = "--out
 
 
 def _check_location(path: str | os.PathLike, flag: str, inputs: Mapping[str, str | os.PathLike | None] | None,
-                    inside_run_ok: bool) -> epath.Path:
+                    may_sit_inside: Sequence[str], inside_run_ok: bool) -> epath.Path:
   """The absolute output folder, refused when it is an input's, a run's or a file's place."""
   output = absolute(path)
   for name, given in (inputs or {}).items():
     if not given:
       continue
     relation = _relation(output, absolute(given))
-    if relation:
+    if relation and not (relation == "is inside" and name in may_sit_inside):
       raise UserError(f"{flag}={path} {relation} {name}={given}: an output may not be, contain or sit inside "
                       f"an input (--force would delete it); choose a {flag} outside it")
   for folder in output.parents:
@@ -155,10 +155,10 @@ def _recover_staging(output: epath.Path) -> None:
 @contextlib.contextmanager
 def staged_output_dir(path: str | os.PathLike, force: bool, *, flag: str = "--output",
                       inputs: Mapping[str, str | os.PathLike | None] | None = None,
-                      inside_run_ok: bool = False) -> Iterator[epath.Path]:
+                      may_sit_inside: Sequence[str] = (), inside_run_ok: bool = False) -> Iterator[epath.Path]:
   """Yields a temporary sibling folder; swaps it in for the output only if the body succeeds.
 
-  The output is checked (`check_output_dir`) first. The swap renames the old folder aside, the new
+  The output is checked (`check_output_dir`, same arguments) first. The swap renames the old folder aside, the new
   one in, then deletes the old: a kill at any point leaves the output complete (old or new) or
   recoverable by the next writer (`_recover_staging`).
   """
@@ -167,7 +167,8 @@ def staged_output_dir(path: str | os.PathLike, force: bool, *, flag: str = "--ou
   tmp = output.parent / f".{output.name}.tmp-{tag}"
   try:
     _recover_staging(output)
-    check_output_dir(output, force, flag=flag, inputs=inputs, inside_run_ok=inside_run_ok)
+    check_output_dir(output, force, flag=flag, inputs=inputs, may_sit_inside=may_sit_inside,
+                     inside_run_ok=inside_run_ok)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp.mkdir()
     try:
@@ -198,7 +199,7 @@ def staged_files(path: str | os.PathLike, force: bool, *, marker: str, flag: str
   it is replaced only with `force`. Each file is moved in with one rename (whole or absent); a
   failure in the body leaves the folder as it was.
   """
-  output = _check_location(path, flag, inputs, inside_run_ok=False)
+  output = _check_location(path, flag, inputs, (), inside_run_ok=False)
   if output.is_dir() and holds_checkpoints(output):
     raise UserError(f"{flag}={path} holds training checkpoints: choose a folder outside any training run")
   if (output / marker).exists() and not force:
