@@ -4,7 +4,9 @@ One rule for every command that writes a folder (`export`, `export import`, `poo
 `--export`, `report`): an output may never be, contain or sit inside one of the command's inputs,
 never holds (or sits inside) a training run's checkpoints, and replaces a non-empty folder only
 with `--force`. `staged_output_dir` then writes into a temporary sibling and swaps it in at the
-end, so a failure or a kill leaves the old folder or the new one, never a mix.
+end, so a failure or a kill leaves the old folder or the new one, never a mix; `staged_files`
+moves a staged set of files into a folder that keeps its other files (the report). Files:
+`check_output_file` (`compile --out`).
 """
 
 import contextlib
@@ -29,12 +31,13 @@ def absolute(path: str | os.PathLike) -> epath.Path:
   return epath.Path(path) if "://" in str(path) else epath.Path(os.path.realpath(str(path)))
 
 
-def holds_checkpoints(folder: epath.Path) -> bool:
-  """True if `folder` or a folder below it holds a training run's checkpoints/."""
+def holds_checkpoints(folder: epath.Path, depth: int = 4) -> bool:
+  """True if `folder` or a folder up to `depth` levels below it (a sweep's ROOT/runs/NAME) holds a
+  training run's checkpoints/."""
   if (folder / CHECKPOINTS).is_dir():
     return True
-  return any(child.is_dir() and not child.name.startswith(".") and holds_checkpoints(child)
-             for child in folder.iterdir())
+  return depth > 0 and any(child.is_dir() and not child.name.startswith(".") and holds_checkpoints(child, depth - 1)
+                           for child in folder.iterdir())
 
 
 def _relation(output: epath.Path, other: epath.Path) -> str | None:
