@@ -95,7 +95,7 @@ def test_output_folder_rules(tmp_path):
              ((tmp_path, True), {}, "holds training checkpoints"),  # Above a run.
              ((run / "pooler", True), {}, "which holds training checkpoints"),
              ((run / "checkpoints" / "x", True), {"inside_run_ok": True}, "which holds training checkpoints"),
-             ((src, True), {"inputs": {"--hf": src}}, f"is --hf={src}"),
+             ((src, True), {"inputs": {"--hf": src}}, f"is --hf {src}"),
              ((src / "sub", True), {"inputs": {"--hf": src}}, "is inside --hf"),
              ((tmp_path / "other", True), {"inputs": {"--hf": tmp_path / "other" / "m"}}, "contains --hf"),
              ((src, False), {}, "not empty: choose a new folder or pass --force"),
@@ -246,7 +246,7 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
   pooler = ["crossbert_jax.pooler", f"--workdir={run}", f"--pairs={snli}", "--steps=5", "--max_length=16",
             f"--output={tmp_path / 'p'}"]
   root = _sweep_root(tmp_path / "sweep", 1, shared_data)  # Runs that logged one row each.
-  damaged = _sweep_root(tmp_path / "damaged", 3, shared_data)
+  good, damaged = (_sweep_root(tmp_path / name, 3, shared_data) for name in ("good", "damaged"))
   (damaged / "plan.json").write_text((damaged / "plan.json").read_text()[:200])
   report_out = tmp_path / "report"
   report_out.mkdir()
@@ -259,7 +259,7 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
       "pooler_batch": [*pooler, "--batch_size=0"],
       "import_into_itself": ["crossbert_jax.export", "import", f"--hf={hf_folder}", f"--output={hf_folder}", "--force"],
       "report_one_row": ["crossbert_jax.report", f"--root={root}", f"--output={tmp_path / 'one_row'}"],
-      "report_exists": ["crossbert_jax.report", f"--root={root}", f"--output={report_out}"],
+      "report_exists": ["crossbert_jax.report", f"--root={good}", f"--output={report_out}"],
       "report_damaged": ["crossbert_jax.report", f"--root={damaged}", f"--output={tmp_path / 'r2'}"],
       "compile_out_dir": ["crossbert_jax.compile", "--config=configs/crossbert.py:tiny", f"--out={tmp_path}"],
       "train_eval_dir": ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'w'}",
@@ -270,10 +270,10 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
                            f"--data_dir={shared_data}", f"--output_dir={a_file}"],
   }
   results = _run_all(cases)
-  _one_error_line(results["pooler_export_run"], f"--export={run}", "--workdir")
-  _one_error_line(results["pooler_output_run"], f"--output={run}", "--workdir")
+  _one_error_line(results["pooler_export_run"], f"--export {run} is --workdir {run}")
+  _one_error_line(results["pooler_output_run"], f"--output {run} is --workdir {run}")
   _one_error_line(results["pooler_batch"], "--batch_size=0")
-  _one_error_line(results["import_into_itself"], f"--output={hf_folder} is --hf={hf_folder}")
+  _one_error_line(results["import_into_itself"], f"--output {hf_folder} is --hf {hf_folder}")
   code, out, err = results["report_one_row"]
   assert code == 0 and (tmp_path / "one_row" / "report.md").is_file(), err[-3000:]
   _one_error_line(results["report_exists"], "already holds report.md: pass --force")
@@ -282,7 +282,7 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
   _one_error_line(results["train_eval_dir"], "--config.eval.data_dir", "is missing")
   # Refused before the checkpoint restore: the error is the only line (no Orbax INFO chatter).
   assert results["mteb_task"][2].strip().splitlines() == [_one_error_line(results["mteb_task"], "NoSuchTask")]
-  _one_error_line(results["mteb_output_file"], f"--output_dir={a_file} is a file")
+  _one_error_line(results["mteb_output_file"], f"--output_dir {a_file} is a file")
   assert _digest(run) == run_before and _digest(hf_folder) == hf_before
   assert (report_out / "report.md").read_text() == "the earlier report" and a_file.read_text() == "x"
   assert not (tmp_path / "p").exists() and not (tmp_path / "w").exists() and not (tmp_path / "r2").exists()

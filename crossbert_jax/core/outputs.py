@@ -63,10 +63,10 @@ def check_output_dir(path: str | os.PathLike, force: bool, *, flag: str = "--out
   output = _check_location(path, flag, inputs, may_sit_inside, inside_run_ok)
   if output.exists() and any(output.iterdir()):
     if holds_checkpoints(output):
-      raise UserError(f"{flag}={path} holds training checkpoints: choose another folder "
+      raise UserError(f"{flag} {path} holds training checkpoints: choose another folder "
                       "(--force never deletes a training run)")
     if not force:
-      raise UserError(f"{flag}={path} exists and is not empty: choose a new folder or pass --force")
+      raise UserError(f"{flag} {path} exists and is not empty: choose a new folder or pass --force")
   return output
 
 
@@ -79,14 +79,14 @@ def _check_location(path: str | os.PathLike, flag: str, inputs: Mapping[str, str
       continue
     relation = _relation(output, absolute(given))
     if relation and not (relation == "is inside" and name in may_sit_inside):
-      raise UserError(f"{flag}={path} {relation} {name}={given}: an output may not be, contain or sit inside "
+      raise UserError(f"{flag} {path} {relation} {name} {given}: an output may not be, contain or sit inside "
                       f"an input (--force would delete it); choose a {flag} outside it")
   for folder in output.parents:
     # A folder inside a run (even another run) would be replaced with everything in it.
     checkpoints = folder / CHECKPOINTS
     if not checkpoints.is_dir() or (inside_run_ok and checkpoints not in (output, *output.parents)):
       continue
-    raise UserError(f"{flag}={path} is inside {folder}, which holds training checkpoints: "
+    raise UserError(f"{flag} {path} is inside {folder}, which holds training checkpoints: "
                     f"choose a {flag} outside any training run")
   check_folder_path(path, flag)
   return output
@@ -96,30 +96,30 @@ def check_folder_path(path: str | os.PathLike, flag: str) -> None:
   """Refuses a folder path that is a file, or (locally) whose parent cannot be made or written."""
   output = absolute(path)
   if output.exists() and not output.is_dir():
-    raise UserError(f"{flag}={path} is a file, not a folder: give a folder path (a file is never replaced)")
+    raise UserError(f"{flag} {path} is a file, not a folder: give a folder path (a file is never replaced)")
   if "://" in str(output):
     return
   folder = output.parent
   while not folder.exists() and folder != folder.parent:
     folder = folder.parent
   if not folder.is_dir():
-    raise UserError(f"{flag}={path}: {folder} is a file, so no folder can be made below it; choose another path")
+    raise UserError(f"{flag} {path}: {folder} is a file, so no folder can be made below it; choose another path")
   if not os.access(folder, os.W_OK):
-    raise UserError(f"{flag}={path}: {folder} is not writable; choose a writable folder")
+    raise UserError(f"{flag} {path}: {folder} is not writable; choose a writable folder")
 
 
 def check_output_file(path: str, flag: str = "--out") -> epath.Path:
   """Refuses an output file that is a folder or cannot be written (probed locally; nothing is left)."""
   out = epath.Path(path)
   if out.is_dir():
-    raise UserError(f"{flag}={path} is a folder: give a file path in it, e.g. {flag}={out}/NAME.json")
+    raise UserError(f"{flag} {path} is a folder: give a file path in it, e.g. {flag}={out}/NAME.json")
   if "://" in path:
     return out
   folder = out.parent
   while not folder.exists() and folder != folder.parent:
     folder = folder.parent
   if not folder.is_dir():
-    raise UserError(f"{flag}={path}: {folder} is a file, so nothing can be written below it; choose another path")
+    raise UserError(f"{flag} {path}: {folder} is a file, so nothing can be written below it; choose another path")
   existed = out.exists()
   try:
     if str(out.parent) not in ("", "."):
@@ -127,7 +127,7 @@ def check_output_file(path: str, flag: str = "--out") -> epath.Path:
     with open(out, "a", encoding="utf-8"):
       pass
   except OSError as e:
-    raise UserError(f"{flag}={path} cannot be written ({e.strerror or type(e).__name__}); "
+    raise UserError(f"{flag} {path} cannot be written ({e.strerror or type(e).__name__}); "
                     "choose a writable path") from None
   if not existed:
     out.unlink()
@@ -204,9 +204,9 @@ def staged_files(path: str | os.PathLike, force: bool, *, marker: str, flag: str
   """
   output = _check_location(path, flag, inputs, (), inside_run_ok=False)
   if output.is_dir() and holds_checkpoints(output):
-    raise UserError(f"{flag}={path} holds training checkpoints: choose a folder outside any training run")
+    raise UserError(f"{flag} {path} holds training checkpoints: choose a folder outside any training run")
   if (output / marker).exists() and not force:
-    raise UserError(f"{flag}={path} already holds {marker}: pass --force to replace it (and the files written "
+    raise UserError(f"{flag} {path} already holds {marker}: pass --force to replace it (and the files written "
                     "with it; other files there are kept) or choose a new folder")
   tag = uuid.uuid4().hex[:8]
   tmp = output.parent / f".{output.name}.tmp-{tag}"
