@@ -14,10 +14,10 @@ v5e-16, v4:2x2x2 is v4-16.
 import json
 
 from absl import app, flags
-from etils import epath
 from ml_collections import config_flags
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.training import aot
 
@@ -34,13 +34,15 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
   c = config_lib.from_flag(_CONFIG.value)
+  path = outputs.check_output_file(_OUT.value, "--out") if _OUT.value else None  # Before the slow compile.
   report = aot.compile_train_step(c, _TOPOLOGY.value)
   print(aot.format_report(report, params=_PARAMS.value), flush=True)
-  if _OUT.value:
-    path = epath.Path(_OUT.value)
-    if str(path.parent) not in ("", "."):
-      path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1))
+  if path is not None:
+    try:
+      path.write_text(json.dumps(report, indent=1))
+    except OSError as e:
+      raise UserError(f"--out={path} could not be written ({e.strerror or type(e).__name__}); "
+                      "choose a writable path") from None
     print(f"wrote {path}")
   aot.check_fits(report, c)
 

@@ -14,7 +14,9 @@ from typing import Sequence
 
 from absl import app
 from absl import flags
+from absl import logging
 
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation.mteb import MtebEncoder, local_tasks
@@ -42,15 +44,11 @@ def main(argv: Sequence[str]) -> None:
     raise UserError("--tasks is empty: name MTEB tasks, e.g. --tasks=STSBenchmark,SciFact")
   if bool(f.workdir) == bool(f.hf):
     raise UserError("pass exactly one of --workdir=RUN or --hf=DIR")
+  logging.set_verbosity(logging.WARNING)  # Orbax restore chatter (dozens of INFO lines before any error).
+  outputs.check_folder_path(f.output_dir, "--output_dir")  # mteb adds its results there, deletes nothing.
   import mteb  # Local: heavy.
 
-  options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), max_length=f.max_length)
-  if f.workdir:
-    from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
-
-    emb, label = evaluate.jax_model(f.workdir, f.step, options, f.tokenizer)
-  else:
-    emb, label = embedder_lib.HFEmbedder(f.hf, options, progress=True), os.path.basename(f.hf.rstrip("/"))
+  # The tasks first: a bad name is found before the checkpoint restore, not after it.
   if f.data_dir:
     tasks = local_tasks(f.data_dir, tuple(names))
   else:
@@ -58,11 +56,22 @@ def main(argv: Sequence[str]) -> None:
       tasks = mteb.get_tasks(tasks=names)
     except (KeyError, ValueError) as e:
       raise UserError(f"--tasks: {str(e).splitlines()[0]}; see mteb.get_tasks() for names") from None
+  options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), max_length=f.max_length)
+  if f.workdir:
+    from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
+
+    emb, label = evaluate.jax_model(f.workdir, f.step, options, f.tokenizer)
+  else:
+    emb, label = embedder_lib.HFEmbedder(f.hf, options, progress=True), os.path.basename(f.hf.rstrip("/"))
   encoder = MtebEncoder(emb, name=f"crossbert_jax/{label}", normalize=f.normalize)
   try:
     result = mteb.evaluate(encoder, tasks, cache=mteb.ResultCache(f.output_dir))
   except (OSError, ConnectionError) as e:
-    raise UserError(f"MTEB could not fetch its task data ({type(e).__name__}); it needs the internet "
+    detail = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
+    if f.data_dir:  # The data is local: the failure is a file, not the network.
+      raise UserError(f"MTEB failed on a file ({detail}); check --output_dir={f.output_dir} and "
+                      f"--data_dir={f.data_dir}") from None
+    raise UserError(f"MTEB could not fetch its task data ({detail}); it needs the internet "
                     "(Hugging Face Hub) - offline, pass --data_dir for the local STSBenchmark/SciFact") from None
   for task_result in result.task_results:
     print(task_result.task_name, task_result.get_score(), flush=True)

@@ -15,15 +15,14 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from typing import Sequence
 
 import numpy as np
 from absl import app
 from absl import flags
 from absl import logging
-from etils import epath
 
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.evaluation import embedder as embedder_lib
@@ -72,27 +71,29 @@ def _load_encoder(f, options: embedder_lib.Options):
   return emb, {"kind": "workdir", "path": os.path.abspath(f.workdir), "step": step}, (config, params, tok)
 
 
-def _check_free(path: str, force: bool, what: str) -> None:
-  p = epath.Path(path)
-  if p.exists() and (not p.is_dir() or any(p.iterdir())) and not force:
-    raise UserError(f"--{what}={path} exists and is not empty: choose a new folder or pass --force")
+def _output_inputs(f) -> dict[str, str]:
+  """The inputs no output of this command may be, contain or sit inside."""
+  return {"--workdir": f.workdir, "--hf": f.hf, "--pairs": f.pairs}
 
 
-def export_sentence_transformers(output: str, emb, pooler: pooler_lib.LoadedPooler, run, force: bool) -> float:
-  """Writes encoder + Pooling + Dense as a sentence-transformers folder; returns the max abs diff."""
+def export_sentence_transformers(output: str, emb, pooler: pooler_lib.LoadedPooler, run, force: bool,
+                                 inputs: dict[str, str] | None = None) -> float:
+  """Writes encoder + Pooling + Dense as a sentence-transformers folder; returns the max abs diff.
+
+  `inputs` ({flag: path}) are folders the export may not be, contain or sit inside
+  (`core.outputs`); it never replaces a training run either, even with `force`.
+  """
   from sentence_transformers import SentenceTransformer  # Local: torch.
 
   if pooler.kind != "mean":
     raise UserError("--export: sentence-transformers has no attention-pooling module; export a --kind=mean pooler")
-  out = epath.Path(output)
-  tmp = out.parent / f".{out.name}.pooler-tmp-{uuid.uuid4().hex[:8]}"
-  try:
+  with outputs.staged_output_dir(output, force, flag="--export", inputs=inputs) as tmp:
     if run is not None:  # Our encoder: the HF export (weights, tokenizer, Transformer + Pooling), verified.
       config, params, tok = run
       convert.export(config, params, tok, tmp, do_verify=True)
       seq_len = config.data.seq_len
     else:  # A local HF folder: copied, with mean pooling as our HFEmbedder.
-      shutil.copytree(emb_path(emb), tmp)
+      shutil.copytree(emb_path(emb), tmp, dirs_exist_ok=True)
       seq_len = int(emb.model.config.max_position_embeddings)
       hf_files.sentence_transformers_files(tmp, int(emb.model.config.hidden_size), seq_len)
     dense = pooler.params["dense"]
@@ -109,12 +110,6 @@ def export_sentence_transformers(output: str, emb, pooler: pooler_lib.LoadedPool
     if not diff <= convert.TOLERANCE:
       raise UserError(f"--export: SentenceTransformer differs from the JAX pooler by {diff:.2e} "
                       f"(> {convert.TOLERANCE:g}); the export does not match")
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  if out.exists():
-    shutil.rmtree(out) if out.is_dir() else out.unlink()
-  tmp.rename(out)
   return diff
 
 
@@ -134,13 +129,20 @@ def main(argv: Sequence[str]) -> None:
   if not f.output and not f.workdir:
     raise UserError("--output is empty: with --hf, say where the pooler goes")
   output = f.output or os.path.join(f.workdir, "pooler")
-  _check_free(output, f.force, "output")
+  # Every output is checked before the slow embedding: the pooler may sit inside the run (its
+  # default) or the --hf folder, never in checkpoints/; --force never replaces a run or an input.
+  pooler_dir = {"inputs": _output_inputs(f), "may_sit_inside": ("--workdir", "--hf"), "inside_run_ok": True}
+  outputs.check_output_dir(output, f.force, **pooler_dir)
+  export_inputs = {**_output_inputs(f), "--output": output}
   if f.export:
-    _check_free(f.export, f.force, "export")
+    outputs.check_output_dir(f.export, f.force, flag="--export", inputs=export_inputs)
     if f.kind != "mean":
       raise UserError("--export: sentence-transformers has no attention-pooling module; use --kind=mean")
   opts = pooler_lib.TrainOptions(f.kind, f.out_dim, f.steps, f.batch_size, f.learning_rate, f.scale,
                                  f.hard_negatives, f.seed)
+  opts.check()
+  if f.max_length < 2:
+    raise UserError(f"--max_length={f.max_length}: sentences need at least 2 tokens (e.g. --max_length=128)")
   anchors, positives, negatives = pooler_lib.read_pairs(f.pairs, f.pairs_split, f.pairs_columns)
   emb, source, run = _load_encoder(f, embedder_lib.Options(max_length=f.max_length))
   texts, triples = pooler_lib.triples_from(anchors, positives, negatives if f.hard_negatives else None)
@@ -156,11 +158,12 @@ def main(argv: Sequence[str]) -> None:
           "train": {**opts.__dict__, "pairs": os.path.abspath(f.pairs), "pairs_split": f.pairs_split,
                     "rows": len(triples), "sentences": len(texts)},
           "loss_first": losses[0], "loss_last_10": float(np.mean(losses[-10:])), "train_seconds": seconds}
-  pooler_lib.save_pooler(output, params, meta)
+  with outputs.staged_output_dir(output, f.force, **pooler_dir) as tmp:
+    pooler_lib.save_pooler(str(tmp), params, meta)
   print(f"trained the pooler in {seconds:.1f}s: loss {losses[0]:.4f} -> {meta['loss_last_10']:.4f} "
         f"(mean of the last 10 steps); wrote {output}", flush=True)
   if f.export:
-    diff = export_sentence_transformers(f.export, emb, pooler_lib.load_pooler(output), run, f.force)
+    diff = export_sentence_transformers(f.export, emb, pooler_lib.load_pooler(output), run, f.force, export_inputs)
     print(f"exported {f.export} (sentence-transformers: Transformer, Pooling, Dense); "
           f"max abs diff vs JAX {diff:.2e} (tolerance {convert.TOLERANCE:g}): verified", flush=True)
 

@@ -1,8 +1,9 @@
 r"""Scaling report: Markdown and PNG plots from a sweep directory.
 
-  python -m crossbert_jax.report --root=runs/sweeps/gutenberg_cpu --output=docs/results/gutenberg_cpu
+  python -m crossbert_jax.report --root=runs/sweeps/gutenberg_cpu --output=docs/results/gutenberg_cpu [--force]
 
 Reads ROOT/plan.json and each run's metrics; unfinished runs are included and marked partial.
+An existing report.md in --output is replaced only with --force (other files there are kept).
 Details: docs/scaling_sweeps.md.
 """
 
@@ -10,11 +11,15 @@ import pathlib
 
 from absl import app, flags
 
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.scaling import report
 
+REPORT_FILE = "report.md"  # What scaling.report.write_report writes next to its PNGs.
 _ROOT = flags.DEFINE_string("root", None, "Sweep directory (python -m crossbert_jax.sweep --root=...).")
 _OUTPUT = flags.DEFINE_string("output", None, "Folder for report.md and its PNGs, e.g. docs/results/gutenberg_cpu.")
+_FORCE = flags.DEFINE_bool("force", False, "Replace the report.md (and PNGs) already in --output; other files "
+                           "there are kept.")
 
 
 @exit_on_user_error
@@ -23,7 +28,11 @@ def _main(argv):
     raise UserError(f"unexpected arguments {argv[1:]}; use --root=... --output=...")
   if not _ROOT.value or not _OUTPUT.value:
     raise UserError("--root and --output are required, e.g. --root=runs/sweeps/x --output=docs/results/x")
-  print(f"wrote {report.write_report(pathlib.Path(_ROOT.value), pathlib.Path(_OUTPUT.value))}")
+  root, output = pathlib.Path(_ROOT.value), pathlib.Path(_OUTPUT.value)
+  # Written beside --output and moved in at the end: a failure leaves the folder as it was.
+  with outputs.staged_files(output, _FORCE.value, marker=REPORT_FILE, inputs={"--root": root}) as tmp:
+    written = report.write_report(root, pathlib.Path(tmp))
+  print(f"wrote {output / written.name}")
 
 
 def main():

@@ -11,12 +11,15 @@ line), 75 (EXIT_STOPPED) stopped by SIGTERM/SIGINT after saving: rerun the same 
 import sys
 
 import jax
+import numpy as np
 from absl import app, flags, logging
+from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import xla_flags
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.evaluation import runner
 from crossbert_jax.run import compile_cache
 from crossbert_jax.run.trainer import run
 
@@ -37,6 +40,27 @@ _BREAK_LOCK = flags.DEFINE_bool(
     "only when that run is known to be dead (a stale or dead-pid lock is broken without it).")
 
 
+def _check_probe_inputs(c) -> None:
+  """A bad eval.tasks / eval.data_dir fails now, not at the first probe after training.
+
+  Process 0 scores the probes, so it alone reads the task data; every process learns the verdict
+  (a one-sided exit would leave the others waiting in a collective).
+  """
+  config_lib.validate(c)
+  error = None
+  if jax.process_index() == 0:
+    try:
+      runner.check_probe_inputs(c)
+    except UserError as e:
+      error = e
+  if jax.process_count() > 1:
+    ok = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+    if not ok and error is None:
+      raise UserError("process 0 could not read the probe tasks (config eval.*; see its error line)")
+  if error is not None:
+    raise error
+
+
 @exit_on_user_error
 def _main(argv):
   if len(argv) > 1:
@@ -50,7 +74,9 @@ def _main(argv):
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   logging.set_verbosity(logging.WARNING)
   compile_cache.enable(_WORKDIR.value, _COMPILATION_CACHE.value)
-  last = run(config_lib.from_flag(_CONFIG.value), _WORKDIR.value, break_lock=_BREAK_LOCK.value)
+  c = config_lib.from_flag(_CONFIG.value)
+  _check_probe_inputs(c)
+  last = run(c, _WORKDIR.value, break_lock=_BREAK_LOCK.value)
   if last["status"] == "stopped":
     if jax.process_index() == 0:
       print(f"stopped: step {last.get('step')} saved in {_WORKDIR.value}; rerun the same command to resume "

@@ -262,11 +262,32 @@ def from_flag(value) -> ml_collections.ConfigDict:
   if value is None:
     raise UserError("--config is required, e.g. --config=configs/crossbert.py:tiny")
   try:
-    value.objective  # config_flags defers load failures to the first attribute access.
+    objective = value.objective  # config_flags defers load failures to the first attribute access.
   except OSError as e:
     detail = " ".join(str(e).split())
     raise UserError(f"--config could not be loaded ({detail}); use e.g. --config=configs/crossbert.py:tiny") from None
+  except (AttributeError, KeyError):
+    raise UserError("--config file sets no `objective`: build it with get_config(objective, variant) from "
+                    "crossbert_jax/core/config.py (as configs/crossbert.py does)") from None
+  if objective not in OBJECTIVES:
+    raise _err("objective", f"{objective!r} is not one of {OBJECTIVES}")
+  missing = _missing_keys(value, get_config(objective, "tiny"))
+  if missing:
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    raise UserError(f"--config file lacks config key {missing[0]}{more}: build it with get_config(objective, "
+                    "variant) from crossbert_jax/core/config.py, which declares every key")
   return value
+
+
+def _missing_keys(c: ml_collections.ConfigDict, schema: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+  """Dotted keys of `schema` that `c` lacks (a whole missing section counts once)."""
+  out = []
+  for key, want in schema.items():
+    if key not in c:
+      out.append(prefix + key)
+    elif isinstance(want, ml_collections.ConfigDict) and isinstance(c[key], ml_collections.ConfigDict):
+      out += _missing_keys(c[key], want, f"{prefix}{key}.")
+  return out
 
 
 def from_dict(saved: dict) -> ml_collections.ConfigDict:

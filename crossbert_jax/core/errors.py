@@ -50,8 +50,11 @@ def parse_flags_or_exit(argv: list[str]) -> list[str]:
   except flags.Error as e:
     message = f"{e}; see --helpfull"
   except (AttributeError, KeyError) as e:
-    message = (f"unknown config key {str(e).strip(chr(34))} in a --config.* override; every key is "
-               "declared in crossbert_jax/config.py")
+    key = str(e).strip(chr(34)).strip("'")
+    overridden = [a for a in argv if a.startswith("--config.") and f".{key}" in a.split("=")[0]]
+    where = (f"in the override {overridden[0].split('=')[0]}" if overridden else "(the --config file lacks it)")
+    message = (f"unknown config key {key!r} {where}; every key is declared in crossbert_jax/core/config.py "
+               "(a config file builds on its get_config)")
   except Exception as e:  # noqa: BLE001 - config files are user input; show one line, not a traceback.
     message = f"could not load --config: {' '.join(str(e).split())}"
   error_line(message)

@@ -216,6 +216,11 @@ _COLUMN_KEYS = {"text", "pair", "label"}
 
 
 def _load_task_file(path: str) -> Any:
+  p = epath.Path(path)
+  if not p.is_file():
+    what = "is a folder" if p.is_dir() else "does not exist"
+    raise UserError(f"--task_file={path} {what}: give a .json (or .yaml) task file "
+                    "(docs/evaluation.md shows one)")
   text = decode(path)
   if path.endswith((".yaml", ".yml")):
     try:
@@ -256,12 +261,14 @@ def read_task_file(path: str) -> list[GenericSpec]:
     if unknown or not {"name", "type", "train"} <= set(e):
       bad = f"unknown key {unknown[0]!r}" if unknown else "missing name, type or train"
       raise UserError(f"--task_file={path}: {where}: {bad}; keys are {', '.join(sorted(_TASK_KEYS))}")
-    name = str(e["name"])
+    name = e["name"]
+    if not isinstance(name, str) or not name.strip():
+      raise UserError(f"--task_file={path}: {where}: name is {name!r}; give each task a non-empty string name")
     if name in names:
       raise UserError(f"--task_file={path}: task name {name!r} appears twice; names must be unique")
     names.add(name)
     cols = e.get("columns", {})
-    if not isinstance(cols, dict) or set(cols) - _COLUMN_KEYS:
+    if not isinstance(cols, dict) or set(cols) - _COLUMN_KEYS or not all(isinstance(v, str) for v in cols.values()):
       raise UserError(f"--task_file={path}: task {name!r}: columns must map text, pair, label to column names")
     ev = e.get("eval", {})
     ev = {"eval": ev} if isinstance(ev, str) else ev

@@ -163,6 +163,22 @@ class TrainOptions:
   hard_negatives: bool = True
   seed: int = 0
 
+  def check(self) -> None:
+    """Refuses settings that train nothing or nonsense (each names its CLI flag)."""
+    if self.kind not in KINDS:
+      raise UserError(f"--kind={self.kind!r}: use one of {', '.join(KINDS)}")
+    if self.steps < 1:
+      raise UserError(f"--steps={self.steps}: train at least 1 step (e.g. --steps=300)")
+    if self.batch_size < 2:
+      raise UserError(f"--batch_size={self.batch_size}: in-batch negatives need at least 2 pairs per step "
+                      "(e.g. --batch_size=64)")
+    if not 0 < self.learning_rate < float("inf"):
+      raise UserError(f"--learning_rate={self.learning_rate}: must be positive and finite (e.g. 1e-3)")
+    if not 0 < self.scale < float("inf"):
+      raise UserError(f"--scale={self.scale}: the cosine logit scale must be positive and finite (e.g. 20)")
+    if self.out_dim < 0:
+      raise UserError(f"--out_dim={self.out_dim}: use a positive width, or 0 for the encoder's width")
+
 
 def pooler_loss(model: Pooler, params: dict, hidden_KxBxLxD, mask_KxBxL, scale: float):
   """Contrastive loss of anchors (k = 0), positives (1) and negatives (2) pooled from cached states.
@@ -180,8 +196,7 @@ def train_pooler(features: Features, triples_Tx3: np.ndarray, opts: TrainOptions
 
   `triples_Tx3` indexes `features` (anchor, positive, negative; negative -1 when absent).
   """
-  if opts.kind not in KINDS:
-    raise UserError(f"--kind={opts.kind!r}: use one of {', '.join(KINDS)}")
+  opts.check()
   t = len(triples_Tx3)
   if t < 2:
     raise UserError(f"{t} training pair(s): in-batch negatives need at least 2")

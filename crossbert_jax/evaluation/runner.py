@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from etils import epath
 
+from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation import tasks as eval_tasks, probes, retrieval
@@ -62,7 +63,22 @@ def headline(task: eval_tasks.Task, result: dict[str, Any]) -> dict[str, float]:
 
 @functools.lru_cache(maxsize=32)
 def _cached_task(name: str, data_dir: str) -> eval_tasks.Task:
-  return eval_tasks.load_task(name, data_dir)
+  return eval_tasks.load_task(name, data_dir, data_flag="--config.eval.data_dir")
+
+
+def check_probe_inputs(config) -> None:
+  """Reads every eval.tasks task from eval.data_dir now, so a bad one fails before training, not at
+  the first probe; errors name the config keys. A no-op with eval.every_steps=0. The tasks stay
+  cached for `probe_scores` in this process.
+  """
+  if config.eval.every_steps <= 0:
+    return
+  names = eval_tasks.parse_tasks(config.eval.tasks, flag="--config.eval.tasks")
+  if not names:
+    raise UserError(f"--config.eval.tasks={config.eval.tasks!r} names no task but eval.every_steps="
+                    f"{config.eval.every_steps}: name tasks (e.g. sst2,stsb) or set --config.eval.every_steps=0")
+  for name in names:
+    _cached_task(name, str(config.eval.data_dir))
 
 
 def _on_one_device(params):
@@ -87,7 +103,7 @@ def probe_scores(config, encoder_params, tokenizer: tokenizer_lib.Tokenizer) -> 
   emb = embedder_lib.JaxEmbedder(spec, _on_one_device(encoder_params), tokenizer,
                                  embedder_lib.Options(max_length=min(PROBE_MAX_LENGTH, config.data.seq_len * 2)))
   out = {}
-  for name in eval_tasks.parse_tasks(config.eval.tasks):
+  for name in eval_tasks.parse_tasks(config.eval.tasks, flag="--config.eval.tasks"):
     task = _cached_task(name, str(config.eval.data_dir))
     scored = task.scored[:1]
     result = evaluate_task(emb, task, seed=config.eval.seed, max_examples=config.eval.max_examples,

@@ -62,11 +62,19 @@ class Task:
     return self.splits[self.fit].labels
 
 
+class MissingTaskFile(UserError):
+  """A task's data file is absent under the data root (`load_task` names the flag or config key)."""
+
+  def __init__(self, root: epath.Path, rel: str):
+    super().__init__(f"--data_dir {root}: {rel} is missing; point --data_dir at the shared data root "
+                     "(the folder holding SOURCES.md)")
+    self.root, self.rel = root, rel
+
+
 def _path(root: epath.Path, rel: str) -> epath.Path:
   p = root / rel
   if not p.exists():
-    raise UserError(f"--data_dir {root}: {rel} is missing; point --data_dir at the shared data root "
-                    "(the folder holding SOURCES.md)")
+    raise MissingTaskFile(root, rel)
   return p
 
 
@@ -169,23 +177,27 @@ READERS: dict[str, Callable[[epath.Path], Task]] = {
 ALL_TASKS = tuple(READERS)
 
 
-def load_task(name: str, data_dir: str | epath.Path) -> Task:
-  """The named task read from `data_dir` (the shared data root)."""
+def load_task(name: str, data_dir: str | epath.Path, data_flag: str = "--data_dir") -> Task:
+  """The named task read from `data_dir` (the shared data root); errors name `data_flag`."""
   if name not in READERS:
     raise UserError(f"--tasks: unknown task {name!r}; use any of {','.join(ALL_TASKS)} "
                     "(or --generic_train / --task_file for your own data)")
   root = epath.Path(str(data_dir))
   if not root.exists():
-    raise UserError(f"--data_dir {root} does not exist: point it at the shared data root (e.g. ../shared/data)")
-  return READERS[name](root)
+    raise UserError(f"{data_flag} {root} does not exist: point it at the shared data root (e.g. ../shared/data)")
+  try:
+    return READERS[name](root)
+  except MissingTaskFile as e:
+    raise UserError(f"{data_flag} {root}: {e.rel} (task {name}) is missing; point {data_flag} at the shared "
+                    "data root (the folder holding SOURCES.md)") from None
 
 
-def parse_tasks(tasks: str) -> list[str]:
-  """'a,b' -> ['a', 'b'] checked against the known tasks ('all' = every task)."""
+def parse_tasks(tasks: str, flag: str = "--tasks") -> list[str]:
+  """'a,b' -> ['a', 'b'] checked against the known tasks ('all' = every task); errors name `flag`."""
   names = [t.strip() for t in tasks.split(",") if t.strip()]
   if names == ["all"]:
     return list(ALL_TASKS)
   for n in names:
     if n not in READERS:
-      raise UserError(f"--tasks: unknown task {n!r}; use any of {','.join(ALL_TASKS)} or 'all'")
+      raise UserError(f"{flag}: unknown task {n!r}; use any of {','.join(ALL_TASKS)} or 'all'")
   return names

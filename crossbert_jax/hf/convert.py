@@ -9,13 +9,9 @@ folder and renamed at the end. The CLI is `crossbert_jax.export`.
 Shape letters: B batch, L length, D embed, V vocab.
 """
 
-import contextlib
 import json
-import re
-import uuid
 from typing import Any, Sequence
 
-from absl import logging
 from etils import epath
 import jax
 import ml_collections
@@ -23,6 +19,7 @@ import numpy as np
 import safetensors.numpy
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.hf import files as hf_files
@@ -83,100 +80,6 @@ def inference_spec(model_cfg: Any) -> EncoderSpec:
   """The encoder spec for fp32 inference (compute dtype and remat do not change the params)."""
   spec = EncoderSpec.from_config(model_cfg)
   return EncoderSpec(**{**spec.__dict__, "dtype": "float32", "remat": "none"})
-
-
-# -- writing safely --------------------------------------------------------------------------
-
-
-# Siblings of an output folder: `.NAME.tmp-ID` is being written, `.NAME.old-ID` is the folder it
-# replaces, set aside until the new one is in place.
-_STAGING = r"\.{name}\.(tmp|old)-[0-9a-f]{{8}}"
-
-
-def _holds_checkpoints(folder: epath.Path) -> bool:
-  """True if `folder` or a folder below it holds a training run's checkpoints/."""
-  if (folder / "checkpoints").is_dir():
-    return True
-  return any(child.is_dir() and not child.name.startswith(".") and _holds_checkpoints(child)
-             for child in folder.iterdir())
-
-
-def _absolute(path: epath.Path) -> epath.Path:
-  return path if "://" in str(path) else epath.Path(path).resolve()
-
-
-def _check_output(output: epath.Path, force: bool, protect: Sequence[str | epath.Path] = ()) -> None:
-  """Refuses an `output` that would overwrite user data or a training run."""
-  output = _absolute(output)
-  for run in protect:
-    run = _absolute(epath.Path(run))
-    if output == run or run in output.parents or output in run.parents:
-      raise UserError(f"--output {output} is, or is inside or above, the workdir {run}: --force would delete "
-                      "the training run; export to a folder outside it")
-  for folder in (output, *output.parents):
-    # A folder inside a run (even another run than --workdir) is replaced with everything in it.
-    if folder != output and (folder / "checkpoints").is_dir():
-      raise UserError(f"--output {output} is inside {folder}, which holds training checkpoints: "
-                      "export to a folder outside any training run")
-  if output.exists() and (not output.is_dir() or any(output.iterdir())):
-    if output.is_dir() and _holds_checkpoints(output):
-      raise UserError(f"--output {output} holds training checkpoints: export to another folder "
-                      "(--force never deletes a training run)")
-    if not force:
-      raise UserError(f"--output {output} exists and is not empty: choose a new folder or pass --force")
-
-
-def _recover_staging(output: epath.Path) -> None:
-  """Undoes what a killed export left: restores a set-aside folder, deletes staging folders."""
-  if not output.parent.is_dir():
-    return
-  pattern = _STAGING.format(name=re.escape(output.name))
-  leftovers = sorted(p for p in output.parent.iterdir() if re.fullmatch(pattern, p.name))
-  for path in leftovers:
-    if ".old-" in path.name and not output.exists():
-      # Killed between the two renames: the set-aside folder is the last complete export.
-      path.rename(output)
-      logging.warning("restored %s from %s, left by an export that was killed", output, path)
-    elif ".old-" in path.name and "://" in str(output):
-      # On object stores a folder rename is per-object copy + delete: a kill mid-rename can leave
-      # `output` partial and this copy complete, so it is never deleted automatically.
-      logging.warning("kept %s, left by an export killed while replacing %s: delete it once %s is "
-                      "checked", path, output, output)
-    else:
-      path.rmtree(missing_ok=True)
-      logging.warning("removed %s, left by an export that was killed", path)
-
-
-@contextlib.contextmanager
-def _staging(output: epath.Path, force: bool, protect: Sequence[str | epath.Path] = ()):
-  """Yields a temporary sibling folder; swaps it in for `output` only if the body succeeds.
-
-  The swap renames the old folder aside, the new one in, then deletes the old: a kill at any point
-  leaves `output` complete (old or new) or recoverable by the next export (`_recover_staging`).
-  """
-  tag = uuid.uuid4().hex[:8]
-  tmp = output.parent / f".{output.name}.tmp-{tag}"
-  try:
-    _recover_staging(output)
-    _check_output(output, force, protect)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp.mkdir()
-    try:
-      yield tmp
-    except BaseException:
-      tmp.rmtree(missing_ok=True)
-      raise
-    old = output.parent / f".{output.name}.old-{tag}"
-    if output.exists():
-      output.rename(old)
-    tmp.rename(output)
-    if old.exists():
-      old.rmtree() if old.is_dir() else old.unlink()
-  except OSError as e:
-    if tmp.exists():
-      tmp.rmtree(missing_ok=True)
-    raise UserError(f"could not write {output} ({e.strerror or type(e).__name__}: {e.filename or e}): "
-                    f"free space or choose a writable --output; nothing at {output} was changed") from None
 
 
 def write_hf(out: epath.Path, config: ml_collections.ConfigDict, params: Any,
@@ -262,17 +165,18 @@ def mlm_logits(config: ml_collections.ConfigDict, params: Any, hidden_BxLxD: Any
 
 def export(config: ml_collections.ConfigDict, params: Any, tok: tokenizer_lib.Tokenizer,
            output: str | epath.Path, *, do_verify: bool = False, force: bool = False,
-           info: dict | None = None, protect: Sequence[str | epath.Path] = ()) -> dict | None:
+           info: dict | None = None, workdir: str | epath.Path | None = None) -> dict | None:
   """Writes the HF folder `output` (atomically); with do_verify, checks it before the rename.
 
-  `protect`: folders (a run's workdir) that `output` must not be, sit inside, or contain.
+  `workdir`: the run exported, which `output` must not be, sit inside, or contain
+  (`core.outputs.check_output_dir`, which also keeps it out of any training run).
   """
   if tok.vocab_size > config.model.vocab_size:
     raise UserError(f"tokenizer has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}: "
                     "pass the run's own tokenizer with --tokenizer")
   output = epath.Path(output)
   result = None
-  with _staging(output, force, protect) as tmp:
+  with outputs.staged_output_dir(output, force, inputs={"--workdir": workdir}) as tmp:
     write_hf(tmp, config, params, tok, info)
     if do_verify:
       result = verify(tmp, config, params, tok)
@@ -293,19 +197,54 @@ def _load_float_tensors(data: bytes, source: str) -> dict[str, np.ndarray]:
   import ml_dtypes  # pylint: disable=g-import-not-at-top
 
   n = int.from_bytes(data[:8], "little")
-  header = json.loads(data[8:8 + n])
+  damaged = UserError(f"{source}: model.safetensors is truncated or damaged ({len(data)} bytes); "
+                      "re-download or re-save the model folder")
+  try:
+    header = json.loads(data[8:8 + n]) if len(data) >= 8 and 8 + n <= len(data) else None
+  except (ValueError, UnicodeDecodeError):
+    header = None
+  if not isinstance(header, dict):
+    raise damaged
   out = {}
   for name, info in header.items():
     if name == "__metadata__":
       continue
-    dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+    try:
+      begin, end = info["data_offsets"]
+      if not 0 <= begin <= end <= len(data) - 8 - n:
+        raise damaged
+    except (KeyError, TypeError, ValueError):
+      raise damaged from None
+    dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
     if dtype is None:
-      raise UserError(f"{source}: tensor {name} has dtype {info['dtype']}; expected float weights")
+      raise UserError(f"{source}: tensor {name} has dtype {info.get('dtype')}; expected float weights")
     dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
-    begin, end = info["data_offsets"]
-    x = np.frombuffer(data[8 + n + begin:8 + n + end], dtype=dtype).reshape(info["shape"])
+    try:
+      x = np.frombuffer(data[8 + n + begin:8 + n + end], dtype=dtype).reshape(info["shape"])
+    except (KeyError, TypeError, ValueError):
+      raise damaged from None
     out[name] = x if x.dtype == np.float32 else x.astype(np.float32)
   return out
+
+
+def _read_hf_config(path: epath.Path, source: str) -> dict:
+  """config.json as a dict; not JSON, not an object or a required key missing: one UserError."""
+  try:
+    hf = json.loads(path.read_text(encoding="utf-8"))
+  except (ValueError, UnicodeDecodeError) as e:
+    raise UserError(f"{source}: config.json is not valid JSON ({' '.join(str(e).split())[:120]}); "
+                    "re-save or re-download the model folder") from None
+  if not isinstance(hf, dict):
+    raise UserError(f"{source}: config.json holds a {type(hf).__name__}, not a ModernBERT config object")
+  return hf
+
+
+def _model_values(hf: dict, source: str) -> dict:
+  try:
+    return hf_mapping.from_hf_config(hf, source)
+  except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+    what = f"lacks {e}" if isinstance(e, KeyError) else f"has a bad value ({e})"
+    raise UserError(f"{source}: config.json {what}; it is not a complete ModernBERT config") from None
 
 
 def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers: bool = False
@@ -316,8 +255,7 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
   for name in ("config.json", "model.safetensors"):
     if not (folder / name).is_file():
       raise UserError(f"{source} holds no {name}: point --hf at a ModernBERT model folder")
-  hf = json.loads((folder / "config.json").read_text())
-  model_values = hf_mapping.from_hf_config(hf, source)
+  hf = _read_hf_config(folder / "config.json", source)
   tensors = _load_float_tensors((folder / "model.safetensors").read_bytes(), source)
   prefix = hf_mapping.MLM_ENCODER_PREFIX
   has_prefix = any(k.startswith(prefix) for k in tensors)
@@ -328,7 +266,7 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
     tensors = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
   config = config_lib.get_config(objective, "base").copy_and_resolve_references()
   config.unlock()
-  for k, v in model_values.items():
+  for k, v in _model_values(hf, source).items():
     config.model[k] = v
   config.model.scan_layers = scan_layers
   # The model's own numerics, not the pod defaults of `base` (bf16, remat): a run that starts
@@ -344,9 +282,10 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
 def import_hf(hf: str, output: str, objective: str = "crossbert", scan_layers: bool = False,
               force: bool = False) -> epath.Path:
   """Writes `output`/params.safetensors (our param paths) + `output`/config.json (our config)."""
+  outputs.check_output_dir(output, force, inputs={"--hf": hf})  # Before the slow read.
   config, params = read_hf(hf, objective, scan_layers)
   output = epath.Path(output)
-  with _staging(output, force) as tmp:
+  with outputs.staged_output_dir(output, force, inputs={"--hf": hf}) as tmp:
     (tmp / PARAMS_FILE).write_bytes(safetensors.numpy.save(flatten(params)))
     hf_files.write_json(tmp / "config.json", config.to_dict())
   return output

@@ -66,7 +66,11 @@ def _result(run: plan_lib.Run, run_dir: pathlib.Path) -> RunResult | None:
 
 def collect(root: pathlib.Path) -> tuple[dict, list[RunResult], list[str]]:
   """(spec, results of the runs that logged anything, names of runs with no metrics yet)."""
-  spec, runs = plan_lib.load_plan(root)
+  try:
+    spec, runs = plan_lib.load_plan(root)
+  except (ValueError, KeyError, TypeError) as e:  # Not JSON (truncated), or not a plan's fields.
+    raise UserError(f"--root={root}: {root / plan_lib.PLAN_FILE} is damaged ({type(e).__name__}: "
+                    f"{' '.join(str(e).split())[:100]}); restore it, or rerun the sweep into a new --root") from None
   results, missing = [], []
   for run in runs:
     r = _result(run, root / "runs" / run.name)

@@ -26,6 +26,15 @@ def _save(fig, path: pathlib.Path) -> str:
   return path.name
 
 
+def _log_x(ax, **labels) -> None:
+  """Log FLOPs axis; with no point drawn (runs too short to plot), a linear one saying so."""
+  if any(len(line.get_xdata()) for line in ax.get_lines()) or any(len(c.get_offsets()) for c in ax.collections):
+    ax.set(xscale="log", **labels)
+  else:
+    ax.set(**labels)
+    ax.text(0.5, 0.5, "no points yet", ha="center", va="center", transform=ax.transAxes)
+
+
 def loss_vs_flops(results: list[RunResult], labels: list[str], sizes: list[str], path: pathlib.Path) -> str:
   """One panel per objective: training loss vs FLOPs, one line per size (and seed)."""
   cols = min(3, len(labels))
@@ -37,7 +46,7 @@ def loss_vs_flops(results: list[RunResult], labels: list[str], sizes: list[str],
       if r.run.label == label and len(r.loss_curve):
         ax.plot(r.loss_curve[:, 0] * r.run.flops_per_step, r.loss_curve[:, 1], color=size_colors[r.run.size],
                 lw=0.8, label=f"{r.run.size} s{r.run.seed}")
-    ax.set(xscale="log", title=label, xlabel="training FLOPs", ylabel="loss (nats)")
+    _log_x(ax, title=label, xlabel="training FLOPs", ylabel="loss (nats)")
     ax.legend(fontsize=7)
   for ax in list(axes.flat)[len(labels):]:
     ax.axis("off")
@@ -59,7 +68,7 @@ def probes_vs_flops(results: list[RunResult], labels: list[str], keys: list[str]
         seen.add(r.run.label)
         ax.plot(points[:, 0] * r.run.flops_per_step, points[:, 1], marker="o", ms=3, lw=0.8,
                 color=colors[r.run.label], label=name)
-    ax.set(xscale="log", title=key, xlabel="training FLOPs")
+    _log_x(ax, title=key, xlabel="training FLOPs")
   axes.flat[0].legend(fontsize=6)
   for ax in list(axes.flat)[len(keys):]:
     ax.axis("off")
@@ -91,6 +100,6 @@ def fits(points: dict[str, tuple[np.ndarray, np.ndarray]], laws: dict[str, Power
     if law.alpha is not None and len(c):
       grid = np.geomspace(c.min(), c.max(), 50)
       ax.plot(grid, law(grid), color=colors[label], lw=1)
-  ax.set(xscale="log", xlabel="training FLOPs", ylabel=ylabel, title=f"{ylabel}: E + A C^-alpha")
+  _log_x(ax, xlabel="training FLOPs", ylabel=ylabel, title=f"{ylabel}: E + A C^-alpha")
   ax.legend(fontsize=7)
   return _save(fig, path)

@@ -1,0 +1,229 @@
+"""Output folders and files of the commands: checked before any slow work, written atomically.
+
+One rule for every command that writes a folder (`export`, `export import`, `pooler --output` /
+`--export`, `report`): an output may never be, contain or sit inside one of the command's inputs,
+never holds (or sits inside) a training run's checkpoints, and replaces a non-empty folder only
+with `--force`. `staged_output_dir` then writes into a temporary sibling and swaps it in at the
+end, so a failure or a kill leaves the old folder or the new one, never a mix; `staged_files`
+moves a staged set of files into a folder that keeps its other files (the report). Files:
+`check_output_file` (`compile --out`).
+"""
+
+import contextlib
+import os
+import re
+import uuid
+from typing import Iterator, Mapping, Sequence
+
+from absl import logging
+from etils import epath
+
+from crossbert_jax.core.errors import UserError
+
+# Siblings of an output folder: `.NAME.tmp-ID` is being written, `.NAME.old-ID` is the folder it
+# replaces, set aside until the new one is in place.
+_STAGING = r"\.{name}\.(tmp|old)-[0-9a-f]{{8}}"
+CHECKPOINTS = "checkpoints"  # The folder of a training run that no output may replace.
+
+
+def absolute(path: str | os.PathLike) -> epath.Path:
+  """`path` made absolute (symlinks resolved) when local; object-store paths as they are."""
+  return epath.Path(path) if "://" in str(path) else epath.Path(os.path.realpath(str(path)))
+
+
+def holds_checkpoints(folder: epath.Path, depth: int = 4) -> bool:
+  """True if `folder` or a folder up to `depth` levels below it (a sweep's ROOT/runs/NAME) holds a
+  training run's checkpoints/."""
+  if (folder / CHECKPOINTS).is_dir():
+    return True
+  return depth > 0 and any(child.is_dir() and not child.name.startswith(".") and holds_checkpoints(child, depth - 1)
+                           for child in folder.iterdir())
+
+
+def _relation(output: epath.Path, other: epath.Path) -> str | None:
+  if output == other:
+    return "is"
+  if other in output.parents:
+    return "is inside"
+  if output in other.parents:
+    return "contains"
+  return None
+
+
+def check_output_dir(path: str | os.PathLike, force: bool, *, flag: str = "--output",
+                     inputs: Mapping[str, str | os.PathLike | None] | None = None,
+                     may_sit_inside: Sequence[str] = (), inside_run_ok: bool = False) -> epath.Path:
+  """Refuses an output folder that would overwrite user data, an input or a training run.
+
+  `inputs`: {flag: path} of what the command reads (a workdir, an HF folder): the output may not
+  be, contain or sit inside any of them, except sit inside those whose flag is in `may_sit_inside`.
+  `inside_run_ok`: the output may sit inside a training run (the pooler's default
+  <workdir>/pooler) but still not inside its checkpoints/. Returns the absolute output path.
+  """
+  output = _check_location(path, flag, inputs, may_sit_inside, inside_run_ok)
+  if output.exists() and any(output.iterdir()):
+    if holds_checkpoints(output):
+      raise UserError(f"{flag} {path} holds training checkpoints: choose another folder "
+                      "(--force never deletes a training run)")
+    if not force:
+      raise UserError(f"{flag} {path} exists and is not empty: choose a new folder or pass --force")
+  return output
+
+
+def _check_location(path: str | os.PathLike, flag: str, inputs: Mapping[str, str | os.PathLike | None] | None,
+                    may_sit_inside: Sequence[str], inside_run_ok: bool) -> epath.Path:
+  """The absolute output folder, refused when it is an input's, a run's or a file's place."""
+  output = absolute(path)
+  for name, given in (inputs or {}).items():
+    if not given:
+      continue
+    relation = _relation(output, absolute(given))
+    if relation and not (relation == "is inside" and name in may_sit_inside):
+      raise UserError(f"{flag} {path} {relation} {name} {given}: an output may not be, contain or sit inside "
+                      f"an input (--force would delete it); choose a {flag} outside it")
+  for folder in output.parents:
+    # A folder inside a run (even another run) would be replaced with everything in it.
+    checkpoints = folder / CHECKPOINTS
+    if not checkpoints.is_dir() or (inside_run_ok and checkpoints not in (output, *output.parents)):
+      continue
+    raise UserError(f"{flag} {path} is inside {folder}, which holds training checkpoints: "
+                    f"choose a {flag} outside any training run")
+  check_folder_path(path, flag)
+  return output
+
+
+def check_folder_path(path: str | os.PathLike, flag: str) -> None:
+  """Refuses a folder path that is a file, or (locally) whose parent cannot be made or written."""
+  output = absolute(path)
+  if output.exists() and not output.is_dir():
+    raise UserError(f"{flag} {path} is a file, not a folder: give a folder path (a file is never replaced)")
+  if "://" in str(output):
+    return
+  folder = output.parent
+  while not folder.exists() and folder != folder.parent:
+    folder = folder.parent
+  if not folder.is_dir():
+    raise UserError(f"{flag} {path}: {folder} is a file, so no folder can be made below it; choose another path")
+  if not os.access(folder, os.W_OK):
+    raise UserError(f"{flag} {path}: {folder} is not writable; choose a writable folder")
+
+
+def check_output_file(path: str, flag: str = "--out") -> epath.Path:
+  """Refuses an output file that is a folder or cannot be written (probed locally; nothing is left)."""
+  out = epath.Path(path)
+  if out.is_dir():
+    raise UserError(f"{flag} {path} is a folder: give a file path in it, e.g. {flag}={out}/NAME.json")
+  if "://" in path:
+    return out
+  folder = out.parent
+  while not folder.exists() and folder != folder.parent:
+    folder = folder.parent
+  if not folder.is_dir():
+    raise UserError(f"{flag} {path}: {folder} is a file, so nothing can be written below it; choose another path")
+  existed = out.exists()
+  try:
+    if str(out.parent) not in ("", "."):
+      out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a", encoding="utf-8"):
+      pass
+  except OSError as e:
+    raise UserError(f"{flag} {path} cannot be written ({e.strerror or type(e).__name__}); "
+                    "choose a writable path") from None
+  if not existed:
+    out.unlink()
+  return out
+
+
+def _recover_staging(output: epath.Path) -> None:
+  """Undoes what a killed writer left: restores a set-aside folder, deletes staging folders."""
+  if not output.parent.is_dir():
+    return
+  pattern = _STAGING.format(name=re.escape(output.name))
+  leftovers = sorted(p for p in output.parent.iterdir() if re.fullmatch(pattern, p.name))
+  for path in leftovers:
+    if ".old-" in path.name and not output.exists():
+      # Killed between the two renames: the set-aside folder is the last complete output.
+      path.rename(output)
+      logging.warning("restored %s from %s, left by a writer that was killed", output, path)
+    elif ".old-" in path.name and "://" in str(output):
+      # On object stores a folder rename is per-object copy + delete: a kill mid-rename can leave
+      # `output` partial and this copy complete, so it is never deleted automatically.
+      logging.warning("kept %s, left by a writer killed while replacing %s: delete it once %s is "
+                      "checked", path, output, output)
+    else:
+      path.rmtree(missing_ok=True)
+      logging.warning("removed %s, left by a writer that was killed", path)
+
+
+@contextlib.contextmanager
+def staged_output_dir(path: str | os.PathLike, force: bool, *, flag: str = "--output",
+                      inputs: Mapping[str, str | os.PathLike | None] | None = None,
+                      may_sit_inside: Sequence[str] = (), inside_run_ok: bool = False) -> Iterator[epath.Path]:
+  """Yields a temporary sibling folder; swaps it in for the output only if the body succeeds.
+
+  The output is checked (`check_output_dir`, same arguments) first. The swap renames the old folder aside, the new
+  one in, then deletes the old: a kill at any point leaves the output complete (old or new) or
+  recoverable by the next writer (`_recover_staging`).
+  """
+  output = epath.Path(path)
+  tag = uuid.uuid4().hex[:8]
+  tmp = output.parent / f".{output.name}.tmp-{tag}"
+  try:
+    _recover_staging(output)
+    check_output_dir(output, force, flag=flag, inputs=inputs, may_sit_inside=may_sit_inside,
+                     inside_run_ok=inside_run_ok)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir()
+    try:
+      yield tmp
+    except BaseException:
+      tmp.rmtree(missing_ok=True)
+      raise
+    old = output.parent / f".{output.name}.old-{tag}"
+    if output.exists():
+      output.rename(old)
+    tmp.rename(output)
+    if old.exists():
+      old.rmtree() if old.is_dir() else old.unlink()
+  except OSError as e:
+    if tmp.exists():
+      tmp.rmtree(missing_ok=True)
+    raise UserError(f"could not write {output} ({e.strerror or type(e).__name__}: {e.filename or e}): "
+                    f"free space or choose a writable {flag}; nothing at {output} was changed") from None
+
+
+@contextlib.contextmanager
+def staged_files(path: str | os.PathLike, force: bool, *, marker: str, flag: str = "--output",
+                 inputs: Mapping[str, str | os.PathLike | None] | None = None) -> Iterator[epath.Path]:
+  """Yields a temporary sibling folder whose files are moved into the output folder at the end.
+
+  For an output folder that also holds files of its own (a report next to hand-written notes):
+  other files are kept. `marker` is the file that shows an earlier output (report.md): present,
+  it is replaced only with `force`. Each file is moved in with one rename (whole or absent); a
+  failure in the body leaves the folder as it was.
+  """
+  output = _check_location(path, flag, inputs, (), inside_run_ok=False)
+  if output.is_dir() and holds_checkpoints(output):
+    raise UserError(f"{flag} {path} holds training checkpoints: choose a folder outside any training run")
+  if (output / marker).exists() and not force:
+    raise UserError(f"{flag} {path} already holds {marker}: pass --force to replace it (and the files written "
+                    "with it; other files there are kept) or choose a new folder")
+  tag = uuid.uuid4().hex[:8]
+  tmp = output.parent / f".{output.name}.tmp-{tag}"
+  try:
+    _recover_staging(output)
+    tmp.mkdir(parents=True)
+    try:
+      yield tmp
+    except BaseException:
+      tmp.rmtree(missing_ok=True)
+      raise
+    output.mkdir(parents=True, exist_ok=True)
+    for file in sorted(tmp.iterdir(), key=lambda p: p.name == marker):  # The marker last.
+      file.replace(output / file.name)
+    tmp.rmtree(missing_ok=True)
+  except OSError as e:
+    if tmp.exists():
+      tmp.rmtree(missing_ok=True)
+    raise UserError(f"could not write {output} ({e.strerror or type(e).__name__}: {e.filename or e}): "
+                    f"free space or choose a writable {flag}") from None
