@@ -9,7 +9,7 @@ vocabulary size are stored in every checkpoint).
 Allowed with a one-line warning: every other key (runtime keys such as `model.remat`,
 `data.worker_count`, `metrics.log_every`, `checkpoint.*`, `mesh.*`, `eval.*`, and the
 optimizer). A change of the learning-rate schedule (`train.steps`, `learning_rate`,
-`warmup_steps`, `decay`, `final_lr_ratio`) names the jump: the lr of the next step before and
+`warmup_steps`, `decay`, `decay_fraction`, `decay_shape`, `final_lr_ratio`) names the jump: the lr of the next step before and
 after. Silent: `train.stop_at_step`, `metrics.progress_bar`.
 """
 
@@ -31,7 +31,7 @@ _ALLOWED_IN_REFUSED = {"model.remat", "model.dtype", "model.init_std", "model.at
 _REFUSED_KEYS = {"objective", "train.seed", "data.path", "data.format", "data.text_field", "data.text_unit",
                  "data.seq_len", "data.shuffle_seed"}
 _SILENT = {"train.stop_at_step", "metrics.progress_bar", "data.tokenizer"}  # The tokenizer: by content below.
-_SCHEDULE = ("steps", "learning_rate", "warmup_steps", "decay", "final_lr_ratio")
+_SCHEDULE = ("steps", "learning_rate", "warmup_steps", "decay", "decay_fraction", "decay_shape", "final_lr_ratio")
 
 
 def tokenizer_identity(path: str, vocab_size: int) -> dict[str, Any]:
