@@ -29,7 +29,7 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import pipeline as data
 from crossbert_jax.data import tokenizer as tokenizer_lib
-from crossbert_jax.training import (checkpoint, elastic, flops, guard, lock as lock_lib, metrics, optimizer,
+from crossbert_jax.training import (checkpoint, elastic, flops, fork, guard, lock as lock_lib, metrics, optimizer,
                                     preemption, resume, sharding, step)
 
 
@@ -231,11 +231,14 @@ def _train(c, workdir, mesh, rules, tok, tok_id, stop, warn, primary, state_of_r
     return restore_data
 
   found = ckpt.restore_latest(accept, abstract, shardings, data_iter, warn, primary)
+  forked = found is None and bool(c.train.fork_from)  # A fork's first start: its source's checkpoint, read only.
+  if forked:
+    found = fork.restore(c, workdir, tok_id, abstract, shardings, data_iter, warn)
   if found is not None:
     start, state, meta = found
     if resharded.get("state") is not None:
       data_iter.set_state(resharded["state"])
-    tokens_at_start = resume.saved_tokens_seen(start, ckpt.saved_config(start), meta)
+    tokens_at_start = meta["tokens_seen"] if forked else resume.saved_tokens_seen(start, ckpt.saved_config(start), meta)
   else:
     start, tokens_at_start = 0, 0
     state = step.init_state(c, tx, mesh, rules, shardings)
@@ -319,7 +322,7 @@ def _train(c, workdir, mesh, rules, tok, tok_id, stop, warn, primary, state_of_r
                         f"{step_num} and stopping")
         last["status"] = "stopped"
         break
-      if step_num % c.checkpoint.every_steps == 0:
+      if step_num % c.checkpoint.every_steps == 0 or step_num in c.checkpoint.keep_steps:
         if pending is not None:
           drain(pending)
           pending = None
