@@ -99,6 +99,7 @@ def test_fork_refusals_are_one_line(tmp_path, spm_model):
     proc = _train(tmp_path / "fork", tok, "--config.train.steps=4", *overrides, check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().startswith("error: config train.fork_from=") and needle in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
 
 

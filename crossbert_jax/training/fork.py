@@ -9,8 +9,10 @@ created (a read-only Orbax manager), so it can be a finished run, a running one 
 Once the fork holds a checkpoint of its own, the loop resumes from that and never reads the source.
 """
 
+import contextlib
+import logging
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import ml_collections
@@ -28,6 +30,18 @@ def parse(fork_from: str) -> tuple[str, int | None]:
   if m and not m.group("source").endswith(":/"):  # "gs://b/run:80" has a step; "gs://b/run" has none.
     return m.group("source"), int(m.group("step"))
   return fork_from, None
+
+
+@contextlib.contextmanager
+def _quiet_absl() -> Iterator[None]:
+  """Hides the two warnings Orbax logs for every read-only manager (it is read-only on purpose)."""
+  logger = logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
 
 
 def _same_place(a: str, b: str) -> bool:
@@ -53,8 +67,9 @@ def restore(c: ml_collections.ConfigDict, workdir: epath.Path, tokenizer: dict[s
   if not ckpt_dir.is_dir():
     raise UserError(f"{key}: {source} holds no checkpoints/; point it at a training run's workdir")
   # keep/keep_steps only matter to a writer; a read-only manager deletes nothing.
-  reader = checkpoint.Checkpointer(source, ml_collections.ConfigDict({"keep": 1, "keep_steps": (), "async_save": False}),
-                                   read_only=True)
+  with _quiet_absl():
+    reader = checkpoint.Checkpointer(source, ml_collections.ConfigDict({"keep": 1, "keep_steps": (), "async_save": False}),
+                                     read_only=True)
   try:
     steps = sorted(reader.all_steps())
     if not steps:
