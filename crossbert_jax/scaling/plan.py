@@ -267,8 +267,11 @@ def train_command(run: Run, spec: dict, workdir: str, python: str = "python") ->
 
 
 def plan_hash(runs: list[Run]) -> str:
-  """The identity of a resolved plan: a sha256 over every run's name, kind, steps and config overrides."""
+  """The identity of a resolved plan: a sha256 over every run's name, kind, steps and config overrides
+  (but the tokenizer's path, which names the root: a moved root keeps its identity)."""
   resolved = [dataclasses.asdict(r) for r in runs]
+  for r in resolved:
+    r["overrides"] = {k: v for k, v in r["overrides"].items() if k != "data.tokenizer"}
   return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()
 
 
