@@ -68,8 +68,8 @@ def restore(c: ml_collections.ConfigDict, workdir: epath.Path, tokenizer: dict[s
     raise UserError(f"{key}: {source} holds no checkpoints/; point it at a training run's workdir")
   # keep/keep_steps only matter to a writer; a read-only manager deletes nothing.
   with _quiet_absl():
-    reader = checkpoint.Checkpointer(source, ml_collections.ConfigDict({"keep": 1, "keep_steps": (), "async_save": False}),
-                                     read_only=True)
+    reader = checkpoint.Checkpointer(
+        source, ml_collections.ConfigDict({"keep": 1, "keep_steps": (), "async_save": False}), read_only=True)
   try:
     steps = sorted(reader.all_steps())
     if not steps:
