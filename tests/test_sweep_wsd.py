@@ -126,12 +126,12 @@ def test_bad_sweep_flags_are_one_line(tmp_path):
     assert proc.stderr.startswith("error:") and needle in proc.stderr, proc.stderr
 
 
-def test_wsd_sweep_trains_stable_then_branches_and_prints_the_cost(tmp_path):
+def test_wsd_sweep_trains_stable_then_branches_and_prints_the_cost(tmp_path, spm_model):
   one_objective = WSD_SPEC.replace(',\n                  "cb_r50_k2": dict(objective="crossbert", ratio=0.5, views=2)}', "}")
   assert one_objective != WSD_SPEC
   spec = _spec(tmp_path, one_objective.replace("FLOPS", "[1e9, 2e9]"))
   root = tmp_path / "sweep"
-  fault_inject_sweep.train_tokenizer(root)
+  fault_inject_sweep.train_tokenizer(root, spm_model)
   dry = run_module(["crossbert_jax.sweep", f"--spec={spec}", f"--root={root}", "--dry_run"], timeout=120)
   assert "total cost:" in dry.stdout and "stable runs" in dry.stdout and "as independent runs" in dry.stdout, dry.stdout
   assert not (root / plan_lib.PLAN_FILE).exists(), "--dry_run writes nothing"
@@ -147,10 +147,10 @@ def test_wsd_sweep_trains_stable_then_branches_and_prints_the_cost(tmp_path):
   assert again.stdout.count("done, skipped") == len(runs), again.stdout
 
 
-def test_sweep_stop_exits_75_and_kill_takes_the_trainer_with_it(tmp_path):
+def test_sweep_stop_exits_75_and_kill_takes_the_trainer_with_it(tmp_path, spm_model):
   spec = _spec(tmp_path, fault_inject_sweep.SPEC.replace("WSD", "None").replace("FLOPS", "3e10"))
   root = tmp_path / "sweep"
-  fault_inject_sweep.train_tokenizer(root)
+  fault_inject_sweep.train_tokenizer(root, spm_model)
   proc = run_module(["crossbert_jax.sweep", f"--spec={spec}", f"--root={root}"], wait=False)
   fault_inject_sweep.wait_for_training(root, proc)
   proc.send_signal(signal.SIGTERM)
@@ -173,6 +173,6 @@ def test_sweep_stop_exits_75_and_kill_takes_the_trainer_with_it(tmp_path):
   assert after[name] >= old + 4, f"the killed attempt's wall time was not written as it ran: {before} -> {after}"
 
 
-def test_random_kills_of_a_sweep_finish_every_run_once(tmp_path):
+def test_random_kills_of_a_sweep_finish_every_run_once(tmp_path, spm_model):
   """tools/fault_inject_sweep.py, short: 2 random kill -9s of a 2-run sweep (make fault-inject-sweep runs 20)."""
-  fault_inject_sweep.run(kills=2, root=tmp_path / "sweep", seed=1, max_delay=4.0, flops=5e9)
+  fault_inject_sweep.run(kills=2, root=tmp_path / "sweep", seed=1, max_delay=4.0, flops=5e9, tokenizer=spm_model)

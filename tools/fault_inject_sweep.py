@@ -47,9 +47,14 @@ def _env() -> dict[str, str]:
   return {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
 
 
-def train_tokenizer(root: pathlib.Path) -> None:
-  """The sweep's tokenizer (ROOT/tokenizer/spm.model), trained as the sweep would train it."""
+def train_tokenizer(root: pathlib.Path, existing: str = "") -> None:
+  """The sweep's tokenizer (ROOT/tokenizer/spm.model), trained as the sweep would train it (or a copy
+  of `existing`, a 512-piece model of the built-in corpus)."""
   from crossbert_jax.scaling import runner  # pylint: disable=g-import-not-at-top
+  if existing:
+    runner.tokenizer_path(root).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(existing, runner.tokenizer_path(root))
+    return
   cmd = runner.tokenizer_command({"data_path": "builtin", "tokenizer_vocab_size": 512}, root, sys.executable)
   subprocess.run(cmd, cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=300)
 
@@ -97,7 +102,7 @@ def _sweep(spec: pathlib.Path, root: pathlib.Path) -> subprocess.Popen:
                           cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def run(kills: int, root: pathlib.Path, seed: int, max_delay: float, flops: float) -> None:
+def run(kills: int, root: pathlib.Path, seed: int, max_delay: float, flops: float, tokenizer: str = "") -> None:
   """The faulted sweep; raises AssertionError on a failed check."""
   from crossbert_jax.scaling import plan as plan_lib  # pylint: disable=g-import-not-at-top
   from crossbert_jax.training import metrics  # pylint: disable=g-import-not-at-top
@@ -108,7 +113,7 @@ def run(kills: int, root: pathlib.Path, seed: int, max_delay: float, flops: floa
   root.mkdir(parents=True)
   spec = root.parent / f"{root.name}_spec.py"
   spec.write_text(SPEC.replace("FLOPS", repr(flops)).replace("WSD", "None"))
-  train_tokenizer(root)
+  train_tokenizer(root, tokenizer)
   done_kills = 0
   for k in range(kills):
     proc = _sweep(spec, root)
