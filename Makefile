@@ -6,6 +6,7 @@
 #   make setup-gpu   .venv with jax[cuda12] on top (NVIDIA hosts)
 #   make test-tpu    the libtpu tests (compile for v5p:2x2x2) in .venv-tpu
 #   make fault-inject   KILLS random kill -9s of a tiny run, each resumed; checks a bitwise-equal end
+#   make fault-inject-sweep   KILLS random kill -9s of a tiny 2-run sweep; every run finished once, no orphans
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,7 +15,7 @@ RUN ?= runs/demo
 KILLS ?= 50
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-tpu setup-gpu demo test test-tpu bench fault-inject clean
+.PHONY: setup setup-tpu setup-gpu demo test test-tpu bench fault-inject fault-inject-sweep clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +58,9 @@ bench: setup
 
 fault-inject: setup
 	$(PY) tools/fault_inject.py --kills=$(KILLS) --workdir=runs/fault_inject
+
+fault-inject-sweep: setup
+	$(PY) tools/fault_inject_sweep.py --kills=$(KILLS) --root=runs/fault_inject_sweep
 
 clean:
 	rm -rf runs bench_results.json

@@ -4,17 +4,23 @@ r"""Scaling sweep: a ladder of sizes x objectives x seeds at equal FLOPs per siz
       [--dry_run] [--print_commands] [--flops_scale=0.01]
 
 Writes ROOT/plan.json, trains ROOT/tokenizer/spm.model if missing, then each run in
-ROOT/runs/<name> one after another (finished runs skipped, interrupted ones resumed). Run it from
+ROOT/runs/<name> one after another (finished runs skipped, interrupted ones resumed); a spec with
+`wsd` trains each stable run before its decay branches. The plan and its total cost (with WSD
+branches: stable + branches vs independent runs) are printed first. A root holding another plan is
+refused. SIGTERM / Ctrl-C: the trainer saves, the sweep exits 75 (rerun to resume). Run it from
 the repo root (the spec's paths are relative to it). `--print_commands` prints the per-run
 commands for a pod launcher instead. Details: docs/scaling_sweeps.md.
 """
 
+import math
 import pathlib
 import shlex
+import signal
+import sys
 
 from absl import app, flags
 
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling import runner
 
@@ -31,25 +37,46 @@ def _main(argv):
     raise UserError(f"unexpected arguments {argv[1:]}; use --spec=... --root=...")
   if not _SPEC.value or not _ROOT.value:
     raise UserError("--spec and --root are required, e.g. --spec=experiments/gutenberg_cpu.py --root=runs/sweeps/x")
-  if not _SCALE.value > 0:
-    raise UserError(f"--flops_scale={_SCALE.value}: must be positive")
+  if not (_SCALE.value > 0 and math.isfinite(_SCALE.value)):
+    raise UserError(f"--flops_scale={_SCALE.value}: must be a positive finite number (e.g. 0.01 for a smoke run)")
+  root = pathlib.Path(_ROOT.value).absolute()
+  if root.exists() and not root.is_dir():
+    raise UserError(f"--root={_ROOT.value} is a file: give a folder for the sweep")
   spec = plan_lib.load_spec(_SPEC.value)
   for size in spec["sizes"].values():
-    size["flops"] *= _SCALE.value
-  root = pathlib.Path(_ROOT.value).absolute()
+    scaled = [b * _SCALE.value for b in plan_lib.budgets(size)]
+    size["flops"] = scaled if isinstance(size["flops"], (list, tuple)) else scaled[0]
   runs = plan_lib.plan(spec, str(runner.tokenizer_path(root)))
   if _PRINT.value:
     print(shlex.join(runner.tokenizer_command(spec, root)))
     for run in runs:
       print(shlex.join(plan_lib.train_command(run, spec, str(root / "runs" / run.name))))
     return
-  print(f"{'run':<34} {'steps':>6} {'FLOPs':>9} {'tokens':>9}")
+  print(f"{'run':<40} {'kind':<6} {'steps':>11} {'FLOPs':>9} {'tokens':>9}")
   for run in runs:
-    print(f"{run.name:<34} {run.steps:>6} {run.flops:>9.3g} {run.steps * run.tokens_per_step:>9.3g}")
+    span = f"{run.fork_step}-{run.steps}" if run.kind == "branch" else str(run.end_step)
+    print(f"{run.name:<40} {run.kind:<6} {span:>11} {run.cost_flops:>9.3g} {run.end_step * run.tokens_per_step:>9.3g}")
+  cost, independent = plan_lib.total_cost(runs)
+  if any(r.kind == "stable" for r in runs):
+    stable = sum(r.cost_flops for r in runs if r.kind == "stable")
+    print(f"total cost: {cost:.3g} FLOPs (stable runs {stable:.3g} + decay branches {cost - stable:.3g}); "
+          f"as independent runs: {independent:.3g} FLOPs ({independent / cost:.2f}x)")
+  else:
+    print(f"total cost: {cost:.3g} FLOPs in {len(runs)} independent runs")
   if _DRY_RUN.value:
     return
-  plan_lib.save_plan(root, spec, runs)
-  runner.run_sweep(spec, runs, root)
+  plan_lib.save_plan(root, spec, runs, _SPEC.value)
+
+  def stop_between_runs(signum, _):  # While a trainer runs, the runner forwards the signal to it instead.
+    raise runner.Stopped(f"{signal.Signals(signum).name} received between runs; rerun the same sweep command to resume")
+
+  signal.signal(signal.SIGTERM, stop_between_runs)
+  signal.signal(signal.SIGINT, stop_between_runs)
+  try:
+    runner.run_sweep(spec, runs, root)
+  except runner.Stopped as e:
+    print(f"stopped: {e} (exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
+    sys.exit(EXIT_STOPPED)
   print(f"sweep done: {len(runs)} runs in {root}; report: python -m crossbert_jax.report --root={root} --output=DIR")
 
 

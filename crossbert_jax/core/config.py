@@ -104,12 +104,18 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.train.steps = steps
   c.train.batch_size = batch  # Global batch (sequences), split across processes and the batch mesh axes.
   c.train.init_from = ""  # Encoder (and MLM head) params from `python -m crossbert_jax.export import`.
+  # Start a new workdir from another run's checkpoint, "WORKDIR[:STEP]" (default: its newest step;
+  # gs:// works): params, optimizer state, data position, tokens_seen and step, under this config's
+  # schedule. The source is only read. Once this workdir has a checkpoint, it resumes from its own.
+  c.train.fork_from = ""
   c.train.stop_at_step = 0  # Checkpoint and stop after this step, schedule unchanged (0: run to steps).
   c.train.grad_accum = 1  # Micro-batches per step; batch_size must divide evenly.
   c.train.seed = 0  # Params init and the masking base key.
   c.train.learning_rate = lr
   c.train.warmup_steps = warmup
-  c.train.decay = "cosine"  # "cosine" | "linear", from the peak to final_lr_ratio * peak.
+  c.train.decay = "cosine"  # "cosine" | "linear" | "wsd" (warmup-stable-decay), to final_lr_ratio * peak.
+  c.train.decay_fraction = 0.2  # wsd: the last round(decay_fraction * steps) steps decay; before them, the peak.
+  c.train.decay_shape = "1-sqrt"  # wsd decay shape: "linear" | "1-sqrt" (Hägele et al. 2024).
   c.train.final_lr_ratio = 0.1
   c.train.weight_decay = 0.01  # Not applied to norms and biases.
   c.train.b1 = 0.9
@@ -120,6 +126,7 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = ckpt_every
   c.checkpoint.keep = 3
+  c.checkpoint.keep_steps = ()  # Steps also saved and never garbage-collected (a WSD stable run's fork points).
   c.checkpoint.async_save = True
 
   c.mesh = ml_collections.ConfigDict()
@@ -229,8 +236,18 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise _err("train.learning_rate", f"must be positive, got {t.learning_rate}")
   if t.warmup_steps < 0:
     raise _err("train.warmup_steps", f"must be >= 0, got {t.warmup_steps}")
-  if t.decay not in ("cosine", "linear"):
-    raise _err("train.decay", f"{t.decay!r}: use 'cosine' or 'linear'")
+  if t.decay not in ("cosine", "linear", "wsd"):
+    raise _err("train.decay", f"{t.decay!r}: use 'cosine', 'linear' or 'wsd'")
+  if not 0.0 < t.decay_fraction <= 1.0:
+    raise _err("train.decay_fraction", f"must be in (0, 1], got {t.decay_fraction}")
+  if t.decay_shape not in ("linear", "1-sqrt"):
+    raise _err("train.decay_shape", f"{t.decay_shape!r}: use 'linear' or '1-sqrt'")
+  if t.decay == "wsd" and t.warmup_steps > t.steps - round(t.decay_fraction * t.steps):
+    raise _err("train.warmup_steps", f"{t.warmup_steps} runs into the wsd decay, which starts after step "
+               f"{t.steps - round(t.decay_fraction * t.steps)}; lower it or train.decay_fraction")
+  if t.fork_from and t.init_from:
+    raise _err("train.fork_from", "and train.init_from are both set: a fork starts from its source's checkpoint; "
+               "set only one")
   if not 0.0 <= t.final_lr_ratio <= 1.0:
     raise _err("train.final_lr_ratio", f"must be in [0, 1], got {t.final_lr_ratio}")
   if t.clip_norm < 0:
@@ -239,6 +256,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise _err("checkpoint.every_steps", f"must be >= 1, got {c.checkpoint.every_steps}")
   if c.checkpoint.keep < 1:
     raise _err("checkpoint.keep", f"must be >= 1, got {c.checkpoint.keep}")
+  if not all(isinstance(s, int) and s >= 1 for s in c.checkpoint.keep_steps):
+    raise _err("checkpoint.keep_steps", f"must be steps >= 1, got {c.checkpoint.keep_steps!r}")
   sizes = {k: c.mesh[k] for k in ("data", "fsdp", "tensor")}
   if sum(v == -1 for v in sizes.values()) > 1:
     raise _err("mesh", "at most one of mesh.data / mesh.fsdp / mesh.tensor may be -1")
@@ -299,6 +318,7 @@ def from_dict(saved: dict) -> ml_collections.ConfigDict:
   c = get_config(saved.get("objective", "crossbert"), "tiny")  # Only for the keys `saved` lacks.
   _merge(c, saved)
   c.mesh.rules = tuple(tuple(r) for r in c.mesh.rules)
+  c.checkpoint.keep_steps = tuple(c.checkpoint.keep_steps)
   c.lock()
   return c
 

@@ -1,7 +1,9 @@
 """Orbax checkpoints holding the train state, the Grain iterator, the config and run metadata.
 
 Saves are async (the device->host copy finishes before `save` returns, so the donated state can
-be reused at once); `keep` most recent are retained. Paths go through epath, so gs:// works.
+be reused at once); `keep` most recent are retained, and every step in `keep_steps` (a WSD stable
+run's fork points). Paths go through epath, so gs:// works. A `read_only` Checkpointer (a fork's
+source run) creates, renames and deletes nothing.
 Items of a step: state (TrainState), data (per-process iterator JSON), config (JSON), meta
 (JSON: the tokenizer's identity and the running tokens_seen count; absent in older runs).
 A step that cannot be read back (truncated or emptied files, missing items) is renamed
@@ -29,12 +31,18 @@ _MODEL_KEYS = ("objective", "model", "reconstructor")
 class Checkpointer:
   """Save/restore of {state, data iterator, config} under `workdir/checkpoints`."""
 
-  def __init__(self, workdir: str | epath.Path, ckpt_cfg: ml_collections.ConfigDict):
+  def __init__(self, workdir: str | epath.Path, ckpt_cfg: ml_collections.ConfigDict, read_only: bool = False):
     workdir = str(workdir)
     # Orbax needs absolute paths; URLs such as gs://... are absolute already.
     self.directory = epath.Path(workdir if "://" in workdir else os.path.abspath(workdir)) / "checkpoints"
+    self.read_only = read_only
+    policy = ocp.checkpoint_managers.LatestN(ckpt_cfg.keep)
+    if ckpt_cfg.keep_steps:
+      policy = ocp.checkpoint_managers.AnyPreservationPolicy(
+          [policy, ocp.checkpoint_managers.CustomSteps(list(ckpt_cfg.keep_steps))])
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=ckpt_cfg.keep, create=True, enable_async_checkpointing=ckpt_cfg.async_save)
+        preservation_policy=policy, create=not read_only, read_only=read_only,
+        enable_async_checkpointing=ckpt_cfg.async_save)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def latest_step(self) -> int | None:
@@ -98,7 +106,7 @@ class Checkpointer:
     fallback = f"falling back to step {max(older)}" if older else "no older checkpoint: starting from scratch"
     warn(f"warning: checkpoint step {step} in {self.directory} is damaged ({reason}); moved to {aside.name}, "
          f"{fallback}")
-    if primary:
+    if primary and not self.read_only:
       if aside.exists():
         aside.rmtree()
       path.rename(aside)
@@ -195,7 +203,7 @@ def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_col
   directory = epath.Path(str(workdir))
   if not (directory / "checkpoints").exists():
     raise UserError(f"--workdir {directory} holds no checkpoints/: point it at a training run's workdir")
-  ckpt = Checkpointer(directory, ml_collections.ConfigDict({"keep": 1, "async_save": False}))
+  ckpt = Checkpointer(directory, ml_collections.ConfigDict({"keep": 1, "keep_steps": (), "async_save": False}))
   try:
     steps = ckpt.all_steps()
     if not steps:

@@ -9,8 +9,8 @@ vocabulary size are stored in every checkpoint).
 Allowed with a one-line warning: every other key (runtime keys such as `model.remat`,
 `data.worker_count`, `metrics.log_every`, `checkpoint.*`, `mesh.*`, `eval.*`, and the
 optimizer). A change of the learning-rate schedule (`train.steps`, `learning_rate`,
-`warmup_steps`, `decay`, `final_lr_ratio`) names the jump: the lr of the next step before and
-after. Silent: `train.stop_at_step`, `metrics.progress_bar`.
+`warmup_steps`, `decay`, `decay_fraction`, `decay_shape`, `final_lr_ratio`) names the jump: the lr of the next step before and
+after. Silent: `train.stop_at_step`, `train.fork_from`, `metrics.progress_bar`.
 """
 
 import hashlib
@@ -30,8 +30,9 @@ _ALLOWED_IN_REFUSED = {"model.remat", "model.dtype", "model.init_std", "model.at
                        "model.attention_block_kv", "model.attention_chunked_min_len", "model.loss_chunk"}
 _REFUSED_KEYS = {"objective", "train.seed", "data.path", "data.format", "data.text_field", "data.text_unit",
                  "data.seq_len", "data.shuffle_seed"}
-_SILENT = {"train.stop_at_step", "metrics.progress_bar", "data.tokenizer"}  # The tokenizer: by content below.
-_SCHEDULE = ("steps", "learning_rate", "warmup_steps", "decay", "final_lr_ratio")
+# A fork's source matters only until the fork has a checkpoint of its own.
+_SILENT = {"train.stop_at_step", "train.fork_from", "metrics.progress_bar", "data.tokenizer"}  # The tokenizer: by content below.
+_SCHEDULE = ("steps", "learning_rate", "warmup_steps", "decay", "decay_fraction", "decay_shape", "final_lr_ratio")
 
 
 def tokenizer_identity(path: str, vocab_size: int) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from etils import epath
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import pipeline, tokenizer as tokenizer_lib
-from crossbert_jax.run import (checkpoint, elastic, environment, lock, metrics, preemption, recorder, resume,
-                               warm_start)
+from crossbert_jax.run import (checkpoint, elastic, environment, fork, lock, metrics, preemption, recorder,
+                               resume, warm_start)
 from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # noqa: F401 - re-exported.
 from crossbert_jax.training import objectives, program as program_lib, sharding
 
@@ -92,6 +92,7 @@ class Trainer:
     self._resharded_data: dict | None = None  # The data state of a checkpoint saved on another process count.
     self._next_batch = None  # The batch a checked save already read for the next step.
     self._data_wait = 0.0  # Seconds blocked on input since the last dispatched step.
+    self._forked = False  # Started from train.fork_from's checkpoint (this process start).
 
   def train(self) -> dict[str, Any]:
     """The run, top to bottom; its outcome (`Outcome.as_dict`)."""
@@ -108,7 +109,7 @@ class Trainer:
         if stopping:
           self._log_stop(step_num)
           break
-        if step_num % c.checkpoint.every_steps == 0:
+        if step_num % c.checkpoint.every_steps == 0 or step_num in c.checkpoint.keep_steps:
           self.recorder.flush()
           self._checked_save(step_num, state)
       self._finish(state, start, restored)
@@ -123,16 +124,22 @@ class Trainer:
     """(state, its step, whether it came from a checkpoint); sets `tokens_at_start`."""
     p = self.program
     found = self.ckpt.restore_latest(self._accept, p.abstract, p.shardings, self.data, self.warn, self.primary)
-    if found is None:
-      self.tokens_at_start = 0
-      state = p.init_state()
-      return (warm_start.from_imported(self.c, state) if self.c.train.init_from else state), 0, False
-    start, state, meta = found
-    if self._resharded_data is not None:
-      self.data.set_state(self._resharded_data)
-    self.tokens_at_start = resume.saved_tokens_seen(start, self.ckpt.saved_config(start), meta)
-    self.progress.last_good = start
-    return state, start, True
+    if found is not None:
+      start, state, meta = found
+      if self._resharded_data is not None:
+        self.data.set_state(self._resharded_data)
+      self.tokens_at_start = resume.saved_tokens_seen(start, self.ckpt.saved_config(start), meta)
+      self.progress.last_good = start
+      return state, start, True
+    if self.c.train.fork_from:  # A fork's first start: its source's checkpoint, read only.
+      start, state, meta = fork.restore(self.c, self.workdir, self.tok_id, p.abstract, p.shardings, self.data,
+                                        self.warn)
+      self.tokens_at_start = meta["tokens_seen"]
+      self._forked = True
+      return state, start, True
+    self.tokens_at_start = 0
+    state = p.init_state()
+    return (warm_start.from_imported(self.c, state) if self.c.train.init_from else state), 0, False
 
   def _accept(self, saved_step: int, saved_config: dict, saved_meta: dict | None) -> bool:
     """Vets a checkpoint before its state is read (UserError refuses the run); True to restore its data state."""
@@ -169,8 +176,9 @@ class Trainer:
                                         progress_bar=c.metrics.progress_bar)
     self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress,
                                           self.outcome, str(self.workdir), self.warn)
-    self.logger.log_text(f"{c.objective}: {'resuming from step ' + str(start) if restored else 'starting'} "
-                         f"in {self.workdir} on {mesh.size} device(s), mesh {dict(mesh.shape)}")
+    how = (f"forked from {c.train.fork_from}" if self._forked else f"resuming from step {start}" if restored
+           else "starting")
+    self.logger.log_text(f"{c.objective}: {how} in {self.workdir} on {mesh.size} device(s), mesh {dict(mesh.shape)}")
 
   def _tokens_at(self, step_num: int) -> int:
     return self.tokens_at_start + (step_num - self.start) * self.tokens_per_step

@@ -5,21 +5,35 @@ objective of a size trains for the size's FLOPs budget: its steps are the budget
 analytic training FLOPs per step (`training/flops.py`), rounded to a multiple of the probe count
 so the last frozen probe lands on the last step. Runs are plain `python -m crossbert_jax.train`
 commands with `--config.key=value` overrides, so they run here one after another or on a pod.
+
+With a `wsd` key (`dict(decay_fraction=0.2, shape="1-sqrt")`) a size's `flops` may be an ascending
+list of budgets: each (size, objective, seed) then trains ONE stable run (`<run>__stable`: WSD
+schedule of the largest budget's T_max steps, stopped at its decay start, keeping a checkpoint at
+every budget's decay start (1-f) T_i; no probes, not a point) and one decay branch per budget
+(`<run>__T<steps>`: forked from the stable run at (1-f) T_i, decayed to T_i, probed at its last
+step). All budgets share the same absolute warmup, so a branch is bitwise a straight WSD run of
+T_i steps (tests/test_fork.py). The stable run is listed before its branches.
 """
 
 import dataclasses
+import hashlib
 import importlib.util
 import json
+import math
+import os
 import pathlib
+import tempfile
 from typing import Any
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import flops
+from crossbert_jax.training import flops, optimizer
 
 SPEC_KEYS = {"name", "variant", "data_path", "tokenizer_vocab_size", "common", "sizes", "objectives", "seeds",
              "probes", "warmup_fraction"}
 SIZE_KEYS = {"embed_dim", "num_heads", "num_layers", "mlp_dim", "flops"}
+SPEC_OPTIONAL_KEYS = {"wsd"}  # WSD decay branches (module docstring).
+WSD_KEYS = {"decay_fraction", "shape"}
 SIZE_OPTIONAL_KEYS = {"seeds"}  # A size's own seeds (default: the spec's), e.g. more seeds where runs are cheap.
 OBJECTIVE_KEYS = {"objective", "ratio", "views", "reconstructor_width"}
 PROBE_KEYS = {"count", "tasks", "data_dir", "max_examples"}
@@ -31,7 +45,7 @@ DONE_FILE = "sweep_done.json"
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One training run of the ladder."""
-  name: str  # <size>__<objective label>__s<seed>: the workdir's name under ROOT/runs.
+  name: str  # <size>__<objective label>__s<seed>[__stable | __T<steps>]: the workdir's name under ROOT/runs.
   size: str
   label: str  # The objective's label in the spec (e.g. bert_r15, cb_r50_k2).
   seed: int
@@ -41,33 +55,96 @@ class Run:
   flops_per_step: float
   steps: int
   tokens_per_step: int
+  kind: str = "run"  # "run" (independent) | "stable" (a WSD stable run; not a point) | "branch" (a decay branch).
+  fork_from: str = ""  # A branch's stable run (its name under ROOT/runs).
+  fork_step: int = 0  # The stable run's step a branch starts from.
+  budget_index: int = 0  # Which of the size's budgets (ascending) a branch (or a stable run's last) is.
 
   @property
   def flops(self) -> float:
+    """The training FLOPs behind the run's model (a branch: the shared stable prefix included)."""
     return self.steps * self.flops_per_step
+
+  @property
+  def end_step(self) -> int:
+    """The step its training stops at: a stable run stops at its last decay start."""
+    return self.overrides.get("train.stop_at_step", 0) or self.steps
+
+  @property
+  def cost_flops(self) -> float:
+    """The FLOPs this run itself trains (a branch: only its steps after the fork)."""
+    return (self.end_step - self.fork_step) * self.flops_per_step
 
 
 def load_spec(path: str) -> dict[str, Any]:
-  """The dict from `get_spec()` in the spec file, its keys checked."""
+  """The dict from `get_spec()` in the spec file, its keys and values checked."""
   file = pathlib.Path(path)
   if not file.is_file():
     raise UserError(f"--spec={path} does not exist: pass a spec file such as experiments/gutenberg_cpu.py")
+  if file.suffix != ".py":
+    raise UserError(f"--spec={path} is not a .py file: a spec is a Python file defining get_spec()")
   module_spec = importlib.util.spec_from_file_location(f"_sweep_spec_{file.stem}", file)
   module = importlib.util.module_from_spec(module_spec)
   try:
     module_spec.loader.exec_module(module)
   except Exception as e:  # A user's file: report it in one line, whatever it raised.
-    raise UserError(f"--spec={path} failed to load ({type(e).__name__}: {e}); fix the file") from None
-  if not hasattr(module, "get_spec"):
+    raise UserError(f"--spec={path} failed to load ({_one_line(e)}); fix the file") from None
+  if not callable(getattr(module, "get_spec", None)):
     raise UserError(f"--spec={path} defines no get_spec(): it must return the sweep dict")
-  spec = module.get_spec()
-  _check_keys(spec, SPEC_KEYS, f"--spec={path}")
+  try:
+    spec = module.get_spec()
+  except Exception as e:  # noqa: BLE001 - the user's code.
+    raise UserError(f"--spec={path}: get_spec() raised {_one_line(e)}; fix the file") from None
+  where = f"--spec={path}"
+  _check_keys(spec, SPEC_KEYS, where, SPEC_KEYS | SPEC_OPTIONAL_KEYS)
+  for key in ("sizes", "objectives"):
+    if not isinstance(spec[key], dict) or not spec[key]:
+      raise UserError(f"{where} {key}={spec[key]!r}: must be a non-empty dict of name -> settings")
+  _check_seeds(spec["seeds"], f"{where} seeds")
+  wsd = spec.get("wsd")
+  if wsd is not None:
+    _check_keys(wsd, WSD_KEYS, f"{where} wsd")
+    if not (isinstance(wsd["decay_fraction"], (int, float)) and 0 < wsd["decay_fraction"] < 1):
+      raise UserError(f"{where} wsd.decay_fraction={wsd['decay_fraction']!r}: must be in (0, 1), e.g. 0.2")
+    if wsd["shape"] not in ("linear", "1-sqrt"):
+      raise UserError(f"{where} wsd.shape={wsd['shape']!r}: use 'linear' or '1-sqrt'")
   for name, size in spec["sizes"].items():
-    _check_keys(size, SIZE_KEYS, f"--spec={path} sizes[{name!r}]", SIZE_KEYS | SIZE_OPTIONAL_KEYS)
+    _check_keys(size, SIZE_KEYS, f"{where} sizes[{name!r}]", SIZE_KEYS | SIZE_OPTIONAL_KEYS)
+    _check_flops(size["flops"], f"{where} sizes[{name!r}].flops", wsd is not None)
+    if "seeds" in size:
+      _check_seeds(size["seeds"], f"{where} sizes[{name!r}].seeds")
   for name, obj in spec["objectives"].items():
-    _check_keys(obj, {"objective", "ratio", "views"}, f"--spec={path} objectives[{name!r}]", OBJECTIVE_KEYS)
-  _check_keys(spec["probes"], PROBE_KEYS, f"--spec={path} probes")
+    _check_keys(obj, {"objective", "ratio", "views"}, f"{where} objectives[{name!r}]", OBJECTIVE_KEYS)
+  _check_keys(spec["probes"], PROBE_KEYS, f"{where} probes")
+  count = spec["probes"]["count"]
+  if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+    raise UserError(f"{where} probes.count={count!r}: must be an integer >= 0 (0: no probes)")
+  frac = spec["warmup_fraction"]
+  if not (isinstance(frac, (int, float)) and 0 <= frac < 1):
+    raise UserError(f"{where} warmup_fraction={frac!r}: must be in [0, 1)")
   return spec
+
+
+def _one_line(e: BaseException) -> str:
+  return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+
+
+def _check_seeds(seeds: Any, where: str) -> None:
+  if not isinstance(seeds, (list, tuple)) or not seeds or not all(
+      isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+    raise UserError(f"{where}={seeds!r}: must be a non-empty list of integer seeds, e.g. [0]")
+
+
+def _check_flops(value: Any, where: str, wsd: bool) -> None:
+  budgets = value if isinstance(value, (list, tuple)) else [value]
+  if isinstance(value, (list, tuple)) and not wsd:
+    raise UserError(f"{where}={value!r}: a list of budgets needs the spec's wsd key (decay branches); "
+                    "give one number or add wsd=dict(decay_fraction=0.2, shape='1-sqrt')")
+  if not budgets or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) and b > 0
+                            for b in budgets):
+    raise UserError(f"{where}={value!r}: FLOPs budgets must be positive finite numbers")
+  if list(budgets) != sorted(set(budgets)):
+    raise UserError(f"{where}={value!r}: list the budgets in ascending order, each once")
 
 
 def _check_keys(d: dict, required: set[str], where: str, allowed: set[str] | None = None) -> None:
@@ -111,52 +188,162 @@ def make_config(objective: str, variant: str, overrides: dict[str, Any]):
   return c
 
 
+def budgets(size: dict) -> list[float]:
+  """A size's FLOPs budgets, ascending (one unless the spec has `wsd`)."""
+  return [float(b) for b in size["flops"]] if isinstance(size["flops"], (list, tuple)) else [float(size["flops"])]
+
+
 def plan(spec: dict, tokenizer_path: str) -> list[Run]:
   """Every run of the ladder: equal FLOPs per size, steps a multiple of the probe count."""
-  runs, probes = [], spec["probes"]
+  runs, probes, wsd = [], spec["probes"], spec.get("wsd")
   n_probes = max(1, probes["count"])
   for size_name, size in spec["sizes"].items():
     for label, obj in spec["objectives"].items():
       for seed in size.get("seeds", spec["seeds"]):
-        overrides = _overrides(spec, size, obj, seed)
-        overrides["data.tokenizer"] = tokenizer_path
-        c = make_config(obj["objective"], spec["variant"], overrides)
-        per_step = flops.train_flops_per_step(c)
-        steps = n_probes * max(1, round(size["flops"] / (per_step * n_probes)))
-        overrides.update({"train.steps": steps,
-                          "train.warmup_steps": max(1, round(spec["warmup_fraction"] * steps)),
-                          "eval.every_steps": steps // n_probes if probes["count"] else 0,
-                          "eval.tasks": probes["tasks"], "eval.data_dir": probes["data_dir"],
-                          "eval.max_examples": probes["max_examples"]})
-        c = make_config(obj["objective"], spec["variant"], overrides)
-        config_lib.validate(c)
-        runs.append(Run(f"{size_name}__{label}__s{seed}", size_name, label, seed, obj["objective"], overrides,
-                        float(size["flops"]), per_step, steps, c.train.batch_size * c.data.seq_len))
+        base = _overrides(spec, size, obj, seed)
+        base["data.tokenizer"] = tokenizer_path
+        per_step = flops.train_flops_per_step(make_config(obj["objective"], spec["variant"], base))
+        name = f"{size_name}__{label}__s{seed}"
+        steps = [n_probes * max(1, round(b / (per_step * n_probes))) for b in budgets(size)]
+        probe_keys = lambda t: {"eval.every_steps": t // n_probes if probes["count"] else 0,
+                                "eval.tasks": probes["tasks"], "eval.data_dir": probes["data_dir"],
+                                "eval.max_examples": probes["max_examples"]}
+        make = lambda name, overrides, budget, t, **kw: _run(name, size_name, label, seed, obj, spec, overrides,
+                                                              budget, per_step, t, **kw)
+        if wsd is None:
+          t = steps[0]
+          overrides = {**base, "train.steps": t, "train.warmup_steps": max(1, round(spec["warmup_fraction"] * t)),
+                       **probe_keys(t)}
+          runs.append(make(name, overrides, budgets(size)[0], t))
+          continue
+        runs.extend(_wsd_runs(name, steps, budgets(size), base, spec, wsd, probe_keys, make))
   return runs
+
+
+def _wsd_runs(name, steps, budget_list, base, spec, wsd, probe_keys, make) -> list[Run]:
+  """The stable run of (size, objective, seed) and its decay branches, one per budget."""
+  if len(set(steps)) != len(steps):
+    raise UserError(f"sweep spec: the budgets {budget_list} of {name} round to the same steps {steps}; "
+                    "space them further apart")
+  f = wsd["decay_fraction"]
+  starts = [optimizer.wsd_decay_start(t, f) for t in steps]
+  warmup = max(1, round(spec["warmup_fraction"] * steps[0]))  # One absolute warmup for every budget.
+  if warmup > starts[0] or starts[0] < 1:
+    raise UserError(f"sweep spec: {name}'s smallest budget ({steps[0]} steps) decays from step {starts[0]}, "
+                    f"before or within its {warmup} warmup steps; raise its FLOPs or lower warmup_fraction")
+  schedule = {"train.decay": "wsd", "train.decay_fraction": f, "train.decay_shape": wsd["shape"],
+              "train.warmup_steps": warmup}
+  stable = f"{name}__stable"
+  out = [make(stable, {**base, **schedule, "train.steps": steps[-1], "train.stop_at_step": starts[-1],
+                       "checkpoint.keep_steps": tuple(starts), "eval.every_steps": 0},
+              budget_list[-1], steps[-1], kind="stable", budget_index=len(steps) - 1)]
+  for i, (t, start) in enumerate(zip(steps, starts)):
+    out.append(make(f"{name}__T{t}", {**base, **schedule, "train.steps": t, **probe_keys(t)}, budget_list[i], t,
+                    kind="branch", fork_from=stable, fork_step=start, budget_index=i))
+  return out
+
+
+def _run(name, size_name, label, seed, obj, spec, overrides, budget, per_step, steps, **kw) -> Run:
+  c = make_config(obj["objective"], spec["variant"], overrides)
+  config_lib.validate(c)
+  return Run(name, size_name, label, seed, obj["objective"], overrides, budget, per_step, steps,
+             c.train.batch_size * c.data.seq_len, **kw)
+
+
+def total_cost(runs: list[Run]) -> tuple[float, float]:
+  """(FLOPs the plan trains, FLOPs its points would cost as independent runs from scratch)."""
+  return sum(r.cost_flops for r in runs), sum(r.flops for r in runs if r.kind != "stable")
 
 
 def train_command(run: Run, spec: dict, workdir: str, python: str = "python") -> list[str]:
   """argv of `python -m crossbert_jax.train` for the run (from the repo root)."""
-  flags = [f"--config.{k}={v}" for k, v in run.overrides.items()]
+  flags = [f"--config.{k}={_as_flag(v)}" for k, v in run.overrides.items()]
+  if run.kind == "branch":  # The stable run is the branch's sibling under ROOT/runs.
+    source = str(pathlib.PurePath(workdir).parent / run.fork_from) if "://" not in workdir else \
+        f"{workdir.rstrip('/').rsplit('/', 1)[0]}/{run.fork_from}"
+    flags.append(f"--config.train.fork_from={source}:{run.fork_step}")
   return [python, "-m", "crossbert_jax.train", f"--config={CONFIG_FILES[run.objective]}:{spec['variant']}",
           f"--workdir={workdir}", "--config.metrics.progress_bar=False", *flags]
 
 
-def save_plan(root: pathlib.Path, spec: dict, runs: list[Run]) -> None:
-  """ROOT/plan.json: the spec and every run, what the report reads."""
+def plan_hash(runs: list[Run]) -> str:
+  """The identity of a resolved plan: a sha256 over every run's name, kind, steps and config overrides
+  (but the tokenizer's path, which names the root: a moved root keeps its identity)."""
+  resolved = [dataclasses.asdict(r) for r in runs]
+  for r in resolved:
+    r["overrides"] = {k: v for k, v in r["overrides"].items() if k != "data.tokenizer"}
+  return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def write_atomic(path: pathlib.Path, text: str) -> None:
+  """Writes `path` through a temporary file and a rename: a reader sees the old or the new content, whole."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    pathlib.Path(tmp).unlink(missing_ok=True)
+    raise
+
+
+def read_json(path: pathlib.Path, what: str) -> Any:
+  """A state file's JSON; a damaged one is one line naming it."""
+  try:
+    return json.loads(path.read_text())
+  except (ValueError, UnicodeDecodeError) as e:
+    raise UserError(f"{path} ({what}) is damaged ({_one_line(e)}); restore it or delete it to "
+                    "let the sweep rewrite it") from None
+
+
+def _as_flag(value: Any) -> Any:
+  """A value as a flag takes it: plan.json turns tuples (checkpoint.keep_steps, mesh.rules) into lists."""
+  return tuple(_as_flag(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def save_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = "") -> None:
+  """ROOT/plan.json: the spec and every run, what the report reads; written once per root.
+
+  A root that holds another plan is refused (one line naming both specs) and never overwritten:
+  its finished runs belong to that plan's sizes and steps.
+  """
+  if root.exists() and not root.is_dir():
+    raise UserError(f"--root={root} is a file: give a folder for the sweep")
+  path, new = root / PLAN_FILE, plan_hash(runs)
+  if path.exists():
+    saved = read_json(path, "the sweep's plan")
+    old_runs = [Run(**r) for r in saved["runs"]]
+    old = saved.get("plan_hash") or plan_hash(old_runs)
+    if old != new:
+      old_spec = f"{saved['spec'].get('name')!r}" + (f" from {saved['spec_file']}" if saved.get("spec_file") else "")
+      raise UserError(f"--root={root} holds the plan of spec {old_spec} (plan {old[:12]}, {len(old_runs)} runs); "
+                      f"--spec={spec_file or '?'} (spec {spec.get('name')!r}, plan {new[:12]}, {len(runs)} runs) "
+                      "plans other runs: use a new --root, or rerun with the root's spec and --flops_scale")
+    return
   root.mkdir(parents=True, exist_ok=True)
-  (root / PLAN_FILE).write_text(json.dumps({"spec": spec, "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
+  write_atomic(path, json.dumps({"spec": spec, "spec_file": spec_file, "plan_hash": new,
+                                 "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
 
 
 def load_plan(root: pathlib.Path) -> tuple[dict, list[Run]]:
-  """(spec, runs) from ROOT/plan.json."""
+  """(spec, runs) from ROOT/plan.json (files written before the WSD fields load with their defaults)."""
   path = root / PLAN_FILE
   if not path.is_file():
     raise UserError(f"--root={root} holds no {PLAN_FILE}: run `python -m crossbert_jax.sweep --root={root}` first")
-  saved = json.loads(path.read_text())
-  return saved["spec"], [Run(**r) for r in saved["runs"]]
+  saved = read_json(path, "the sweep's plan")
+  try:
+    return saved["spec"], [Run(**r) for r in saved["runs"]]
+  except (KeyError, TypeError) as e:
+    raise UserError(f"{path} (the sweep's plan) is damaged ({_one_line(e)}); restore it from the sweep") from None
 
 
 def is_done(run_dir: pathlib.Path) -> bool:
   """True once the sweep recorded the run as finished (its training exited 0 at its last step)."""
-  return (run_dir / DONE_FILE).is_file()
+  path = run_dir / DONE_FILE
+  if not path.is_file():
+    return False
+  read_json(path, "the run's done record")
+  return True

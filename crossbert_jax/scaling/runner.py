@@ -3,9 +3,16 @@
 A run's workdir is ROOT/runs/<run name>. The trainer resumes from a workdir's checkpoint, so an
 interrupted run simply continues; a run that finished is recorded in ROOT/runs/<name>/sweep_done.json
 and skipped. Subprocesses keep one run's crash (or memory) from taking the sweep down, and each
-run's output goes to its train.log.
+run's output goes to its train.log. A WSD stable run trains before its decay branches (the plan's
+order), each branch forking from the stable run's kept checkpoint.
+
+A SIGTERM reaches the running trainer, which saves and stops; then the sweep raises `Stopped`
+(exit 75: rerun to resume). A child dies with the sweep, even a `kill -9` of it
+(PR_SET_PDEATHSIG), and a run's wall time is written every few seconds, so an attempt that was
+killed still counts. Every state file is written atomically (temp + rename).
 """
 
+import ctypes
 import functools
 import json
 import pathlib
@@ -18,6 +25,22 @@ import time
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.run import metrics
+
+WALL_FILE = "sweep_wall.json"
+_WALL_EVERY_S = 5.0  # How often a running attempt's wall time is written.
+_PR_SET_PDEATHSIG = 1
+
+
+class Stopped(Exception):
+  """The sweep was stopped by SIGTERM / SIGINT (its trainer saved first); rerun it to resume."""
+
+
+def _die_with_parent() -> None:
+  """preexec_fn: the child gets SIGKILL when the sweep dies, however it dies (Linux)."""
+  try:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  except (OSError, AttributeError):  # Not Linux: the sweep's own signal handling remains.
+    pass
 
 
 def tokenizer_path(root: pathlib.Path) -> pathlib.Path:
@@ -43,50 +66,82 @@ def _last_step(workdir: pathlib.Path) -> int:
     return 0
 
 
-def _run_logged(cmd: list[str], log: pathlib.Path) -> int:
-  """Runs `cmd` to its end; a stop request reaches it so that it saves a checkpoint first."""
+def _run_logged(cmd: list[str], log: pathlib.Path, on_tick=None) -> tuple[int, str | None]:
+  """(exit status, the stop signal's name or None): runs `cmd` to its end; a stop request reaches
+  it so that it saves a checkpoint first. `on_tick()` is called every few seconds while it runs."""
   log.parent.mkdir(parents=True, exist_ok=True)
+  stopped: list[str] = []
   with log.open("a") as f:
     f.write(f"$ {shlex.join(cmd)}\n")
     f.flush()
-    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+
+    def forward(signum, _):
+      stopped.append(signal.Signals(signum).name)
+      proc.send_signal(signum)
+
     # SIGTERM is forwarded; Ctrl-C already reaches the child through the terminal's process group,
-    # so the sweep only waits (a second SIGINT sent by us would make the trainer abort unsaved).
-    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, _: proc.send_signal(signum)),
-                signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    # so the sweep only notes it (a second SIGINT sent by us would make the trainer abort unsaved).
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, forward),
+                signal.SIGINT: signal.signal(signal.SIGINT, lambda signum, _: stopped.append("SIGINT"))}
     try:
-      return proc.wait()
+      while True:
+        try:
+          rc = proc.wait(timeout=_WALL_EVERY_S)
+          break
+        except subprocess.TimeoutExpired:
+          if on_tick is not None:
+            on_tick()
+      return rc, (stopped[0] if stopped else None)
     finally:
       for sig, handler in previous.items():
         signal.signal(sig, handler)
 
 
 def run_sweep(spec: dict, runs: list[plan_lib.Run], root: pathlib.Path, log=functools.partial(print, flush=True)) -> None:
-  """Trains the tokenizer if missing, then every unfinished run in order."""
+  """Trains the tokenizer if missing, then every unfinished run in order.
+
+  Raises `Stopped` after a stop signal, UserError for a run that failed.
+  """
   python = sys.executable
   tok = tokenizer_path(root)
   if not tok.is_file():
     log(f"tokenizer: training {tok} on {spec['data_path']}")
-    if _run_logged(tokenizer_command(spec, root, python), root / "tokenizer" / "tokenizer.log") != 0:
-      raise UserError(f"tokenizer training failed: see {root / 'tokenizer' / 'tokenizer.log'}")
+    rc, signame = _run_logged(tokenizer_command(spec, root, python), root / "tokenizer" / "tokenizer.log")
+    if signame is not None:
+      raise Stopped(f"{signame} during tokenizer training; rerun the same sweep command to resume")
+    if rc != 0:
+      raise UserError(f"tokenizer training failed (exit {rc}): see {root / 'tokenizer' / 'tokenizer.log'}")
   for i, run in enumerate(runs, 1):
     run_dir = root / "runs" / run.name
     where = f"[{i}/{len(runs)}] {run.name}"
     if plan_lib.is_done(run_dir):
       log(f"{where}: done, skipped")
       continue
+    if run.kind == "branch" and not plan_lib.is_done(root / "runs" / run.fork_from):
+      raise UserError(f"{run.name} forks from {run.fork_from}, which has not finished; rerun the sweep to "
+                      "train it first")
     start_step = _last_step(run_dir) if (run_dir / metrics.METRICS_FILE).exists() else 0
-    log(f"{where}: {'resuming after step ' + str(start_step) if start_step else 'starting'}, "
-        f"{run.steps} steps, {run.flops:.3g} FLOPs")
-    wall_file = run_dir / "sweep_wall.json"
+    origin = f" (from {run.fork_from} at step {run.fork_step})" if run.kind == "branch" and not start_step else ""
+    log(f"{where}: {'resuming after step ' + str(start_step) if start_step else 'starting'}{origin}, "
+        f"{run.end_step - max(start_step, run.fork_step)} steps to go, {run.cost_flops:.3g} FLOPs")
+    wall_file = run_dir / WALL_FILE
+    # Wall time (training + probes), summed over the attempts at this run, written as it runs.
+    previous = plan_lib.read_json(wall_file, "the run's wall time")["wall_s"] if wall_file.is_file() else 0.0
     t0 = time.time()
-    rc = _run_logged(plan_lib.train_command(run, spec, str(run_dir), python), run_dir / "train.log")
-    # Wall time (training + probes), summed over the attempts at this run.
-    previous = json.loads(wall_file.read_text())["wall_s"] if wall_file.is_file() else 0.0
-    wall_file.write_text(json.dumps({"wall_s": previous + time.time() - t0}))
+    write_wall = lambda: plan_lib.write_atomic(wall_file, json.dumps({"wall_s": previous + time.time() - t0}))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_wall()
+    rc, signame = _run_logged(plan_lib.train_command(run, spec, str(run_dir), python), run_dir / "train.log",
+                              on_tick=write_wall)
+    write_wall()
+    wall = previous + time.time() - t0
     last = _last_step(run_dir)
-    if rc != 0 or last < run.steps:
-      raise UserError(f"{run.name} stopped at step {last} of {run.steps} (exit {rc}); see {run_dir / 'train.log'}; "
+    if signame is not None:
+      raise Stopped(f"{signame} received: {run.name} stopped at step {last} of {run.end_step} (trainer exit {rc}); "
+                    "rerun the same sweep command to resume")
+    if rc != 0 or last < run.end_step:
+      raise UserError(f"{run.name} stopped at step {last} of {run.end_step} (exit {rc}); see {run_dir / 'train.log'}; "
                       "rerun the same sweep command to resume it")
-    (run_dir / plan_lib.DONE_FILE).write_text(json.dumps({"steps": run.steps, "wall_s": previous + time.time() - t0}))
-    log(f"{where}: finished in {previous + time.time() - t0:.0f} s")
+    plan_lib.write_atomic(run_dir / plan_lib.DONE_FILE, json.dumps({"steps": run.end_step, "wall_s": wall}))
+    log(f"{where}: finished in {wall:.0f} s")

@@ -1,16 +1,52 @@
-"""AdamW with warmup + cosine/linear decay, global-norm clipping, no decay on norms and biases."""
+"""AdamW with warmup + cosine/linear/WSD decay, global-norm clipping, no decay on norms and biases."""
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
 
+def wsd_decay_start(steps: int, decay_fraction: float) -> int:
+  """The first step count of a WSD run's decay: the last round(fraction * steps) steps decay.
+
+  The sweep's planner forks its decay branches from the stable run at this step.
+  """
+  return steps - int(round(decay_fraction * steps))
+
+
+def _wsd(t: ml_collections.ConfigDict) -> optax.Schedule:
+  """Warmup-stable-decay (Hägele et al. 2024): the peak until `wsd_decay_start`, then a decay whose
+  last step (count steps - 1) runs at final_lr_ratio * peak.
+
+  The decay's progress at count i is p = (i - start + 1) / decay_steps; the lr is
+  end + (peak - end) * (1 - p) ("linear") or end + (peak - end) * (1 - sqrt(p)) ("1-sqrt").
+  Up to the decay start the lr does not depend on train.steps, so runs of different lengths
+  share their stable phase exactly.
+  """
+  peak, end = t.learning_rate, t.learning_rate * t.final_lr_ratio
+  start = wsd_decay_start(t.steps, t.decay_fraction)
+  decay_steps = max(1, t.steps - start)
+  warmup_steps = max(1, t.warmup_steps)
+
+  def schedule(count):
+    count = jnp.asarray(count)
+    p = jnp.clip((count - start + 1) / decay_steps, 0.0, 1.0)
+    shape = 1.0 - (p if t.decay_shape == "linear" else jnp.sqrt(p))
+    stable_or_decay = end + (peak - end) * shape
+    return jnp.where(count < t.warmup_steps, peak * (count + 1) / warmup_steps, stable_or_decay)
+
+  return schedule
+
+
 def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup to the peak, then cosine or linear decay to final_lr_ratio * peak.
+  """Linear warmup to the peak, then cosine, linear or WSD decay to final_lr_ratio * peak.
 
   Step i < warmup_steps runs at peak * (i + 1) / warmup_steps: the first update already moves
-  the params (a warmup from 0 would waste it) and the last warmup step reaches the peak.
+  the params (a warmup from 0 would waste it) and the last warmup step reaches the peak. The lr
+  of every step is a pure function of (step, config.train).
   """
+  if t.decay == "wsd":
+    return _wsd(t)
   peak, end = t.learning_rate, t.learning_rate * t.final_lr_ratio
   decay_steps = max(1, t.steps - t.warmup_steps)
   if t.decay == "cosine":
