@@ -57,7 +57,7 @@ class _Fetch:
     self._documents, self._tokenizer = documents, tokenizer
 
   def __call__(self, lo: int, hi: int) -> list[np.ndarray]:
-    docs = [self._documents[i] for i in range(lo, hi)]
+    docs = self._documents._getitems(list(range(lo, hi)))  # pylint: disable=protected-access  (batched reads)
     if self._tokenizer is None:  # Pre-tokenized shards.
       return docs
     return [np.asarray(ids, np.int32) for ids in self._tokenizer.encode_batch(docs)]
@@ -100,11 +100,17 @@ class _SmallShuffle(grain.MapDataset):
   def __getitem__(self, index):
     if isinstance(index, slice):
       return self.slice(index)
+    return self._parent[self._perm(index)]
+
+  def _getitems(self, indices):
+    return self._parent._getitems([self._perm(i) for i in indices])  # pylint: disable=protected-access
+
+  def _perm(self, index: int) -> int:
     n = len(self._parent)
     epoch, i = divmod(index, n)
     if self._perm_epoch is None or self._perm_epoch[0] != epoch:
       self._perm_epoch = (epoch, np.random.default_rng([self._seed, epoch]).permutation(n))
-    return self._parent[int(self._perm_epoch[1][i]) + epoch * n]
+    return int(self._perm_epoch[1][i]) + epoch * n
 
 
 SMALL_SHUFFLE_MAX = 1 << 16

@@ -33,8 +33,11 @@ from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.data import workers as workers_lib
 
 # One record per ArrayRecord chunk: random access reads one document, and Grain does not warn
-# (it asks for group_size:1 on every shard it opens otherwise).
-WRITER_OPTIONS = "group_size:1"
+# (it asks for group_size:1 on every shard it opens otherwise). Measured (20k records of 5-200
+# uint16 ids, random reads of 256 at a time, 2 loaded cores): group_size:64 57 us per record,
+# group_size:1 13 us, uncompressed 9 us. Token ids do not compress per record (the file grows),
+# so token shards are written uncompressed.
+WRITER_OPTIONS = {"corpus": "group_size:1", "tokens": "group_size:1,uncompressed"}
 MARKER = ".prepare.json"
 _ENCODE_BATCH = 512  # Documents per SentencePiece batched encode.
 
@@ -77,7 +80,7 @@ def write_shard(spec: str, output: str, index: int, count: int, fmt: str, text_f
   final = epath.Path(output) / shard_name(index, count, kind)
   local_dir = output if "://" not in output else tempfile.mkdtemp(prefix="crossbert-prepare-")
   staging = os.path.join(local_dir, f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
-  writer = array_record_module.ArrayRecordWriter(staging, WRITER_OPTIONS)
+  writer = array_record_module.ArrayRecordWriter(staging, WRITER_OPTIONS[kind])
   n = tokens = 0
   try:
     for record, length in _records(spec, index, count, fmt, text_field, text_unit, tokenizer_proto):
@@ -213,7 +216,7 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
   # Spawned workers: no fork of a parent that may hold threads (grain, tqdm).
   pool = concurrent.futures.ProcessPoolExecutor(workers or min(len(todo), os.cpu_count() or 1) or 1,
                                                 mp_context=multiprocessing.get_context("spawn"),
-                                                initializer=workers_lib.quiet_worker)
+                                                initializer=workers_lib.quiet_worker, initargs=(os.getpid(),))
   try:
     futures = {pool.submit(write_shard, spec, output, k, shards, fmt, text_field, text_unit, proto): k
                for k in todo}

@@ -244,6 +244,31 @@ class _ArrayRecordDocuments:
     return _decode_record(self._source[index], self._text_field,
                           f"ArrayRecord record {index} of {self._paths}")
 
+  def _read(self, indices: Sequence[int]) -> list[bytes]:
+    """Records at `indices`: one read per file, in this thread (Grain's batched read starts threads per call)."""
+    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+
+    if getattr(self, "_readers", None) is None:
+      self._readers = [array_record_module.ArrayRecordReader(p, "readahead_buffer_size:0") for p in self._paths]
+      self._file_ends = np.cumsum([r.num_records() for r in self._readers])
+    indices_K = np.asarray(indices, np.int64)
+    files_K = np.searchsorted(self._file_ends, indices_K, side="right")
+    local_K = indices_K - np.concatenate([[0], self._file_ends])[files_K]
+    out: list[bytes] = [b""] * len(indices_K)
+    for f in np.unique(files_K):
+      where = np.flatnonzero(files_K == f)
+      for k, raw in zip(where.tolist(), self._readers[f].read(local_K[where].tolist())):
+        out[k] = raw
+    return out
+
+  def __getstate__(self) -> dict[str, Any]:  # Readers do not pickle (Grain workers); they reopen lazily.
+    return {**self.__dict__, "_readers": None}
+
+  def _getitems(self, indices: Sequence[int]) -> list[str]:
+    """Batched read."""
+    return [_decode_record(raw, self._text_field, f"ArrayRecord record {i} of {self._paths}")
+            for i, raw in zip(indices, self._read(indices))]
+
 
 class _ArrayRecordTokens(_ArrayRecordDocuments):
   """Random access to the documents of pre-tokenized shards: int32 token ids, without specials."""
@@ -254,6 +279,9 @@ class _ArrayRecordTokens(_ArrayRecordDocuments):
 
   def __getitem__(self, index: int) -> np.ndarray:
     return np.frombuffer(self._source[index], self._dtype).astype(np.int32)
+
+  def _getitems(self, indices: Sequence[int]) -> list[np.ndarray]:
+    return [np.frombuffer(raw, self._dtype).astype(np.int32) for raw in self._read(indices)]
 
 
 class DocumentSource(grain.sources.RandomAccessDataSource):
@@ -276,6 +304,20 @@ class DocumentSource(grain.sources.RandomAccessDataSource):
     part = int(np.searchsorted(self._ends, index, side="right"))
     start = int(self._ends[part - 1]) if part else 0
     return self._parts[part][index - start]
+
+  def _getitems(self, indices: Sequence[int]) -> list[Any]:
+    """Batched read: one batched call per file part that has one (Grain calls this for `_getitems`)."""
+    indices_K = np.asarray(indices, np.int64)
+    parts_K = np.searchsorted(self._ends, indices_K, side="right")
+    local_K = indices_K - np.concatenate([[0], self._ends])[parts_K]
+    out: list[Any] = [None] * len(indices_K)
+    for part in np.unique(parts_K):
+      where = np.flatnonzero(parts_K == part)
+      keys, source = local_K[where].tolist(), self._parts[part]
+      values = source._getitems(keys) if hasattr(source, "_getitems") else [source[k] for k in keys]  # pylint: disable=protected-access
+      for k, v in zip(where.tolist(), values):
+        out[k] = v
+    return out
 
 
 def _file_parts(spec: str, fmt: str, text_field: str, text_unit: str, process_index: int = 0,
