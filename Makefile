@@ -57,6 +57,7 @@ bench: setup
 
 fault-inject: setup
 	$(PY) tools/fault_inject.py --kills=$(KILLS) --workdir=runs/fault_inject
+	$(PY) tools/fault_inject_prepare.py --kills=$(KILLS) --workdir=runs/fault_inject_prepare
 
 clean:
 	rm -rf runs bench_results.json

@@ -5,7 +5,7 @@ ArrayRecord (raw UTF-8 or JSON records, read lazily). `document_source` gives a 
 random-access source for the pipeline; `iter_documents` streams documents (tokenizer training).
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 import json
 import os
 from typing import Any
@@ -222,6 +222,19 @@ def _decode_record(raw: bytes, text_field: str, where: str) -> str:
   return _decode(raw, where)
 
 
+def _gather(ends: np.ndarray, indices: Sequence[int], read: Callable[[int, list[int]], Sequence[Any]]) -> list[Any]:
+  """Items at `indices` of parts laid end to end (part p ends at `ends[p]`): one `read(p, keys)` per part."""
+  indices_K = np.asarray(indices, np.int64)
+  parts_K = np.searchsorted(ends, indices_K, side="right")
+  local_K = indices_K - np.concatenate([[0], ends])[parts_K]
+  out: list[Any] = [None] * len(indices_K)
+  for part in np.unique(parts_K):
+    where = np.flatnonzero(parts_K == part)
+    for k, v in zip(where.tolist(), read(int(part), local_K[where].tolist())):
+      out[k] = v
+  return out
+
+
 class _ArrayRecordDocuments:
   """Random access to the documents of ArrayRecord files, read on demand (not in memory)."""
 
@@ -240,9 +253,11 @@ class _ArrayRecordDocuments:
   def __len__(self) -> int:
     return len(self._source)
 
-  def __getitem__(self, index: int) -> str:
-    return _decode_record(self._source[index], self._text_field,
-                          f"ArrayRecord record {index} of {self._paths}")
+  def _decode(self, raw: bytes, index: int) -> Any:
+    return _decode_record(raw, self._text_field, f"ArrayRecord record {index} of {self._paths}")
+
+  def __getitem__(self, index: int) -> Any:
+    return self._decode(self._source[index], index)
 
   def _read(self, indices: Sequence[int]) -> list[bytes]:
     """Records at `indices`: one read per file, in this thread (Grain's batched read starts threads per call)."""
@@ -251,23 +266,13 @@ class _ArrayRecordDocuments:
     if getattr(self, "_readers", None) is None:
       self._readers = [array_record_module.ArrayRecordReader(p, "readahead_buffer_size:0") for p in self._paths]
       self._file_ends = np.cumsum([r.num_records() for r in self._readers])
-    indices_K = np.asarray(indices, np.int64)
-    files_K = np.searchsorted(self._file_ends, indices_K, side="right")
-    local_K = indices_K - np.concatenate([[0], self._file_ends])[files_K]
-    out: list[bytes] = [b""] * len(indices_K)
-    for f in np.unique(files_K):
-      where = np.flatnonzero(files_K == f)
-      for k, raw in zip(where.tolist(), self._readers[f].read(local_K[where].tolist())):
-        out[k] = raw
-    return out
+    return _gather(self._file_ends, indices, lambda f, keys: self._readers[f].read(keys))
 
   def __getstate__(self) -> dict[str, Any]:  # Readers do not pickle (Grain workers); they reopen lazily.
     return {**self.__dict__, "_readers": None}
 
-  def _getitems(self, indices: Sequence[int]) -> list[str]:
-    """Batched read."""
-    return [_decode_record(raw, self._text_field, f"ArrayRecord record {i} of {self._paths}")
-            for i, raw in zip(indices, self._read(indices))]
+  def _getitems(self, indices: Sequence[int]) -> list[Any]:
+    return [self._decode(raw, i) for i, raw in zip(indices, self._read(indices))]
 
 
 class _ArrayRecordTokens(_ArrayRecordDocuments):
@@ -277,11 +282,8 @@ class _ArrayRecordTokens(_ArrayRecordDocuments):
     self._dtype = np.dtype(dtype)
     super().__init__(paths, "")
 
-  def __getitem__(self, index: int) -> np.ndarray:
-    return np.frombuffer(self._source[index], self._dtype).astype(np.int32)
-
-  def _getitems(self, indices: Sequence[int]) -> list[np.ndarray]:
-    return [np.frombuffer(raw, self._dtype).astype(np.int32) for raw in self._read(indices)]
+  def _decode(self, raw: bytes, index: int) -> np.ndarray:
+    return np.frombuffer(raw, self._dtype).astype(np.int32)
 
 
 class DocumentSource(grain.sources.RandomAccessDataSource):
@@ -307,17 +309,9 @@ class DocumentSource(grain.sources.RandomAccessDataSource):
 
   def _getitems(self, indices: Sequence[int]) -> list[Any]:
     """Batched read: one batched call per file part that has one (Grain calls this for `_getitems`)."""
-    indices_K = np.asarray(indices, np.int64)
-    parts_K = np.searchsorted(self._ends, indices_K, side="right")
-    local_K = indices_K - np.concatenate([[0], self._ends])[parts_K]
-    out: list[Any] = [None] * len(indices_K)
-    for part in np.unique(parts_K):
-      where = np.flatnonzero(parts_K == part)
-      keys, source = local_K[where].tolist(), self._parts[part]
-      values = source._getitems(keys) if hasattr(source, "_getitems") else [source[k] for k in keys]  # pylint: disable=protected-access
-      for k, v in zip(where.tolist(), values):
-        out[k] = v
-    return out
+    read = lambda p, keys: (self._parts[p]._getitems(keys) if hasattr(self._parts[p], "_getitems")  # pylint: disable=protected-access
+                            else [self._parts[p][k] for k in keys])
+    return _gather(self._ends, indices, read)
 
 
 def _file_parts(spec: str, fmt: str, text_field: str, text_unit: str, process_index: int = 0,
