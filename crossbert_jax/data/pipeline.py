@@ -1,9 +1,10 @@
 """Grain input pipeline: documents -> shuffled, sharded, tokenized, packed int32 batches.
 
-  source (text/JSONL/Parquet: this host's share only, see data/splits.py) -> seeded shuffle (new
-  order each epoch, repeats forever) -> per-process stride (sources read whole)
-  -> tokenize -> [CLS] ids [SEP], cut into chunks of <= L -> first-fit pack to L -> batch
-  -> multiprocess prefetch (data.worker_count > 0)
+  source (text/JSONL/Parquet: this host's share only, see data/splits.py; ArrayRecord text or
+  pre-tokenized shards, data/shards.py) -> seeded shuffle (new order each epoch, repeats forever)
+  -> per-process stride (sources read whole) -> batched read + batched, multi-threaded tokenize
+  (none for pre-tokenized shards) -> [CLS] ids [SEP], cut into chunks of <= L -> first-fit pack
+  to L (both in data/packing.py) -> batch -> multiprocess prefetch (data.worker_count > 0)
 
 Shapes: B = per-process batch size, L = data.seq_len, N = one document's token count. A batch is
 a dict of int32 numpy arrays:
