@@ -153,7 +153,7 @@ class _Plan:
     """This process's drain documents, packed."""
     size = sum(s.end - s.start for s in self.segments)
     document = _SegmentDocument(self.segments)
-    return self._layout.pack(lambda lo, hi: [document(k) for k in range(lo, hi)], size, _DRAIN_SALT).__iter__()
+    return self._layout.pack(lambda ks: [document(k) for k in ks], size, _DRAIN_SALT).__iter__()
 
 
 def _replay(make: Callable[[], grain.DatasetIterator], state: dict[str, Any], keep: tuple[int, int] | None):

@@ -3,7 +3,7 @@
 One fused Grain iterator does what `_ChunkDataset` + `grain.experimental.FirstFitPackIterDataset`
 did, with the same rows and the same saved state, bit for bit (tests/test_packing.py checks it
 against Grain's), so elastic resume (data/elastic.py) and older checkpoints read it as before.
-It fetches documents in batches (`fetch(lo, hi)`: a batched read and a batched, multi-threaded
+It fetches documents in batches (`fetch(indices)`: a batched read and a batched, multi-threaded
 encode), places chunks with one numpy probe each, and builds each round's rows with a few
 vectorised scatters instead of per-element Python.
 
@@ -26,7 +26,7 @@ from crossbert_jax.data import tokenizer as tokenizer_lib
 
 # (ids) or (ids, first chunk): data/elastic.py resumes a document part-way through.
 Document = np.ndarray | tuple[np.ndarray, int]
-Fetch = Callable[[int, int], Sequence[Document]]
+Fetch = Callable[[list[int]], Sequence[Document]]
 Row = dict[str, np.ndarray]
 FETCH = 256  # Documents fetched (read, tokenized) at once.
 
@@ -44,9 +44,10 @@ def _chunks(element: Document, seq_len: int) -> tuple[np.ndarray, int]:
 class PackIterator(grain.DatasetIterator):
   """See the module docstring."""
 
-  def __init__(self, fetch: Fetch, length: int | None, *, seq_len: int, bins: int, seed: int):
+  def __init__(self, fetch: Fetch, length: int | None, *, seq_len: int, bins: int, seed: int,
+               window: tuple[int, int] = (0, 1)):
     super().__init__()
-    self._fetch, self._length = fetch, length
+    self._fetch, self._length, self._window = fetch, length, window
     self._seq_len, self._bins, self._seed = seq_len, bins, seed
     self._set(0, 0, 0, 0)
 
@@ -65,7 +66,9 @@ class PackIterator(grain.DatasetIterator):
     k = i - self._buffer_start
     if not 0 <= k < len(self._buffer):
       hi = i + FETCH if self._length is None else min(i + FETCH, self._length)
-      self._buffer_start, self._buffer = i, [_chunks(d, self._seq_len) for d in self._fetch(i, hi)]
+      start, step = self._window  # Stream index j is document start + j * step (a Grain worker's slice).
+      docs = self._fetch([start + j * step for j in range(i, hi)])
+      self._buffer_start, self._buffer = i, [_chunks(d, self._seq_len) for d in docs]
       k = 0
     return self._buffer[k]
 
@@ -153,7 +156,17 @@ class PackDataset(grain.IterDataset):
   def __init__(self, fetch: Fetch, length: int | None, *, seq_len: int, bins: int, seed: int):
     super().__init__()
     self._args = (fetch, length)
-    self._kwargs = {"seq_len": seq_len, "bins": bins, "seed": seed}
+    self._kwargs = {"seq_len": seq_len, "bins": bins, "seed": seed, "window": (0, 1)}
+
+  def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+    """Grain's multiprocess prefetch gives worker w of W documents w, w + W, ... (as it sliced Grain's source)."""
+    del sequential_slice  # An endless stream has no contiguous part to give.
+    fetch, length = self._args
+    start, step = sl.start or 0, sl.step or 1
+    if length is not None:
+      length = len(range(start, length, step))
+    self._args = (fetch, length)
+    self._kwargs["window"] = (start, step)
 
   def __iter__(self) -> PackIterator:
     return PackIterator(*self._args, **self._kwargs)

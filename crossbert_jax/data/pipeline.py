@@ -52,13 +52,13 @@ class _Tokenize:
 
 
 class _Fetch:
-  """Documents [lo, hi) of a repeated document list as int32 ids: one batched, multi-threaded encode."""
+  """Documents at `indices` of a repeated document list as int32 ids: one batched read and encode."""
 
   def __init__(self, documents: grain.MapDataset, tokenizer: tokenizer_lib.Tokenizer | None):
     self._documents, self._tokenizer = documents, tokenizer
 
-  def __call__(self, lo: int, hi: int) -> list[np.ndarray]:
-    docs = self._documents._getitems(list(range(lo, hi)))  # pylint: disable=protected-access  (batched reads)
+  def __call__(self, indices: list[int]) -> list[np.ndarray]:
+    docs = self._documents._getitems(indices)  # pylint: disable=protected-access  (batched reads)
     if self._tokenizer is None:  # Pre-tokenized shards.
       return docs
     return [np.asarray(ids, np.int32) for ids in self._tokenizer.encode_batch(docs)]
@@ -190,7 +190,7 @@ class Layout:
     return self._epoch_length
 
   def pack(self, fetch: packing.Fetch, length: int | None, *salt: int) -> grain.IterDataset:
-    """Documents [lo, hi) = `fetch(lo, hi)` (token ids, or (ids, first chunk)) -> packed rows (module doc)."""
+    """Documents `fetch(indices)` (token ids, or (ids, first chunk)) -> packed rows (module doc)."""
     return packing.PackDataset(fetch, length, seq_len=self.data_cfg.seq_len, bins=self.bins,
                                seed=_combine_seeds(self.data_cfg.shuffle_seed, self.seed, self.process_index, *salt))
 
