@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import signal
 import tempfile
+import threading
 import uuid
 from typing import Any
 
@@ -212,7 +213,8 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
   for k in sorted(set(range(shards)) - set(todo)):
     stats[k] = _shard_stats(out / shard_name(k, shards, kind), itemsize)
   bar = tqdm.tqdm(total=shards, initial=shards - len(todo), unit="shard", disable=not progress, dynamic_ncols=True)
-  handlers = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)}
+  main_thread = threading.current_thread() is threading.main_thread()  # Only it may set signal handlers.
+  handlers = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)} if main_thread else {}
   # Spawned workers: no fork of a parent that may hold threads (grain, tqdm).
   pool = concurrent.futures.ProcessPoolExecutor(workers or min(len(todo), os.cpu_count() or 1) or 1,
                                                 mp_context=multiprocessing.get_context("spawn"),
