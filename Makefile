@@ -58,6 +58,7 @@ bench: setup
 
 fault-inject: setup
 	$(PY) tools/fault_inject.py --kills=$(KILLS) --workdir=runs/fault_inject
+	$(PY) tools/fault_inject_prepare.py --kills=$(KILLS) --workdir=runs/fault_inject_prepare
 
 fault-inject-sweep: setup
 	$(PY) tools/fault_inject_sweep.py --kills=$(KILLS) --root=runs/fault_inject_sweep

@@ -2,13 +2,14 @@
 
 Layers, lowest first (a package imports only from packages above it in this list):
   core        errors, config schema
-  data        sources, splits (per-host reads), tokenizer, pipeline, elastic, prepare, built-in corpus
+  data        sources, splits (per-host reads), tokenizer, shards, packing, pipeline, elastic, prepare,
+              workers, throughput, built-in corpus
   model       layers, attention (+ chunked, kernels), encoder, reconstructor, models, inference
   evaluation  embedder, tasks, generic, probes, retrieval, runner, pooler, mteb  |  hf  mapping, files, convert
   training    what a step computes: masking, objectives, optimizer, sharding, program (the train
-              state, the jitted step and loss check), flops, aot
+              state, the jitted step and loss check), flops, aot, feed_bench (input demand per host)
   run         what keeps a run alive around the step: trainer, recorder, checkpoint, resume, elastic,
-              lock, preemption, environment, warm_start, metrics, compile_cache
+              lock, preemption, environment, warm_start, fork, metrics, compile_cache
   scaling     plan, runner, collect, fit, plots, report (sweeps over runs)
 The top-level modules are the commands: train, tokenizer, prepare, evaluate, pooler, export,
 compile, bench, mteb_eval, sweep, report.

@@ -1,9 +1,6 @@
 r"""Train-step throughput: flat BERT vs CrossBERT at one encoder size, on one device.
 
-Usage:
-  python -m crossbert_jax.bench --config=configs/crossbert.py:small --out=/tmp/bench_256.json
-  python -m crossbert_jax.bench --config=configs/crossbert.py:small --config.data.seq_len=512 \
-      --out=/tmp/bench_512.json
+Usage: python -m crossbert_jax.bench --config=configs/crossbert.py:small --out=/tmp/bench.json
 
 It times the real train step of `program.TrainProgram` (state donated, one device, random ids, full rows) for
 six cases sharing the config's encoder, batch and length: BERT r=0.15 (the reference) and 0.30,
@@ -31,7 +28,7 @@ from ml_collections import config_flags
 
 from crossbert_jax.core import config as config_lib, xla_flags
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
-from crossbert_jax.training import flops, program as program_lib, sharding
+from crossbert_jax.training import feed_bench, flops, program as program_lib, sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/crossbert.py:small.",
                                           lock_config=True)
@@ -45,6 +42,7 @@ _CASES = flags.DEFINE_list("cases", [], "Subset of case names to run (default: a
                            "case bert_r0.15 is always run.")
 _LONG_LEN = flags.DEFINE_integer("long_len", 2048, "Length of the dense-vs-chunked attention rows (0: skip).")
 _LONG_BATCH = flags.DEFINE_integer("long_batch", 2, "Batch of the dense-vs-chunked attention rows.")
+_DATA = flags.DEFINE_bool("data", False, "Run the input-pipeline benchmark instead (training/feed_bench.py).")
 
 REFERENCE = "bert_r0.15"
 # Targets (medians, float32; issue #11): the half-width-reconstructor CrossBERT r=0.5 K=1
@@ -383,6 +381,8 @@ def _dumps(obj: Any) -> str:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
+  if _DATA.value:
+    return feed_bench.main(_OUT.value)
   xla_flags.set_cpu_flags()
   c = config_lib.from_flag(_CONFIG.value)
   config_lib.validate(c)

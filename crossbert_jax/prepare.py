@@ -1,17 +1,23 @@
 r"""Converts a corpus to ArrayRecord shards for pod training.
 
-  python -m crossbert_jax.prepare --input=PATH[,PATH...] --output=DIR_or_gs://BUCKET/corpus --shards=N
+  python -m crossbert_jax.prepare --input=PATH[,PATH...] --output=DIR_or_gs://BUCKET/corpus --shards=N \
+      [--tokenizer=spm.model]
 
-Then train with --config.data.path=OUTPUT (see docs/pod.md). The work is `crossbert_jax.data.prepare`.
+Then train with --config.data.path=OUTPUT (see docs/pod.md). With --tokenizer the shards hold token
+ids (read without tokenizing; train with that --config.data.tokenizer). Exit status: 0 done, 2 a
+bad input (one `error:` line; nothing of this run is left), 75 stopped by SIGTERM/SIGINT (rerun the
+same command: finished shards are kept). The work is `crossbert_jax.data.prepare`.
 """
 
 from collections.abc import Sequence
+import sys
 
 from absl import app
 from absl import flags
 
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.data import prepare
+from crossbert_jax.data import tokenizer as tokenizer_lib
 
 
 def _define_flags() -> None:
@@ -28,6 +34,7 @@ def _define_flags() -> None:
                     "How plain-text files split into documents.")
   flags.DEFINE_integer("workers", 0, "Parallel worker processes (0: min(shards, CPUs)).")
   flags.DEFINE_bool("progress", True, "Progress bar.")
+  flags.DEFINE_string("tokenizer", "", "SentencePiece .model: write token ids (pre-tokenized shards), not text.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -38,10 +45,17 @@ def main(argv: Sequence[str]) -> None:
   for name in ("input", "output", "shards"):
     if f[name].value in (None, ""):
       raise UserError(f"--{name} is required (e.g. --input=corpus/ --output=gs://bucket/corpus --shards=64)")
-  counts = prepare.prepare(f.input, f.output, f.shards, fmt=f.format, text_field=f.text_field,
-                           text_unit=f.text_unit, workers=f.workers, progress=f.progress)
+  tok = tokenizer_lib.Tokenizer.load(f.tokenizer) if f.tokenizer else None
+  try:
+    counts = prepare.prepare(f.input, f.output, f.shards, fmt=f.format, text_field=f.text_field,
+                             text_unit=f.text_unit, workers=f.workers, progress=f.progress, tokenizer=tok)
+  except prepare.Stopped as e:
+    print(f"stopped by {e}: finished shards are kept in {f.output}; rerun the same command to write the rest "
+          f"(exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
+    sys.exit(EXIT_STOPPED)
+  also = f" --config.data.tokenizer={f.tokenizer}" if f.tokenizer else ""
   print(f"wrote {len(counts)} shards, {sum(counts)} documents ({min(counts)}-{max(counts)} per shard) "
-        f"to {f.output}; train with --config.data.path={f.output}")
+        f"to {f.output}; train with --config.data.path={f.output}{also}")
 
 
 def cli() -> None:

@@ -105,7 +105,7 @@ def _sweep(spec: pathlib.Path, root: pathlib.Path) -> subprocess.Popen:
 def run(kills: int, root: pathlib.Path, seed: int, max_delay: float, flops: float, tokenizer: str = "") -> None:
   """The faulted sweep; raises AssertionError on a failed check."""
   from crossbert_jax.scaling import plan as plan_lib  # pylint: disable=g-import-not-at-top
-  from crossbert_jax.training import metrics  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.run import metrics  # pylint: disable=g-import-not-at-top
 
   rng = random.Random(seed)
   if root.exists():

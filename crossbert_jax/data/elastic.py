@@ -152,8 +152,8 @@ class _Plan:
   def packer(self) -> grain.DatasetIterator:
     """This process's drain documents, packed."""
     size = sum(s.end - s.start for s in self.segments)
-    docs = grain.MapDataset.range(size).map(_SegmentDocument(self.segments))
-    return self._layout.pack(docs.to_iter_dataset(), _DRAIN_SALT).__iter__()
+    document = _SegmentDocument(self.segments)
+    return self._layout.pack(lambda ks: [document(k) for k in ks], size, _DRAIN_SALT).__iter__()
 
 
 def _replay(make: Callable[[], grain.DatasetIterator], state: dict[str, Any], keep: tuple[int, int] | None):

@@ -1,9 +1,10 @@
 """Grain input pipeline: documents -> shuffled, sharded, tokenized, packed int32 batches.
 
-  source (text/JSONL/Parquet: this host's share only, see data/splits.py) -> seeded shuffle (new
-  order each epoch, repeats forever) -> per-process stride (sources read whole)
-  -> tokenize -> [CLS] ids [SEP], cut into chunks of <= L -> first-fit pack to L -> batch
-  -> multiprocess prefetch (data.worker_count > 0)
+  source (text/JSONL/Parquet: this host's share only, see data/splits.py; ArrayRecord text or
+  pre-tokenized shards, data/shards.py) -> seeded shuffle (new order each epoch, repeats forever)
+  -> per-process stride (sources read whole) -> batched read + batched, multi-threaded tokenize
+  (none for pre-tokenized shards) -> [CLS] ids [SEP], cut into chunks of <= L -> first-fit pack
+  to L (both in data/packing.py) -> batch -> multiprocess prefetch (data.worker_count > 0)
 
 Shapes: B = per-process batch size, L = data.seq_len, N = one document's token count. A batch is
 a dict of int32 numpy arrays:
@@ -15,10 +16,6 @@ documents are never merged. The iterator has `get_state` / `set_state` and is sa
 through `grain.checkpoint.CheckpointSave(iterator)` / `CheckpointRestore(iterator)`.
 """
 
-import os
-import threading
-import time
-from typing import Any
 
 import grain
 import ml_collections
@@ -26,16 +23,15 @@ import numpy as np
 
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import elastic
+from crossbert_jax.data import packing
+from crossbert_jax.data import shards
 from crossbert_jax.data import sources
 from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.data import workers
 
 # First-fit packing keeps this many rows open (at least the batch size): more bins, less
 # padding, at the cost of packing (and re-packing after a restore) that many rows at once.
 MIN_PACKING_BINS = 64
-# Reading in-memory documents: prefetch threads cost more than they save (2.5x slower on 2
-# cores). ArrayRecord reads block on I/O, so those get threads.
-_IN_MEMORY_READ = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
-_IO_READ = grain.ReadOptions(num_threads=8, prefetch_buffer_size=256)
 
 
 # ----------------------------------------------------------------------------- pipeline
@@ -55,89 +51,30 @@ class _Tokenize:
     return np.asarray(self._tokenizer.encode(doc), np.int32)
 
 
-class _ChunkIterator(grain.DatasetIterator):
-  """Ids -> `[CLS] ids [SEP]` cut into consecutive chunks of <= L; empty documents dropped."""
+class _Fetch:
+  """Documents at `indices` of a repeated document list as int32 ids: one batched read and encode."""
 
-  def __init__(self, parent: grain.DatasetIterator, seq_len: int):
-    super().__init__(parent)
-    self._seq_len = seq_len
-    self._doc_state = self._parent.get_state()  # Parent state before the current document.
-    self._chunks: list[np.ndarray] = []
-    self._next_chunk = 0
+  def __init__(self, documents: grain.MapDataset, tokenizer: tokenizer_lib.Tokenizer | None):
+    self._documents, self._tokenizer = documents, tokenizer
 
-  def _load(self, element: np.ndarray | tuple[np.ndarray, int]) -> None:
-    # A tuple (ids, first chunk) resumes a document whose first chunks went elsewhere (data/elastic.py).
-    ids_N, first_chunk = element if isinstance(element, tuple) else (element, 0)
-    if len(ids_N):
-      doc_N = np.concatenate([[tokenizer_lib.CLS_ID], ids_N, [tokenizer_lib.SEP_ID]]).astype(np.int32)
-      self._chunks = [doc_N[i:i + self._seq_len] for i in range(0, len(doc_N), self._seq_len)]
-    else:
-      self._chunks = []
-    self._next_chunk = first_chunk
-
-  def __next__(self) -> dict[str, np.ndarray]:
-    while self._next_chunk >= len(self._chunks):
-      self._doc_state = self._parent.get_state()
-      self._load(next(self._parent))
-    chunk = self._chunks[self._next_chunk]
-    self._next_chunk += 1
-    return {"tokens": chunk}
-
-  def get_state(self) -> dict[str, Any]:
-    return {"parent": self._doc_state, "chunk": self._next_chunk}
-
-  def set_state(self, state: dict[str, Any]) -> None:
-    self._parent.set_state(state["parent"])
-    self._doc_state = state["parent"]
-    self._chunks, self._next_chunk = [], 0
-    if state["chunk"]:  # Mid-document: re-read it and skip the chunks already emitted.
-      self._load(next(self._parent))
-      self._next_chunk = state["chunk"]
+  def __call__(self, indices: list[int]) -> list[np.ndarray]:
+    docs = self._documents._getitems(indices)  # pylint: disable=protected-access  (batched reads)
+    if self._tokenizer is None:  # Pre-tokenized shards.
+      return docs
+    return [np.asarray(ids, np.int32) for ids in self._tokenizer.encode_batch(docs)]
 
 
-class _ChunkDataset(grain.IterDataset):
-  """See `_ChunkIterator`."""
-
-  def __init__(self, parent: grain.IterDataset, seq_len: int):
-    super().__init__(parent)
-    self._seq_len = seq_len
-
-  def __iter__(self) -> _ChunkIterator:
-    return _ChunkIterator(self._parent.__iter__(), self._seq_len)
-
-  def __str__(self) -> str:
-    return f"_ChunkDataset(seq_len={self._seq_len})"
-
-
-def _exit_with_parent(worker_index: int, num_workers: int) -> None:
-  """Grain worker init: the worker exits within a second of its parent (the trainer) dying.
-
-  Grain's spawned workers otherwise outlive a `kill -9` of the trainer, blocked on a full queue.
-  A thread polls the parent pid rather than prctl(PR_SET_PDEATHSIG): that fires when the
-  *thread* that spawned the worker exits, which for Grain is not the trainer's lifetime.
-  """
-  del worker_index, num_workers
-  parent = os.getppid()
-
-  def watch():
-    while os.getppid() == parent:
-      time.sleep(0.5)
-    os._exit(0)  # The parent is gone: nobody reads our queue; skip cleanup that may block.
-
-  threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
-
-
-def _rename(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  return {"tokens": row["tokens"].astype(np.int32),
-          "segment_ids": row["tokens_segment_ids"].astype(np.int32),
-          "positions": row["tokens_positions"].astype(np.int32)}
+def check_process(process_index: int, process_count: int) -> None:
+  """UserError unless 0 <= process_index < process_count."""
+  if not 0 <= process_index < process_count:
+    raise UserError(f"process_index={process_index} must be in [0, process_count={process_count})")
 
 
 def document_dataset(data_cfg: ml_collections.ConfigDict, *, seed: int, process_index: int = 0,
                      process_count: int = 1) -> grain.MapDataset:
-  """One epoch of this process's documents (str), shuffled; epoch e of `ds[i]` is `ds[i + e * len]`."""
-  if not 0 <= process_index < process_count:
-    raise UserError(f"process_index={process_index} must be in [0, process_count={process_count})")
+  """One epoch of this process's documents (str, or ids from pre-tokenized shards), shuffled; epoch e of
+  `ds[i]` is `ds[i + e * len]`."""
+  check_process(process_index, process_count)
   return _shard(sources.document_source(data_cfg, process_index, process_count), data_cfg, seed,
                 process_index, process_count)
 
@@ -164,11 +101,17 @@ class _SmallShuffle(grain.MapDataset):
   def __getitem__(self, index):
     if isinstance(index, slice):
       return self.slice(index)
+    return self._parent[self._perm(index)]
+
+  def _getitems(self, indices):
+    return self._parent._getitems([self._perm(i) for i in indices])  # pylint: disable=protected-access
+
+  def _perm(self, index: int) -> int:
     n = len(self._parent)
     epoch, i = divmod(index, n)
     if self._perm_epoch is None or self._perm_epoch[0] != epoch:
       self._perm_epoch = (epoch, np.random.default_rng([self._seed, epoch]).permutation(n))
-    return self._parent[int(self._perm_epoch[1][i]) + epoch * n]
+    return int(self._perm_epoch[1][i]) + epoch * n
 
 
 SMALL_SHUFFLE_MAX = 1 << 16
@@ -176,8 +119,6 @@ SMALL_SHUFFLE_MAX = 1 << 16
 
 def _shard(source: sources.DocumentSource, data_cfg: ml_collections.ConfigDict, seed: int,
            process_index: int, process_count: int) -> grain.MapDataset:
-  if not 0 <= process_index < process_count:
-    raise UserError(f"process_index={process_index} must be in [0, process_count={process_count})")
   ds = grain.MapDataset.source(source)
   # Sources read whole (builtin, ArrayRecord) are shuffled before striding, so every process sees
   # a uniform sample; per-host sources (data/splits.py) shuffle this process's share. Both shuffles
@@ -196,8 +137,20 @@ def _shard(source: sources.DocumentSource, data_cfg: ml_collections.ConfigDict, 
 
 
 def packing_bins(batch_size: int) -> int:
-  """Rows packed at once for a per-process batch size."""
+  """Rows packed at once for a per-process batch size (training/resume.py compares these)."""
   return max(batch_size, MIN_PACKING_BINS)
+
+
+def _check_tokenizer(source: sources.DocumentSource, data_cfg: ml_collections.ConfigDict,
+                     tokenizer: tokenizer_lib.Tokenizer) -> None:
+  """Pre-tokenized shards train only with the tokenizer that wrote them."""
+  made = source.tokenizer
+  if made is not None and made["sha256"] != shards.sha256(tokenizer.serialized_proto):
+    raise UserError(
+        f"data.path={data_cfg.path} was tokenized with {made.get('source', '?')} (sha256 {made['sha256'][:12]}, "
+        f"{made['vocab_size']} pieces), but data.tokenizer={tokenizer.source} differs (sha256 "
+        f"{shards.sha256(tokenizer.serialized_proto)[:12]}, {tokenizer.vocab_size} pieces): train with the "
+        "shards' tokenizer, or re-run prepare with --tokenizer=" + str(tokenizer.source))
 
 
 class Layout:
@@ -212,21 +165,23 @@ class Layout:
                seed: int, process_index: int, process_count: int):
     if data_cfg.seq_len < 4:
       raise UserError(f"data.seq_len must be >= 4, got {data_cfg.seq_len}")
-    if not 0 <= process_index < process_count:
-      raise UserError(f"process_index={process_index} must be in [0, process_count={process_count})")
+    check_process(process_index, process_count)
     self.data_cfg, self.tokenizer, self.bins, self.seed = data_cfg, tokenizer, bins, seed
     self.process_index, self.process_count = process_index, process_count
     self._documents: grain.MapDataset | None = None
+    self._fetch: _Fetch | None = None
     self._epoch_length = 0
-    self.read_options = _IN_MEMORY_READ
 
   def documents(self) -> grain.MapDataset:
     if self._documents is None:
       source = sources.document_source(self.data_cfg, self.process_index, self.process_count)
+      _check_tokenizer(source, self.data_cfg, self.tokenizer)
       ds = _shard(source, self.data_cfg, self.seed, self.process_index, self.process_count)
       self._epoch_length = len(ds)
-      self.read_options = _IO_READ if source.reads_files else _IN_MEMORY_READ
-      self._documents = ds.map(_Tokenize(self.tokenizer)).repeat(None)
+      ds = ds.repeat(None)
+      pretokenized = source.tokenizer is not None
+      self._fetch = _Fetch(ds, None if pretokenized else self.tokenizer)
+      self._documents = ds if pretokenized else ds.map(_Tokenize(self.tokenizer))
     return self._documents
 
   def epoch_length(self) -> int:
@@ -234,12 +189,10 @@ class Layout:
     self.documents()
     return self._epoch_length
 
-  def pack(self, documents: grain.IterDataset, *salt: int) -> grain.IterDataset:
-    """Token ids (or (ids, first chunk)) -> packed rows {tokens, tokens_segment_ids, tokens_positions}."""
-    return grain.experimental.FirstFitPackIterDataset(
-        _ChunkDataset(documents, self.data_cfg.seq_len), length_struct={"tokens": self.data_cfg.seq_len},
-        num_packing_bins=self.bins, shuffle_bins=True,
-        seed=_combine_seeds(self.data_cfg.shuffle_seed, self.seed, self.process_index, *salt))
+  def pack(self, fetch: packing.Fetch, length: int | None, *salt: int) -> grain.IterDataset:
+    """Documents `fetch(indices)` (token ids, or (ids, first chunk)) -> packed rows (module doc)."""
+    return packing.PackDataset(fetch, length, seq_len=self.data_cfg.seq_len, bins=self.bins,
+                               seed=_combine_seeds(self.data_cfg.shuffle_seed, self.seed, self.process_index, *salt))
 
   def under(self, *, bins: int, process_index: int, process_count: int) -> "Layout":
     """The same data and seed under another process layout (an earlier run's)."""
@@ -247,8 +200,8 @@ class Layout:
                   process_count=process_count)
 
   def rows(self) -> grain.IterDataset:
-    documents = self.documents()
-    return self.pack(documents.to_iter_dataset(self.read_options))
+    self.documents()
+    return self.pack(self._fetch, None)
 
 
 def make_dataset(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, *,
@@ -264,11 +217,11 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.T
     raise UserError(f"per-process batch size must be >= 1, got {batch_size}")
   layout = Layout(data_cfg, tokenizer, bins=packing_bins(batch_size), seed=seed, process_index=process_index,
                   process_count=process_count)
-  it_ds = elastic.ElasticRows(layout).map(_rename).batch(batch_size, drop_remainder=True)
+  it_ds = elastic.ElasticRows(layout).batch(batch_size, drop_remainder=True)
   if data_cfg.worker_count > 0:
     it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(
         num_workers=data_cfg.worker_count, per_worker_buffer_size=data_cfg.worker_buffer_size),
-        worker_init_fn=_exit_with_parent)
+        worker_init_fn=workers.exit_with_parent)
   return it_ds
 
 

@@ -5,7 +5,7 @@ ArrayRecord (raw UTF-8 or JSON records, read lazily). `document_source` gives a 
 random-access source for the pipeline; `iter_documents` streams documents (tokenizer training).
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 import json
 import os
 from typing import Any
@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import shards
 from crossbert_jax.data import splits
 
 FORMATS = ("text", "jsonl", "parquet", "arrayrecord")
@@ -98,7 +99,7 @@ def file_format(path: epath.Path, fmt: str = "auto") -> str:
   name = path.name
   ext = os.path.splitext(name)[1].lower()
   if ext not in _EXTENSIONS:
-    raise UserError(f"{path}: unknown extension {ext!r}; set data.format to one of {FORMATS} "
+    raise UserError(f"{path}: unknown extension {ext!r}; set data.format (prepare, tokenizer: --format) to one of {FORMATS} "
                     f"or rename it ({', '.join(e for e in _EXTENSIONS if e)})")
   return _EXTENSIONS[ext]
 
@@ -201,7 +202,7 @@ def read_parquet(path: epath.Path, text_field: str, part: splits.Part | None = N
     raise
   except Exception as e:  # pylint: disable=broad-except  (pyarrow raises many types)
     raise UserError(f"{path}: unreadable Parquet ({type(e).__name__}: {str(e)[:200]}); "
-                    "check the file or set data.format") from None
+                    "check the file or set data.format (prepare: --format)") from None
   docs = [d.strip() for d in column.to_pylist() if isinstance(d, str)]
   docs = [d for d in docs if d]
   if not docs and (part is None or part.count == 1):
@@ -221,6 +222,19 @@ def _decode_record(raw: bytes, text_field: str, where: str) -> str:
   return _decode(raw, where)
 
 
+def _gather(ends: np.ndarray, indices: Sequence[int], read: Callable[[int, list[int]], Sequence[Any]]) -> list[Any]:
+  """Items at `indices` of parts laid end to end (part p ends at `ends[p]`): one `read(p, keys)` per part."""
+  indices_K = np.asarray(indices, np.int64)
+  parts_K = np.searchsorted(ends, indices_K, side="right")
+  local_K = indices_K - np.concatenate([[0], ends])[parts_K]
+  out: list[Any] = [None] * len(indices_K)
+  for part in np.unique(parts_K):
+    where = np.flatnonzero(parts_K == part)
+    for k, v in zip(where.tolist(), read(int(part), local_K[where].tolist())):
+      out[k] = v
+  return out
+
+
 class _ArrayRecordDocuments:
   """Random access to the documents of ArrayRecord files, read on demand (not in memory)."""
 
@@ -231,7 +245,7 @@ class _ArrayRecordDocuments:
       self._source = grain.sources.ArrayRecordDataSource(self._paths)
     except Exception as e:  # pylint: disable=broad-except
       raise UserError(f"{', '.join(self._paths)}: unreadable ArrayRecord ({str(e)[:200]}); "
-                      "check the files or set data.format") from None
+                      "check the files or set data.format (prepare: --format)") from None
     if len(self._source) == 0:
       raise _no_documents(epath.Path(self._paths[0]))
     self[0]  # Fails early on a missing field.  pylint: disable=pointless-statement
@@ -239,20 +253,51 @@ class _ArrayRecordDocuments:
   def __len__(self) -> int:
     return len(self._source)
 
-  def __getitem__(self, index: int) -> str:
-    return _decode_record(self._source[index], self._text_field,
-                          f"ArrayRecord record {index} of {self._paths}")
+  def _decode(self, raw: bytes, index: int) -> Any:
+    return _decode_record(raw, self._text_field, f"ArrayRecord record {index} of {self._paths}")
+
+  def __getitem__(self, index: int) -> Any:
+    return self._decode(self._source[index], index)
+
+  def _read(self, indices: Sequence[int]) -> list[bytes]:
+    """Records at `indices`: one read per file, in this thread (Grain's batched read starts threads per call)."""
+    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+
+    if getattr(self, "_readers", None) is None:
+      self._readers = [array_record_module.ArrayRecordReader(p, "readahead_buffer_size:0") for p in self._paths]
+      self._file_ends = np.cumsum([r.num_records() for r in self._readers])
+    return _gather(self._file_ends, indices, lambda f, keys: self._readers[f].read(keys))
+
+  def __getstate__(self) -> dict[str, Any]:  # Readers do not pickle (Grain workers); they reopen lazily.
+    return {**self.__dict__, "_readers": None}
+
+  def _getitems(self, indices: Sequence[int]) -> list[Any]:
+    return [self._decode(raw, i) for i, raw in zip(indices, self._read(indices))]
+
+
+class _ArrayRecordTokens(_ArrayRecordDocuments):
+  """Random access to the documents of pre-tokenized shards: int32 token ids, without specials."""
+
+  def __init__(self, paths: Sequence[epath.Path], dtype: str):
+    self._dtype = np.dtype(dtype)
+    super().__init__(paths, "")
+
+  def _decode(self, raw: bytes, index: int) -> np.ndarray:
+    return np.frombuffer(raw, self._dtype).astype(np.int32)
 
 
 class DocumentSource(grain.sources.RandomAccessDataSource):
-  """Random-access documents (str) from all files of a spec, in file order."""
+  """Random-access documents from all files of a spec, in file order: str, or int32 token ids
+  when `tokenizer` (the manifest's {sha256, vocab_size, source}) is set."""
 
-  def __init__(self, parts: Sequence[Sequence[str]], per_process: bool = False):
+  def __init__(self, parts: Sequence[Sequence[str]], per_process: bool = False,
+               tokenizer: dict[str, Any] | None = None):
     self._parts = list(parts)
     self._ends = np.cumsum([len(p) for p in self._parts])
     self.reads_files = any(isinstance(p, _ArrayRecordDocuments) for p in self._parts)
     # True: holds only this process's share (splits.py); False: all documents, to be strided.
     self.per_process = per_process
+    self.tokenizer = tokenizer
 
   def __len__(self) -> int:
     return int(self._ends[-1]) if len(self._ends) else 0
@@ -261,6 +306,12 @@ class DocumentSource(grain.sources.RandomAccessDataSource):
     part = int(np.searchsorted(self._ends, index, side="right"))
     start = int(self._ends[part - 1]) if part else 0
     return self._parts[part][index - start]
+
+  def _getitems(self, indices: Sequence[int]) -> list[Any]:
+    """Batched read: one batched call per file part that has one (Grain calls this for `_getitems`)."""
+    read = lambda p, keys: (self._parts[p]._getitems(keys) if hasattr(self._parts[p], "_getitems")  # pylint: disable=protected-access
+                            else [self._parts[p][k] for k in keys])
+    return _gather(self._ends, indices, read)
 
 
 def _file_parts(spec: str, fmt: str, text_field: str, text_unit: str, process_index: int = 0,
@@ -271,6 +322,10 @@ def _file_parts(spec: str, fmt: str, text_field: str, text_unit: str, process_in
   ArrayRecord files (read lazily, by index) every process sees all documents and strides them.
   """
   paths = resolve_paths(spec)
+  shards.check_complete(paths)
+  paths, tokens = _token_shards(paths, spec)
+  if tokens is not None:
+    return [tokens], False
   kinds = [file_format(p, fmt) for p in paths]
   per_process = process_count > 1 and "arrayrecord" not in kinds
   if per_process:
@@ -295,6 +350,25 @@ def _file_parts(spec: str, fmt: str, text_field: str, text_unit: str, process_in
   return [p for p in parts if len(p)], per_process
 
 
+def _token_shards(paths: list[epath.Path], spec: str) -> tuple[list[epath.Path], "_ArrayRecordTokens | None"]:
+  """(the paths, None), or ([], the documents) when they are pre-tokenized shards and their manifests."""
+  token_files = [p for p in paths if (shards.parse_name(p.name) or ("",))[0] == shards.TOKENS]
+  if not token_files:
+    return paths, None
+  folders = sorted({str(p.parent) for p in token_files})
+  manifests = [shards.read_manifest(epath.Path(f)) for f in folders]
+  rest = [p for p in paths if p not in token_files and not (p.name == shards.MANIFEST and str(p.parent) in folders)]
+  if rest:
+    raise UserError(f"data.path={spec!r} mixes pre-tokenized shards ({folders[0]}) with other files ({rest[0]}): "
+                    "train on one kind")
+  if len({(m["tokenizer"]["sha256"], m["dtype"]) for m in manifests}) > 1:
+    raise UserError(f"data.path={spec!r}: the shard sets {folders} were tokenized by different tokenizers: "
+                    "use sets from one tokenizer")
+  source = _ArrayRecordTokens(token_files, manifests[0]["dtype"])
+  source.tokenizer = manifests[0]["tokenizer"]
+  return [], source
+
+
 def document_source(data_cfg: ml_collections.ConfigDict, process_index: int = 0,
                     process_count: int = 1) -> DocumentSource:
   """The documents of `data_cfg.path` ("builtin" or files) for this process, random access.
@@ -308,7 +382,7 @@ def document_source(data_cfg: ml_collections.ConfigDict, process_index: int = 0,
     return DocumentSource([corpus.builtin_documents()])
   parts, per_process = _file_parts(data_cfg.path, data_cfg.format, data_cfg.text_field,
                                    data_cfg.text_unit, process_index, process_count)
-  return DocumentSource(parts, per_process)
+  return DocumentSource(parts, per_process, getattr(parts[0], "tokenizer", None) if parts else None)
 
 
 def iter_documents(spec: str, *, fmt: str = "auto", text_field: str = "text",
@@ -320,5 +394,7 @@ def iter_documents(spec: str, *, fmt: str = "auto", text_field: str = "text",
     yield from corpus.builtin_documents()
     return
   for part in _file_parts(spec, fmt, text_field, text_unit)[0]:
+    if isinstance(part, _ArrayRecordTokens):
+      raise UserError(f"{spec} holds token ids (pre-tokenized shards), not text: give the text they were made from")
     for i in range(len(part)):
       yield part[i]

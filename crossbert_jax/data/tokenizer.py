@@ -106,6 +106,7 @@ class Tokenizer:
 
   def __init__(self, serialized_proto: bytes, source: str = "<bytes>"):
     self._proto = serialized_proto
+    self.source = source  # Where it was loaded from, for messages.
     self._sp = spm.SentencePieceProcessor()
     try:
       self._sp.LoadFromSerializedProto(serialized_proto)
@@ -132,10 +133,10 @@ class Tokenizer:
 
   # Pickling (Grain worker processes) ships the proto, not the C++ processor.
   def __getstate__(self):
-    return {"proto": self._proto}
+    return {"proto": self._proto, "source": self.source}
 
   def __setstate__(self, state):
-    self.__init__(state["proto"])
+    self.__init__(state["proto"], state.get("source", "<bytes>"))
 
   @property
   def vocab_size(self) -> int:

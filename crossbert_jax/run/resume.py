@@ -99,7 +99,7 @@ def check(workdir: str, step: int, saved: dict, meta: dict | None, now: ml_colle
                     "multiprocess order depends on the worker count, so the data stream starts over from its "
                     "first batch (documents read before this step are read again)")
   if "train.batch_size" in changed and saved_process_count in (None, process_count):
-    bins = lambda batch: max(batch // process_count, pipeline.MIN_PACKING_BINS)
+    bins = lambda batch: pipeline.packing_bins(batch // process_count)
     if bins(a["train.batch_size"]) != bins(b["train.batch_size"]):
       restore_data = False
       warnings.append("warning: the new batch size changes the number of packing bins, so the data stream "
