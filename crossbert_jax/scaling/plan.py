@@ -41,6 +41,10 @@ class Run:
   flops_per_step: float
   steps: int
   tokens_per_step: int
+  kind: str = "run"  # "run" | "stable" (a WSD trunk, not a point) | "branch" (a decay forked from a stable run).
+  fork_from: str = ""  # A branch's stable run name.
+  fork_step: int = 0  # The stable run's step a branch forks from.
+  budget_index: int = 0  # Which of the size's `flops` budgets this run is (0 without WSD).
 
   @property
   def flops(self) -> float:
