@@ -84,7 +84,7 @@ def _pool_segments(hidden_BxLxD, segment_ids_BxL, positions_BxL, pooling, slots)
   take_BxL = segment_ids_BxL > 0
   if pooling == "cls":
     take_BxL &= positions_BxL == 0
-  one_hot_BxLxS = (segment_ids_BxL[..., None] == jnp.arange(1, slots + 1)) & take_BxL[..., None]
+  one_hot_BxLxS = (segment_ids_BxL[..., None] == jnp.arange(1, slots + 1)[None, None]) & take_BxL[..., None]
   one_hot_BxLxS = one_hot_BxLxS.astype(jnp.float32)
   summed_BxSxD = jnp.einsum("bld,bls->bsd", hidden_BxLxD.astype(jnp.float32), one_hot_BxLxS)
   return summed_BxSxD / jnp.maximum(one_hot_BxLxS.sum(1), 1.0)[..., None]

@@ -148,7 +148,10 @@ def read_sst2(root: epath.Path) -> Task:
 
 
 def read_sst5(root: epath.Path) -> Task:
-  """SentEval SST fine-grained (5 classes, 0 = very negative): train 8,544 / dev 1,101 / test 2,210; 'label sentence'."""
+  """SentEval SST fine-grained (5 classes, 0 = very negative): train 8,544 / dev 1,101 / test 2,210.
+
+  Lines are 'label sentence'.
+  """
   def split(name):
     lines = [l for l in _lines(_path(root, f"senteval/downstream/SST/fine/sentiment-{name}")) if l.strip()]
     labels, texts = zip(*(l.split(" ", 1) for l in lines))

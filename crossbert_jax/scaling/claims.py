@@ -174,7 +174,8 @@ def comparisons(spec: dict) -> list[tuple[str, str, str]]:
 def _row(claim, a, b, size, budget, kind, tasks, diffs, at, at_tokens=None) -> dict[str, Any]:
   iv = paired_interval(diffs)
   return {"claim": claim, "a": a, "b": b, "size": size, "budget_index": budget[0], "budget_flops": budget[1],
-          "probe": f"avg/{kind}", "tasks": tasks, "at": at, "at_tokens": at_tokens, "mean_diff": iv["mean"], "ci95": [iv["lo"], iv["hi"]],
+          "probe": f"avg/{kind}", "tasks": tasks, "at": at, "at_tokens": at_tokens, "mean_diff": iv["mean"],
+          "ci95": [iv["lo"], iv["hi"]],
           "sd": iv["sd"], "seeds": iv["n"], "verdict": verdict(iv),
           "decisive": verdict(iv) != "inconclusive", "seeds_needed": seeds_needed(iv)}
 
@@ -245,7 +246,8 @@ def markdown(spec: dict, found: dict[str, Any]) -> list[str]:
            f"A claim (A better than B) **holds** when the interval is above 0, **does not hold** when it is below 0 "
            f"or inside +-{MARGIN} (no difference larger than {MARGIN}), and is **inconclusive** otherwise. "
            "Verdicts come from the intervals only; they are also in `claims.json`.", ""]
-  lines.append(f"Chance levels (constant predictor, same protocol): {chance}." if chance else found["chance_note"] + ".")
+  lines.append(f"Chance levels (constant predictor, same protocol): {chance}." if chance
+               else found["chance_note"] + ".")
   for kind in KINDS:
     d = found["dropped"][kind]
     lines.append(f"- avg/{kind}: " + (f"left out {', '.join(d)} (within {CHANCE_MARGIN} of chance for every "

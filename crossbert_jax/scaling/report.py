@@ -253,7 +253,8 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
             f"{len(stable)} finished." if stable else "")
   per_split = f"{per_split} examples per split," if spec["probes"]["max_examples"] else "whole splits,"
   md = [f"# Scaling sweep: {spec['name']}", "",
-        f"{done} of {len(results) + len(missing)} points finished" + (f"; not started: {', '.join(missing)}" if missing else "")
+        f"{done} of {len(results) + len(missing)} points finished"
+        + (f"; not started: {', '.join(missing)}" if missing else "")
         + f".{trunks} Data: `{spec['data_path']}`; probes: `{spec['probes']['tasks']}` "
         f"({per_split} {spec['probes']['count']} per run).", "",
         "## Ladder", "", *_config_lines(spec), "",
