@@ -251,7 +251,8 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
   stable = [r for r in plan_lib.load_plan(root)[1] if not collect_lib.is_point(r)]
   trunks = (f" WSD stable runs (not points): {sum(plan_lib.is_done(root / 'runs' / r.name) for r in stable)} of "
             f"{len(stable)} finished." if stable else "")
-  per_split = f"{per_split} examples per split," if spec["probes"]["max_examples"] else "whole splits,"
+  n = spec["probes"]["max_examples"]
+  per_split = f"{n} examples per split," if n else "whole splits,"
   md = [f"# Scaling sweep: {spec['name']}", "",
         f"{done} of {len(results) + len(missing)} points finished"
         + (f"; not started: {', '.join(missing)}" if missing else "")
