@@ -1,7 +1,8 @@
 """Frozen evaluation of an embedder: probes and retrieval per task, one markdown table.
 
 `evaluate_model` scores an `Embedder` on tasks and BEIR folders; `probe_scores` gives the same
-probes on a small fixed subset during pretraining. The CLI is `crossbert_jax.evaluate`.
+probes during pretraining, on a fixed seeded subset or the whole splits (eval.*). The CLI is
+`crossbert_jax.evaluate`.
 """
 
 import functools
