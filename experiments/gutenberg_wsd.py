@@ -23,8 +23,8 @@ Cost on 2 idle cores, about 8 hours in all (+-30%; it runs over several 3-hour s
   final checkpoint).
 - probes, 3.2 h: 108 probe points. One point at m (d=128 x 4 layers, the five tasks, whole sets,
   121k embedded sequences) measured 268 s of CPU (919 s wall at load average 8-11 on the shared
-  machine; embedding 73% of it, the sklearn fits the rest): about 2.7 min idle at m, 1.6 min at s
-  and 1.1 min at xs (embedding scales with the encoder's FLOPs per token; the fits do not).
+  machine; embedding 73% of it, the sklearn fits the rest), one at xs 95 s of CPU (409 s wall at
+  load 6-8, niced): about 2.7 min idle at m, 1.6 min at s (interpolated) and 1.1 min at xs.
 The largest size's largest budget is 3.5e13 training FLOPs per run (1,643 BERT r=0.15 steps of
 32 x 128 tokens, 2.7x the gutenberg_cpu m budget).
 """
