@@ -12,13 +12,14 @@ from crossbert_jax.evaluation import generic, tasks as eval_tasks
 COUNTS = {
     "cola": {"train": 8551, "dev": 1043},
     "sst2": {"train": 67349, "dev": 872, "test": 1821},
+    "sst5": {"train": 8544, "dev": 1101, "test": 2210},
     "mrpc": {"train": 4076, "test": 1725},
     "stsb": {"train": 5749, "dev": 1500, "test": 1379},
     "qnli": {"dev": 5463},
     "rte": {"train": 2490, "dev": 277},
     "snli": {"dev": 9842, "test": 9824},
 }
-CLASSES = {"cola": 2, "sst2": 2, "mrpc": 2, "qnli": 2, "rte": 2, "snli": 3}
+CLASSES = {"cola": 2, "sst2": 2, "sst5": 5, "mrpc": 2, "qnli": 2, "rte": 2, "snli": 3}
 
 
 @pytest.mark.parametrize("name", sorted(COUNTS))

@@ -151,3 +151,31 @@ def test_probes_run_at_the_generic_minimum_sizes(kind, cv):
   task = eval_tasks.Task("tiny", kind, metrics, splits, fit="train", scored=() if cv else ("eval",))
   scores, _ = probes.score_task(task, {"train": rng.normal(size=(len(y), 4)), "eval": rng.normal(size=(2, 4))})
   assert all(np.isfinite(v) for v in scores.values()) and len(scores) == 4
+
+
+def test_chance_score_is_the_constant_predictor():
+  y_fit = np.array([1] * 60 + [0] * 40)
+  y_dev, y_test = np.array([1] * 3 + [0] * 7), np.array([1] * 15 + [0] * 15)
+  split = lambda y: eval_tasks.Split([""] * len(y), y)
+  task = eval_tasks.Task("t", eval_tasks.CLASSIFICATION, ("accuracy",),
+                         {"train": split(y_fit), "dev": split(y_dev), "test": split(y_test)}, "train", ("dev", "test"))
+  assert probes.chance_score(task) == pytest.approx((3 + 15) / 40)  # Majority 1, over dev + test.
+  assert probes.chance_score(eval_tasks.probe_view(task, "first")) == pytest.approx(0.3)
+  f1_task = eval_tasks.Task("t", eval_tasks.PAIR_CLASSIFICATION, ("f1",), task.splits, "train", ("dev",))
+  assert probes.chance_score(f1_task) == pytest.approx(2 * 3 / (3 + 10))
+  cv = eval_tasks.Task("t", eval_tasks.CLASSIFICATION, ("accuracy",), {"train": split(y_fit)}, "train", ())
+  assert probes.chance_score(cv) == pytest.approx(0.6)
+  reg = eval_tasks.Task("t", eval_tasks.REGRESSION, ("spearman",), task.splits, "train", ("dev",))
+  assert probes.chance_score(reg) == 0.0
+
+
+def test_headline_is_the_size_weighted_mean_of_the_scored_splits():
+  from crossbert_jax.evaluation import runner  # pylint: disable=g-import-not-at-top  (pulls in jax)
+
+  split = lambda n: eval_tasks.Split([""] * n, np.zeros(n, np.int64))
+  task = eval_tasks.Task("t", eval_tasks.CLASSIFICATION, ("accuracy",),
+                         {"train": split(100), "dev": split(10), "test": split(30)}, "train", ("dev", "test"))
+  result = {"scores": {"linear/dev/accuracy": 0.5, "linear/test/accuracy": 0.9, "knn/dev/accuracy": 0.4,
+                       "knn/test/accuracy": 0.8}, "sizes": {"train": 100, "dev": 10, "test": 30}}
+  assert runner.headline(task, result) == {"linear": pytest.approx(0.8), "knn": pytest.approx(0.7)}
+  assert runner.headline(eval_tasks.probe_view(task, "first"), result) == {"linear": 0.5, "knn": 0.4}

@@ -139,7 +139,8 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.eval.every_steps = 0  # 0: off. Logged to metrics.jsonl as probe/<task>/<probe>.
   c.eval.tasks = "sst2,stsb"  # Comma-separated task names (see `python -m crossbert_jax.evaluate --help`).
   c.eval.data_dir = ""  # Root of the task data (e.g. ../shared/data); required when every_steps > 0.
-  c.eval.max_examples = 2000  # Per split: a fixed, seeded subset keeps in-training probes cheap.
+  c.eval.max_examples = 2000  # Per split: a fixed, seeded subset keeps in-training probes cheap; 0 = whole splits.
+  c.eval.splits = "first"  # "first": score each task's first evaluation split; "all": the size-weighted mean over all.
   c.eval.seed = 0
 
   c.metrics = ml_collections.ConfigDict()
@@ -268,8 +269,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise _err("eval.every_steps", f"must be >= 0 (0 = off), got {c.eval.every_steps}")
   if c.eval.every_steps > 0 and not c.eval.data_dir:
     raise _err("eval.data_dir", "is empty but eval.every_steps > 0: point it at the task data (e.g. ../shared/data)")
-  if c.eval.max_examples < 10:
-    raise _err("eval.max_examples", f"must be >= 10, got {c.eval.max_examples}")
+  if c.eval.max_examples != 0 and c.eval.max_examples < 10:
+    raise _err("eval.max_examples", f"must be 0 (whole splits) or >= 10, got {c.eval.max_examples}")
+  if c.eval.splits not in ("first", "all"):
+    raise _err("eval.splits", f"must be 'first' or 'all', got {c.eval.splits!r}")
   if c.metrics.log_every < 1:
     raise _err("metrics.log_every", f"must be >= 1, got {c.metrics.log_every}")
   if c.metrics.cpu_peak_tflops <= 0:

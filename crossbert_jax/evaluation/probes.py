@@ -83,6 +83,26 @@ METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
 }
 
 
+def weighted_mean(values: list[float], sizes: list[int]) -> float:
+  """The size-weighted mean of per-split scores (the value itself when there is one)."""
+  return float(values[0]) if len(values) == 1 else float(np.dot(values, sizes) / max(sum(sizes), 1))
+
+
+def chance_score(task: eval_tasks.Task, max_examples: int = 0, seed: int = 0) -> float:
+  """The headline score of the best constant predictor on `task` as its probes are scored: its chance level.
+
+  Classes: the fit split's majority class on every scored split (size-weighted, as the in-training
+  headline), or on the fit split itself under cross-validation; the same seeded subsets as the
+  probes. Regression: 0 (a constant has no correlation).
+  """
+  if task.kind == eval_tasks.REGRESSION:
+    return 0.0
+  majority = int(np.bincount(task.splits[task.fit].subset(max_examples, seed).labels).argmax())
+  labels = [task.splits[s].subset(max_examples, seed).labels for s in (task.scored or (task.fit,))]
+  metric = METRICS[task.metrics[0]]
+  return weighted_mean([metric(y, np.full_like(y, majority)) for y in labels], [len(y) for y in labels])
+
+
 # ----------------------------------------------------------------------------- splits
 
 def val_split(labels: np.ndarray, seed: int, classification: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,8 @@
 """Frozen evaluation of an embedder: probes and retrieval per task, one markdown table.
 
 `evaluate_model` scores an `Embedder` on tasks and BEIR folders; `probe_scores` gives the same
-probes on a small fixed subset during pretraining. The CLI is `crossbert_jax.evaluate`.
+probes during pretraining, on a fixed seeded subset or the whole splits (eval.*). The CLI is
+`crossbert_jax.evaluate`.
 """
 
 import functools
@@ -50,12 +51,19 @@ def evaluate_task(emb: embedder_lib.Embedder, task: eval_tasks.Task, *, seed: in
 
 
 def headline(task: eval_tasks.Task, result: dict[str, Any]) -> dict[str, float]:
-  """{probe: the task's first metric on its first scored split (or cv)}, plus cosine_spearman."""
-  split = task.scored[0] if task.scored else "cv"
-  out = {p: result["scores"][f"{p}/{split}/{task.metrics[0]}"] for p in probes.PROBES}
-  for s in task.cosine_splits[:1]:
-    if f"cosine/{s}/spearman" in result["scores"]:
-      out["cosine_spearman"] = result["scores"][f"cosine/{s}/spearman"]
+  """{probe: the task's first metric}, plus cosine_spearman: over its scored splits (cv if none).
+
+  Several scored (or cosine) splits give their mean weighted by split size (for accuracy, the
+  accuracy over their union).
+  """
+  splits = task.scored or ("cv",)
+  sizes = [result["sizes"].get(s, 1) for s in splits]
+  out = {p: probes.weighted_mean([result["scores"][f"{p}/{s}/{task.metrics[0]}"] for s in splits], sizes)
+         for p in probes.PROBES}
+  cos = [s for s in task.cosine_splits if f"cosine/{s}/spearman" in result["scores"]]
+  if cos:
+    out["cosine_spearman"] = probes.weighted_mean([result["scores"][f"cosine/{s}/spearman"] for s in cos],
+                                                  [result["sizes"][s] for s in cos])
   return out
 
 
@@ -97,20 +105,18 @@ def probe_scores(config, encoder_params, tokenizer: tokenizer_lib.Tokenizer) -> 
   """{"probe/<task>/<probe>": score} on a fixed, seeded subset (config.eval) of each eval task.
 
   Deterministic for given params. Each probe's score is the task's headline metric on its first
-  evaluation split (e.g. SST-2 dev accuracy, STS-B dev Spearman); STS tasks add cosine_spearman.
+  evaluation split (e.g. SST-2 dev accuracy, STS-B dev Spearman), or with eval.splits="all" the
+  size-weighted mean over all of them (SST-2 dev + test); STS tasks add cosine_spearman.
+  eval.max_examples=0 scores the whole splits.
   """
   spec = EncoderSpec.from_config(config.model)
   emb = embedder_lib.JaxEmbedder(spec, _on_one_device(encoder_params), tokenizer,
                                  embedder_lib.Options(max_length=min(PROBE_MAX_LENGTH, config.data.seq_len * 2)))
   out = {}
   for name in eval_tasks.parse_tasks(config.eval.tasks, flag="--config.eval.tasks"):
-    task = _cached_task(name, str(config.eval.data_dir))
-    scored = task.scored[:1]
-    result = evaluate_task(emb, task, seed=config.eval.seed, max_examples=config.eval.max_examples,
-                           scored=scored, cosine_splits=task.cosine_splits[:1])
-    task_view = eval_tasks.Task(task.name, task.kind, task.metrics, task.splits, task.fit, scored, task.note,
-                                task.cosine_splits[:1])
-    for probe, value in headline(task_view, result).items():
+    task = eval_tasks.probe_view(_cached_task(name, str(config.eval.data_dir)), config.eval.splits)
+    result = evaluate_task(emb, task, seed=config.eval.seed, max_examples=config.eval.max_examples)
+    for probe, value in headline(task, result).items():
       out[f"probe/{name}/{probe}"] = float(value)
   return out
 

@@ -71,6 +71,14 @@ class MissingTaskFile(UserError):
     self.root, self.rel = root, rel
 
 
+def probe_view(task: Task, splits: str) -> Task:
+  """The task as in-training probes score it: eval.splits "first" keeps only its first scored split."""
+  if splits == "all":
+    return task
+  return Task(task.name, task.kind, task.metrics, task.splits, task.fit, task.scored[:1], task.note,
+              task.cosine_splits[:1])
+
+
 def _path(root: epath.Path, rel: str) -> epath.Path:
   p = root / rel
   if not p.exists():
@@ -147,6 +155,20 @@ def read_sst2(root: epath.Path) -> Task:
               fit="train", scored=("dev", "test"))
 
 
+def read_sst5(root: epath.Path) -> Task:
+  """SentEval SST fine-grained (5 classes, 0 = very negative): train 8,544 / dev 1,101 / test 2,210.
+
+  Lines are 'label sentence'.
+  """
+  def split(name):
+    lines = [l for l in _lines(_path(root, f"senteval/downstream/SST/fine/sentiment-{name}")) if l.strip()]
+    labels, texts = zip(*(l.split(" ", 1) for l in lines))
+    return Split([t.strip() for t in texts], np.array([int(x) for x in labels], np.int64))
+  return Task("sst5", CLASSIFICATION, ("accuracy",),
+              {"train": split("train"), "dev": split("dev"), "test": split("test")},
+              fit="train", scored=("dev", "test"))
+
+
 def read_mrpc(root: epath.Path) -> Task:
   """SentEval MRPC (MSR files): train 4,076 / test 1,725; 1 = paraphrase."""
   def split(name):
@@ -171,7 +193,7 @@ def read_snli(root: epath.Path) -> Task:
 
 
 READERS: dict[str, Callable[[epath.Path], Task]] = {
-    "cola": read_cola, "sst2": read_sst2, "mrpc": read_mrpc, "stsb": read_stsb,
+    "cola": read_cola, "sst2": read_sst2, "sst5": read_sst5, "mrpc": read_mrpc, "stsb": read_stsb,
     "qnli": read_qnli, "rte": read_rte, "snli": read_snli,
 }
 ALL_TASKS = tuple(READERS)

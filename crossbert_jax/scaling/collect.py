@@ -1,4 +1,9 @@
-"""Per-run results of a sweep, read from each run's metrics rows: curves, probes, throughput."""
+"""Per-run results of a sweep, read from each run's metrics rows: curves, probes, throughput.
+
+The points of a sweep's curves are its runs of kind "run" (one budget each) and "branch" (a WSD
+decay forked from a stable run, one point per budget); stable runs (kind "stable") are trunks
+that no curve reads. A point is (size, objective, seed, budget).
+"""
 
 import dataclasses
 import json
@@ -64,15 +69,20 @@ def _result(run: plan_lib.Run, run_dir: pathlib.Path) -> RunResult | None:
                    float(np.median(tps)) if tps else float("nan"), wall)
 
 
+def is_point(run: plan_lib.Run) -> bool:
+  """Whether the run is a point of the curves (every kind but a WSD stable trunk)."""
+  return run.kind != "stable"
+
+
 def collect(root: pathlib.Path) -> tuple[dict, list[RunResult], list[str]]:
-  """(spec, results of the runs that logged anything, names of runs with no metrics yet)."""
+  """(spec, results of the point runs that logged anything, names of point runs with no metrics yet)."""
   try:
     spec, runs = plan_lib.load_plan(root)
   except (ValueError, KeyError, TypeError) as e:  # Not JSON (truncated), or not a plan's fields.
     raise UserError(f"--root={root}: {root / plan_lib.PLAN_FILE} is damaged ({type(e).__name__}: "
                     f"{' '.join(str(e).split())[:100]}); restore it, or rerun the sweep into a new --root") from None
   results, missing = [], []
-  for run in runs:
+  for run in filter(is_point, runs):
     r = _result(run, root / "runs" / run.name)
     (results.append(r) if r is not None else missing.append(run.name))
   if not results:
@@ -86,15 +96,31 @@ def probe_keys(results: list[RunResult]) -> list[str]:
   return sorted(keys, key=lambda k: (not k.startswith("avg/"), k))
 
 
-def tokens_to_reach(result: RunResult, key: str, target: float) -> float:
-  """Training tokens at which the probe score first reaches `target` (linear between probes); NaN if never."""
-  points = result.probes.get(key, [])
-  prev_step, prev_score = 0, None
-  for step, score in points:
+def curve(results: list[RunResult], key: str) -> list[tuple[float, float]]:
+  """(training tokens, score) of one (size, objective, seed) over its budgets, by tokens.
+
+  A branch adds its last probe (the end of its decay); a plain run adds every probe it logged.
+  """
+  points = []
+  for r in results:
+    probes = r.probes.get(key, [])
+    for step, score in (probes[-1:] if r.run.kind == "branch" else probes):
+      points.append((float(step * r.run.tokens_per_step), score))
+  return sorted(points)
+
+
+def tokens_to_reach(result: RunResult | list[RunResult], key: str, target: float) -> float:
+  """Training tokens at which the probe score first reaches `target` (linear between probes); NaN if never.
+
+  A list of results is one (size, objective, seed) over its budgets (see `curve`).
+  """
+  points = curve(result if isinstance(result, list) else [result], key)
+  prev_tokens, prev_score = 0.0, None
+  for tokens, score in points:
     if score >= target:
       if prev_score is None or score == prev_score:
-        return float(step * result.run.tokens_per_step)
+        return tokens
       frac = (target - prev_score) / (score - prev_score)
-      return float((prev_step + frac * (step - prev_step)) * result.run.tokens_per_step)
-    prev_step, prev_score = step, score
+      return prev_tokens + frac * (tokens - prev_tokens)
+    prev_tokens, prev_score = tokens, score
   return float("nan")

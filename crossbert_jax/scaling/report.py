@@ -1,16 +1,21 @@
 """The sweep report: Markdown with the run table, fits, sample efficiency, claim checks, and plots.
 
 Every number comes from the runs' metrics rows and ROOT/plan.json; the claim section states what
-was measured at this scale, with the seed count, and never more.
+was measured at this scale, with the seed count, and never more: its verdicts come from the
+seed-paired intervals of `claims` (also written as claims.json). A point is (size, objective,
+seed, budget): a plain run or a WSD branch; WSD stable runs are not points.
 """
 
+import json
 import math
 import pathlib
 
 import numpy as np
 
+from crossbert_jax.scaling import claims as claims_lib
 from crossbert_jax.scaling import collect as collect_lib
 from crossbert_jax.scaling import fit, plots
+from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling.collect import RunResult
 
 
@@ -31,8 +36,21 @@ def _nanmean(values: list[float]) -> float:
   return float(np.mean(v)) if v else float("nan")
 
 
-def _by(results: list[RunResult], size: str, label: str) -> list[RunResult]:
-  return [r for r in results if r.run.size == size and r.run.label == label]
+def _by(results: list[RunResult], size: str, label: str, budget: int | None = None,
+        seed: int | None = None) -> list[RunResult]:
+  """The points of (size, objective), of one budget index and one seed when given."""
+  return [r for r in results if r.run.size == size and r.run.label == label
+          and (budget is None or r.run.budget_index == budget) and (seed is None or r.run.seed == seed)]
+
+
+def _budgets(results: list[RunResult], size: str) -> list[tuple[int, float]]:
+  """(budget index, FLOPs budget) of the size's points, ascending."""
+  return sorted({(r.run.budget_index, r.run.flops_budget) for r in results if r.run.size == size})
+
+
+def _where(results: list[RunResult], size: str, budget: tuple[int, float]) -> str:
+  """The size's name, with the budget where the size has several."""
+  return size if len(_budgets(results, size)) < 2 else f"{size} @ {budget[1]:.3g}"
 
 
 def _find(spec: dict, objective: str, ratio: float, views: int) -> str | None:
@@ -60,7 +78,9 @@ def _run_table(results: list[RunResult], keys: list[str]) -> list[str]:
 def _config_lines(spec: dict) -> list[str]:
   lines = ["| size | d | heads | layers | mlp | FLOPs budget |", "|---|---|---|---|---|---|"]
   for name, s in spec["sizes"].items():
-    lines.append(f"| {name} | {s['embed_dim']} | {s['num_heads']} | {s['num_layers']} | {s['mlp_dim']} | {s['flops']:.3g} |")
+    budgets = s["flops"] if isinstance(s["flops"], (list, tuple)) else [s["flops"]]
+    lines.append(f"| {name} | {s['embed_dim']} | {s['num_heads']} | {s['num_layers']} | {s['mlp_dim']} | "
+                 + ", ".join(f"{b:.3g}" for b in budgets) + " |")
   lines += ["", "| objective | config | ratio | K | reconstructor width |", "|---|---|---|---|---|"]
   for label, o in spec["objectives"].items():
     lines.append(f"| {label} | {o['objective']} | {o['ratio']} | {o['views']} | {o.get('reconstructor_width', 1.0)} |")
@@ -119,15 +139,17 @@ def _efficiency(spec, results, sizes, keys) -> list[str]:
            "| size | probe | target | " + " | ".join(spec["objectives"]) + " | K=2 / K=1 tokens |",
            "|---|---|---|" + "---|" * (len(spec["objectives"]) + 1)]
   for size in sizes:
-    for key in avg:
-      target = _nanmean([r.final_probe(key) for r in _by(results, size, bert)])
-      if not math.isfinite(target):
-        continue
-      need = {label: _nanmean([collect_lib.tokens_to_reach(r, key, target) for r in _by(results, size, label)])
-              for label in spec["objectives"]}
-      ratio = need[k2] / need[k1] if k1 and k2 and need[k1] > 0 else float("nan")
-      lines.append(f"| {size} | {key} | {target:.4f} | " + " | ".join(_fmt(need[l]) for l in spec["objectives"])
-                   + f" | {_fmt(ratio)} |")
+    for budget in _budgets(results, size):
+      for key in avg:
+        target = _nanmean([r.final_probe(key) for r in _by(results, size, bert, budget[0])])
+        if not math.isfinite(target):
+          continue
+        need = {label: _nanmean([collect_lib.tokens_to_reach(_by(results, size, label, seed=seed), key, target)
+                                 for seed in sorted({r.run.seed for r in _by(results, size, label)})])
+                for label in spec["objectives"]}
+        ratio = need[k2] / need[k1] if k1 and k2 and need[k1] > 0 else float("nan")
+        lines.append(f"| {_where(results, size, budget)} | {key} | {target:.4f} | "
+                     + " | ".join(_fmt(need[l]) for l in spec["objectives"]) + f" | {_fmt(ratio)} |")
   return lines
 
 
@@ -139,54 +161,74 @@ def _seed_spread(spec, results, sizes, keys) -> list[str]:
   lines = ["| size | objective | seeds | " + " | ".join(m for m, _ in metrics) + " |",
            "|---|---|---|" + "---|" * len(metrics)]
   for size in sizes:
-    for label in spec["objectives"]:
-      runs = _by(results, size, label)
-      if len(runs) < 2:
-        continue
-      cells = []
-      for _, f in metrics:
-        x = np.array([f(r) for r in runs], float)
-        x = x[np.isfinite(x)]
-        cells.append(f"{_fmt(x.mean(), 4)} +- {_fmt(x.std(ddof=1), 2)}" if len(x) > 1 else "n/a")
-      lines.append(f"| {size} | {label} | {len(runs)} | " + " | ".join(cells) + " |")
+    for budget in _budgets(results, size):
+      for label in spec["objectives"]:
+        runs = _by(results, size, label, budget[0])
+        if len(runs) < 2:
+          continue
+        cells = []
+        for _, f in metrics:
+          x = np.array([f(r) for r in runs], float)
+          x = x[np.isfinite(x)]
+          cells.append(f"{_fmt(x.mean(), 4)} +- {_fmt(x.std(ddof=1), 2)}" if len(x) > 1 else "n/a")
+        lines.append(f"| {_where(results, size, budget)} | {label} | {len(runs)} | " + " | ".join(cells) + " |")
   if len(lines) == 2:
     return ["One seed per run: no seed spread measured."]
   return ["Mean +- standard deviation over seeds (sample sd), per size with several seeds.", "", *lines]
 
 
-def _claims(spec, results, sizes, keys) -> list[str]:
-  """The paper's four claims, each as the measured numbers behind it."""
+def _verdicts(found: dict, claim: str, sizes: list[str]) -> list[str]:
+  """One line per size: the verdicts of `claim` at its largest budget (from the interval table)."""
+  out = []
+  for size in sizes:
+    rows = [r for r in found["rows"] if r["claim"] == claim and r["size"] == size]
+    if rows:
+      top = max(r["budget_index"] for r in rows)
+      out.append(f"- {size}: " + "; ".join(f"{r['a']} - {r['b']} {r['probe']} {r['mean_diff']:+.4f} ({r['verdict']})"
+                                            for r in rows if r["budget_index"] == top))
+  return out or ["- not measured (the spec lacks the objectives)"]
+
+
+def _claims(spec, results, sizes, keys, found: dict) -> list[str]:
+  """The paper's four claims: (2) and (3) by the intervals above, (1) and (4) as measured numbers."""
   bert = _find(spec, "mlm", 0.15, 1)
   seeds = ", ".join(f"{size} {len({r.run.seed for r in results if r.run.size == size})}" for size in sizes)
   mean = lambda rs, f: _nanmean([f(r) for r in rs])
-  out = [f"Measured at this scale with these seeds per run (size: count): {seeds}; differences smaller than the "
-         "seed spread (table above, where a size has several seeds) or the fit intervals are not evidence either "
-         "way.", ""]
+  top = lambda size, label: _by(results, size, label, _budgets(results, size)[-1][0])
+  out = [f"Seeds per size: {seeds}. Claims (2) and (3) are read from the intervals above (each size's largest "
+         "budget here); (1) and (4) are measured numbers, not tests.", ""]
   out.append("**(1) Throughput, CrossBERT at r >= 0.5 over BERT r=0.15** (median training tokens/s):")
   for size in sizes:
     base = mean(_by(results, size, bert), lambda r: r.tokens_per_second) if bert else float("nan")
     parts = [f"{label} {mean(_by(results, size, label), lambda r: r.tokens_per_second) / base:.2f}x"
              for label, o in spec["objectives"].items() if o["objective"] == "crossbert" and o["ratio"] >= 0.5]
     out.append(f"- {size}: " + ", ".join(parts))
-  out += ["", "**(2) Sample efficiency, K=2 over K=1** at r=0.5: see the table above (K=2 / K=1 tokens < 1 "
-          "means K=2 needs fewer tokens)."]
-  out += ["", "**(3) Frozen probes vs BERT** (final average score; CrossBERT minus BERT r=0.15):"]
-  for key in [k for k in keys if k.startswith("avg/")]:
-    for size in sizes:
-      b = mean(_by(results, size, bert), lambda r: r.final_probe(key))
-      parts = [f"{label} {mean(_by(results, size, label), lambda r: r.final_probe(key)) - b:+.4f}"
-               for label, o in spec["objectives"].items() if label != bert]
-      out.append(f"- {key}, {size} (BERT {b:.4f}): " + ", ".join(parts))
-  out += ["", "**(4) Monotonic scaling** (final loss falls and average linear probe rises with size):"]
+  out += ["", "**(2) Sample efficiency, K=2 over K=1** at r=0.5 (K=2 minus K=1 at equal tokens):",
+          *_verdicts(found, "k2_vs_k1_sample_efficiency", sizes)]
+  out += ["", "**(3) Frozen probes vs BERT** (CrossBERT minus BERT at equal FLOPs):",
+          *_verdicts(found, "crossbert_vs_bert", sizes)]
+  out += ["", "**(4) Monotonic scaling** (final loss falls and average linear probe rises with size, at each "
+          "size's largest budget):"]
   for label in spec["objectives"]:
-    losses = [mean(_by(results, s, label), lambda r: r.final_loss) for s in sizes]
-    probe = [mean(_by(results, s, label), lambda r: r.final_probe("avg/linear")) for s in sizes]
+    losses = [mean(top(s, label), lambda r: r.final_loss) for s in sizes]
+    probe = [mean(top(s, label), lambda r: r.final_probe("avg/linear")) for s in sizes]
     verdict = lambda ok: "n/a: one size" if len(sizes) < 2 else ("monotonic" if ok else "not monotonic")
     mono_l = verdict(all(a > b for a, b in zip(losses, losses[1:])))
     mono_p = verdict(all(a < b for a, b in zip(probe, probe[1:])))
     out.append(f"- {label}: loss {' -> '.join(_fmt(x, 4) for x in losses)} ({mono_l}); "
                f"avg/linear {' -> '.join(_fmt(x, 4) for x in probe)} ({mono_p})")
   return out
+
+
+def _json_safe(x):
+  """NaN and infinities as null (claims.json is strict JSON)."""
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  if isinstance(x, dict):
+    return {k: _json_safe(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_json_safe(v) for v in x]
+  return x
 
 
 def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
@@ -203,11 +245,19 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
           plots.throughput_bars(tput, labels, sizes, out / "throughput.png")]
   if keys:
     figs.insert(1, plots.probes_vs_flops(results, labels, keys, out / "probes_vs_flops.png"))
+  found = claims_lib.evaluate(spec, results)
+  (out / "claims.json").write_text(json.dumps(_json_safe(found), indent=1) + "\n")
   done = sum(r.done for r in results)
+  stable = [r for r in plan_lib.load_plan(root)[1] if not collect_lib.is_point(r)]
+  trunks = (f" WSD stable runs (not points): {sum(plan_lib.is_done(root / 'runs' / r.name) for r in stable)} of "
+            f"{len(stable)} finished." if stable else "")
+  n = spec["probes"]["max_examples"]
+  per_split = f"{n} examples per split," if n else "whole splits,"
   md = [f"# Scaling sweep: {spec['name']}", "",
-        f"{done} of {len(results) + len(missing)} runs finished" + (f"; not started: {', '.join(missing)}" if missing else "")
-        + f". Data: `{spec['data_path']}`; probes: `{spec['probes']['tasks']}` "
-        f"({spec['probes']['max_examples']} examples per split, {spec['probes']['count']} per run).", "",
+        f"{done} of {len(results) + len(missing)} points finished"
+        + (f"; not started: {', '.join(missing)}" if missing else "")
+        + f".{trunks} Data: `{spec['data_path']}`; probes: `{spec['probes']['tasks']}` "
+        f"({per_split} {spec['probes']['count']} per run).", "",
         "## Ladder", "", *_config_lines(spec), "",
         "## Training loss vs FLOPs", "", f"![loss]({figs[0]})", ""]
   if keys:
@@ -219,7 +269,8 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
          "log-FLOPs bin over all sizes; probes: every probe point), warmup excluded; 95% bootstrap intervals.", "",
          *fit_lines, "", *[f"![fit]({f})" for f in fit_figs], "",
          "## Seed spread", "", *_seed_spread(spec, results, sizes, keys), "",
-         "## What the paper claims, as measured here", "", *_claims(spec, results, sizes, keys), "",
+         "## Claims, by seed-paired 95% intervals", "", *claims_lib.markdown(spec, found), "",
+         "## What the paper claims, as measured here", "", *_claims(spec, results, sizes, keys, found), "",
          "## Every run", "", *_run_table(results, keys), ""]
   path = out / "report.md"
   path.write_text("\n".join(md))

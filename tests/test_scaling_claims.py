@@ -1,0 +1,196 @@
+"""The report's claims: paired t intervals against scipy, verdict rules, and the real report on fake sweeps.
+
+The sweeps are run folders written as the trainer writes them (plan.json, metrics.jsonl,
+sweep_done.json): that is the report's input format. Their probe scores are constructed so that
+each verdict is known: CrossBERT K=1 beats BERT by about 0.05 at every seed, K=2 ties BERT within
++-0.003 at equal FLOPs; every difference is checked against the one constructed.
+"""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from crossbert_jax.scaling import claims, collect, report
+from crossbert_jax.scaling import plan as plan_lib
+
+OBJECTIVES = {"bert_r15": dict(objective="mlm", ratio=0.15, views=1),
+              "cb_r50_k1": dict(objective="crossbert", ratio=0.5, views=1),
+              "cb_r50_k2": dict(objective="crossbert", ratio=0.5, views=2)}
+TPS = 4096  # Tokens per step.
+
+
+def test_paired_interval_matches_scipy():
+  d = [0.012, 0.031, 0.018, 0.025]
+  iv = claims.paired_interval(d)
+  ci = stats.ttest_1samp(d, 0.0).confidence_interval(0.95)
+  assert iv["n"] == 4 and iv["mean"] == pytest.approx(np.mean(d))
+  assert (iv["lo"], iv["hi"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+  assert iv["sd"] == pytest.approx(np.std(d, ddof=1))
+  one = claims.paired_interval([0.5, float("nan")])
+  assert one["n"] == 1 and math.isnan(one["lo"]) and claims.verdict(one) == "inconclusive"
+
+
+@pytest.mark.parametrize("lo,hi,expected", [
+    (0.001, 0.05, "holds"), (-0.05, -0.001, "does not hold"), (-0.009, 0.008, "does not hold"),
+    (-0.011, 0.005, "inconclusive"), (-0.02, 0.03, "inconclusive")])
+def test_verdict_reads_the_interval_only(lo, hi, expected):
+  assert claims.verdict({"mean": (lo + hi) / 2, "lo": lo, "hi": hi, "sd": 0.01, "n": 3}) == expected
+
+
+@pytest.mark.parametrize("mean,sd", [(0.004, 0.006), (0.03, 0.02), (0.0, 0.004)])
+def test_seeds_needed_is_the_first_decisive_count(mean, sd):
+  n = claims.seeds_needed({"mean": mean, "sd": sd, "lo": 0.0, "hi": 0.0, "n": 3})
+  half = lambda k: stats.t.ppf(0.975, k - 1) * sd / math.sqrt(k)
+  decide = lambda k: claims.verdict({"mean": mean, "lo": mean - half(k), "hi": mean + half(k), "sd": sd, "n": k})
+  assert n is not None and decide(n) != "inconclusive"
+  assert n == 2 or decide(n - 1) == "inconclusive"
+
+
+def test_dropped_tasks_are_at_chance_for_every_objective():
+  def result(label, seed, scores):
+    run = plan_lib.Run(f"xs__{label}__s{seed}", "xs", label, seed, "mlm", {}, 1e12, 1e9, 100, TPS)
+    return collect.RunResult(run, True, 100, np.zeros((0, 2)), {k: [(100, v)] for k, v in scores.items()}, 1.0, 1.0)
+  # rte sits at chance (0.53) everywhere; cola leaves it for one objective only: it stays in.
+  results = [result(l, s, {"sst2/linear": 0.7, "rte/linear": 0.535, "cola/linear": 0.05 if l == "cb_r50_k1" else 0.0})
+             for l in OBJECTIVES for s in range(3)]
+  assert claims.dropped_tasks(results, {"sst2": 0.5, "rte": 0.53, "cola": 0.0}, "linear") == ["rte"]
+  assert claims.dropped_tasks(results, {"sst2": 0.75, "rte": 0.53, "cola": 0.1}, "linear") == []  # Never all.
+
+
+def _write_run(root, run, probe_steps, scores, old_format=False):
+  """A finished run's folder: metrics rows with loss and throughput, probe rows at `probe_steps`."""
+  folder = root / "runs" / run.name
+  folder.mkdir(parents=True)
+  rows = []
+  start = run.fork_step if run.kind == "branch" else 0
+  for step in range(start + 1, run.steps + 1):
+    if step % 10 and step not in probe_steps and step != run.steps:
+      continue
+    row = {"step": step, "loss": 8.0 - step / run.steps, "tokens_per_second": 1000.0}
+    if step in probe_steps:
+      row.update({f"probe/{k}": v(step) for k, v in scores.items()})
+    rows.append(row)
+  (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (folder / plan_lib.DONE_FILE).write_text(json.dumps({"steps": run.steps}))
+
+
+def _spec(flops, tasks="sst2,stsb", data_dir="/nonexistent"):
+  return {"name": "fake", "variant": "tiny", "data_path": "builtin", "tokenizer_vocab_size": 512, "common": {},
+          "sizes": {"xs": dict(embed_dim=32, num_heads=2, num_layers=1, mlp_dim=64, flops=flops)},
+          "objectives": OBJECTIVES, "seeds": [0, 1, 2], "warmup_fraction": 0.1,
+          "probes": dict(count=1, tasks=tasks, data_dir=data_dir, max_examples=0)}
+
+
+# Average-probe score of each objective at training tokens t (per seed), linear in log tokens: K=1 is
+# BERT + 0.05; K=2 (half the tokens of BERT at equal FLOPs) makes up exactly that, +-0.001.
+NOISE = {0: 0.0, 1: 0.02, 2: -0.015}
+
+
+def _score(label, seed, tokens):
+  base = 0.55 + 0.02 * math.log10(tokens / 1e5)
+  if label == "cb_r50_k1":
+    return base + 0.05 + 0.003 * seed
+  if label == "cb_r50_k2":
+    return base + 0.02 * math.log10(2) + 0.001 * (seed - 1)
+  return base + NOISE[seed] * 0.1
+
+
+def _wsd_sweep(root, data_dir="/nonexistent"):
+  """Three budgets as WSD branches of one stable run per (objective, seed); steps differ by objective."""
+  budgets = [1e12, 3e12, 1e13]
+  spec = _spec(budgets, data_dir=data_dir)
+  runs = []
+  for label, o in OBJECTIVES.items():
+    per_step = {"bert_r15": 1e10, "cb_r50_k1": 1e10, "cb_r50_k2": 2e10}[label]
+    for seed in range(3):
+      steps = [int(b / per_step) for b in budgets]
+      stable = plan_lib.Run(f"xs__{label}__s{seed}__stable", "xs", label, seed, o["objective"],
+                            {"eval.tasks": "sst2,stsb", "eval.data_dir": data_dir, "masking.ratio": o["ratio"],
+                             "masking.views": o["views"]}, budgets[-1], per_step,
+                            steps[-1], TPS, kind="stable")
+      runs.append(stable)
+      _write_run(root, stable, set(), {})
+      for i, (b, t) in enumerate(zip(budgets, steps)):
+        branch = dataclasses.replace(stable, name=f"xs__{label}__s{seed}__T{t}", flops_budget=b, steps=t,
+                                     kind="branch", fork_from=stable.name, fork_step=int(0.8 * t), budget_index=i)
+        runs.append(branch)
+        score = lambda step, label=label, seed=seed: _score(label, seed, step * TPS)
+        # stsb stays at chance (0) for every objective; sst2 carries the whole average.
+        _write_run(root, branch, {t - 1, t}, {"sst2/linear": score, "sst2/knn": score,
+                                              "stsb/linear": lambda s: 0.004, "stsb/knn": lambda s: -0.002})
+  plan_lib.save_plan(root, spec, runs)
+  return spec, runs
+
+
+def test_report_claims_on_wsd_branches(tmp_path, shared_data):
+  root = tmp_path / "sweep"
+  _wsd_sweep(root, data_dir=str(shared_data))
+  out = tmp_path / "report"
+  report.write_report(root, out)
+  found = json.loads((out / "claims.json").read_text())
+  assert found["dropped"] == {"linear": ["stsb"], "knn": ["stsb"]}, found["dropped"]
+  assert found["chance"]["stsb"] == 0.0 and 0.4 < found["chance"]["sst2"] < 0.6
+  rows = found["rows"]
+  # 2 CrossBERT objectives x 1 BERT + K=2 vs K=1, x 3 budgets x 2 probes.
+  assert len(rows) == 3 * 3 * 2 and {r["seeds"] for r in rows} == {3}
+  by = lambda claim, a, i: [r for r in rows if r["claim"] == claim and r["a"] == a and r["budget_index"] == i]
+  for i in range(3):
+    k1 = by("crossbert_vs_bert", "cb_r50_k1", i)
+    assert all(r["verdict"] == "holds" and r["ci95"][0] > 0 for r in k1), k1
+    assert all(r["b"] == "bert_r15" and r["tasks"] == ["sst2"] for r in k1)
+    k2 = by("crossbert_vs_bert", "cb_r50_k2", i)
+    assert all(r["verdict"] == "does not hold" and -0.01 <= r["ci95"][0] <= r["ci95"][1] <= 0.01 for r in k2), k2
+  for r in rows:
+    mean = np.mean([_diff(r, s) for s in range(3)])
+    assert r["mean_diff"] == pytest.approx(mean, abs=1e-9), r
+  eff = [r for r in rows if r["claim"] == "k2_vs_k1_sample_efficiency"]
+  assert len(eff) == 6 and all("equal tokens" in r["at"] for r in eff)
+  text = (out / "report.md").read_text()
+  assert "## Claims, by seed-paired 95% intervals" in text and "left out stsb" in text
+  assert "**Power at the largest size (xs)**" in text and "WSD stable runs (not points): 9 of 9 finished" in text
+  assert "__stable" not in text.split("## Every run")[1], "a stable run is listed as a point"
+
+
+def _diff(row, seed):
+  """The expected paired difference of a claim row for one seed, from the constructed scores."""
+  steps = {"bert_r15": 1e10, "cb_r50_k1": 1e10, "cb_r50_k2": 2e10}
+  tokens = lambda label: int(row["budget_flops"] / steps[label]) * TPS
+  if row["claim"] == "crossbert_vs_bert":
+    return _score(row["a"], seed, tokens(row["a"])) - _score(row["b"], seed, tokens(row["b"]))
+  at = row["at_tokens"]
+  return _score(row["a"], seed, at) - _score(row["b"], seed, at)  # Log-linear scores: interpolation is exact.
+
+
+def test_report_reads_an_old_plan_without_the_new_run_fields(tmp_path):
+  """A plan.json from before WSD (no kind / fork / budget fields): one budget, every run a point."""
+  root = tmp_path / "old"
+  spec = _spec(1e12, tasks="sst2", data_dir="/nonexistent")
+  runs = []
+  for label, o in OBJECTIVES.items():
+    for seed in range(3):
+      run = plan_lib.Run(f"xs__{label}__s{seed}", "xs", label, seed, o["objective"],
+                         {"eval.tasks": "sst2", "eval.data_dir": "/nonexistent", "masking.ratio": o["ratio"],
+                          "masking.views": o["views"]}, 1e12, 1e10, 100, TPS)
+      runs.append(run)
+      score = lambda step, label=label, seed=seed: _score(label, seed, step * TPS)
+      _write_run(root, run, {25, 50, 75, 100}, {"sst2/linear": score, "sst2/knn": score})
+  saved = [{k: v for k, v in dataclasses.asdict(r).items() if k not in ("kind", "fork_from", "fork_step",
+                                                                         "budget_index")} for r in runs]
+  root.mkdir(exist_ok=True)
+  (root / plan_lib.PLAN_FILE).write_text(json.dumps({"spec": spec, "runs": saved}))
+  spec, results, missing = collect.collect(root)  # The report's own input path, without its plots and fits.
+  assert not missing and len(results) == 9 and {r.run.kind for r in results} == {"run"}
+  found = claims.evaluate(spec, results)
+  assert found["chance"] == {} and "no task is dropped" in found["chance_note"]
+  k1 = [r for r in found["rows"] if r["a"] == "cb_r50_k1" and r["claim"] == "crossbert_vs_bert"]
+  assert len(k1) == 2 and all(r["verdict"] == "holds" and r["budget_index"] == 0 for r in k1)
+  eff = [r for r in found["rows"] if r["claim"] == "k2_vs_k1_sample_efficiency"]
+  assert eff and all(r["seeds"] == 3 for r in eff), eff  # In-run probes make each seed's curve.
+  spread = "\n".join(report._seed_spread(spec, results, ["xs"], ["avg/knn"]))  # pylint: disable=protected-access
+  assert "| xs | bert_r15 | 3 |" in spread  # One budget: the size's name alone, as before WSD.
+  text = "\n".join(claims.markdown(spec, found))
+  assert "no task left out" in text and "**Power at the largest size (xs)**" in text
