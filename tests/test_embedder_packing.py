@@ -7,17 +7,14 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.data import corpus, tokenizer as tokenizer_lib
 from crossbert_jax.evaluation import embedder
 from crossbert_jax.model.encoder import EncoderSpec
-from crossbert_jax.training import optimizer, sharding, step
+from crossbert_jax.training import program, sharding
 
 
 def _encoder():
   c = config_lib.get_config("crossbert", "tiny")
   c.model.embed_dim, c.model.num_heads, c.model.num_layers, c.model.mlp_dim, c.model.vocab_size = 32, 2, 2, 64, 512
-  tx = optimizer.make_optimizer(c.train)
   mesh = sharding.make_mesh(c.mesh, devices=[jax.devices()[0]])
-  rules = sharding.logical_rules(c.mesh)
-  _, shardings = step.state_shardings(c, tx, mesh, rules)
-  return EncoderSpec.from_config(c.model), step.init_state(c, tx, mesh, rules, shardings).params["encoder"]
+  return EncoderSpec.from_config(c.model), program.TrainProgram(c, mesh).init_state().params["encoder"]
 
 
 def test_pack_rows_fill_rows_within_length_and_slots():
