@@ -54,7 +54,7 @@ def test_force_never_deletes_the_workdir(tmp_path, tok, where):
   output = {"workdir": run, "inside": run / "hf", "above": tmp_path / "runs"}[where]
   c = _config()
   with pytest.raises(UserError, match="workdir") as err:
-    convert.export(c, _params(c), tok, output, force=True, protect=[run])
+    convert.export(c, _params(c), tok, output, force=True, workdir=run)
   assert "\n" not in str(err.value)
   assert (run / "checkpoints" / "3" / "state").read_text() == "weights"
 

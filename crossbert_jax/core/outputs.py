@@ -10,6 +10,7 @@ moves a staged set of files into a folder that keeps its other files (the report
 """
 
 import contextlib
+import errno
 import os
 import re
 import uuid
@@ -105,7 +106,17 @@ def check_folder_path(path: str | os.PathLike, flag: str) -> None:
   if not folder.is_dir():
     raise UserError(f"{flag} {path}: {folder} is a file, so no folder can be made below it; choose another path")
   if not os.access(folder, os.W_OK):
-    raise UserError(f"{flag} {path}: {folder} is not writable; choose a writable folder")
+    # The words of a failed write (staged_output_dir), said before any slow work.
+    reason = os.strerror(errno.EROFS if _read_only(folder) else errno.EACCES)
+    raise UserError(f"could not write {output} ({reason}: {folder}): choose a writable {flag}; "
+                    f"nothing at {output} was changed")
+
+
+def _read_only(folder: epath.Path) -> bool:
+  try:
+    return bool(os.statvfs(str(folder)).f_flag & os.ST_RDONLY)
+  except OSError:
+    return False
 
 
 def check_output_file(path: str, flag: str = "--out") -> epath.Path:
