@@ -277,7 +277,7 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
   code, out, err = results["report_one_row"]
   assert code == 0 and (tmp_path / "one_row" / "report.md").is_file(), err[-3000:]
   _one_error_line(results["report_exists"], "already holds report.md: pass --force")
-  _one_error_line(results["report_damaged"], "plan.json is damaged")
+  _one_error_line(results["report_damaged"], "plan.json", "is damaged")
   _one_error_line(results["compile_out_dir"], "is a folder: give a file path")
   _one_error_line(results["train_eval_dir"], "--config.eval.data_dir", "is missing")
   # Refused before the checkpoint restore: the error is the only line (no Orbax INFO chatter).
