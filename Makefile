@@ -1,6 +1,7 @@
 # Fresh-machine entry points. Each target sets up .venv with the pinned stack when needed.
 #   make demo   tokenizer on the built-in corpus, a tiny CrossBERT pretraining run, HF export
-#   make test   the test suite (CROSSBERT_DATA defaults to ../shared/data)
+#   make test   the test suite without the slow cases (CROSSBERT_DATA defaults to ../shared/data)
+#   make test-slow   the cases marked slow (end-to-end sweeps, kill loops, gs:// forks)
 #   make setup-tpu   .venv-tpu: the pinned stack + jax[tpu]/libtpu (TPU VMs; on any host, the pre-flight
 #                    compile for a TPU topology: JAX_PLATFORMS=cpu .venv-tpu/bin/python -m crossbert_jax.compile)
 #   make setup-gpu   .venv with jax[cuda12] on top (NVIDIA hosts)
@@ -15,7 +16,7 @@ RUN ?= runs/demo
 KILLS ?= 50
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-tpu setup-gpu demo test test-tpu bench fault-inject fault-inject-sweep clean
+.PHONY: setup setup-tpu setup-gpu demo test test-slow test-tpu bench fault-inject fault-inject-sweep clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,7 +49,10 @@ demo: setup
 	$(PY) -m crossbert_jax.export --workdir=$(RUN)/crossbert --output=$(RUN)/hf --verify --similarity --force
 
 test: setup
-	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q $(PYTEST_ARGS)
+	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: setup
+	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
 test-tpu: setup-tpu
 	JAX_PLATFORMS=cpu $(TPU_VENV)/bin/python -m pytest -q tests/test_compile.py -k topology $(PYTEST_ARGS)

@@ -111,6 +111,7 @@ def _gcs_objects(url: str, prefix: str) -> dict[str, tuple]:
   return {i["name"]: (i.get("md5Hash"), i.get("generation"), i.get("updated"), i.get("size")) for i in items}
 
 
+@pytest.mark.slow
 def test_fork_from_gcs_reads_only(gcs, tmp_path, spm_model):  # noqa: F811 - the fixture.
   env, url = gcs
   tok = f"--config.data.tokenizer={spm_model}"

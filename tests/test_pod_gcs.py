@@ -138,6 +138,7 @@ def test_gcs_end_to_end(gcs, tmp_path):
   assert _objects(url, "run/eval_cache/"), "embeddings cached in the gs:// run"
 
 
+@pytest.mark.slow
 def test_arrayrecord_shards_on_gcs(gcs, tmp_path):
   """`prepare` writes ArrayRecord shards to gs://, and training reads them from there."""
   env, url = gcs

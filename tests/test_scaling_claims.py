@@ -126,6 +126,7 @@ def _wsd_sweep(root, data_dir="/nonexistent"):
   return spec, runs
 
 
+@pytest.mark.slow
 def test_report_claims_on_wsd_branches(tmp_path, shared_data):
   root = tmp_path / "sweep"
   _wsd_sweep(root, data_dir=str(shared_data))

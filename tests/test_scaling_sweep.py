@@ -1,5 +1,6 @@
 """The sweep planner (equal FLOPs per size) and a tiny two-run sweep end to end: resumable, reported."""
 
+import pytest
 import numpy as np
 
 from crossbert_jax.scaling import collect, report
@@ -63,6 +64,7 @@ def get_spec():
 '''
 
 
+@pytest.mark.slow
 def test_tiny_sweep_resumes_and_reports(tmp_path, shared_data):
   spec_file = tmp_path / "tiny.py"
   # ~12 steps per run: seconds of training, two probes each.

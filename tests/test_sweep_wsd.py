@@ -127,6 +127,7 @@ def test_bad_sweep_flags_are_one_line(tmp_path):
     assert proc.stderr.startswith("error:") and needle in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_wsd_sweep_trains_stable_then_branches_and_prints_the_cost(tmp_path, spm_model):
   one_objective = WSD_SPEC.replace(',\n                  "cb_r50_k2": dict(objective="crossbert", ratio=0.5, views=2)}', "}")
   assert one_objective != WSD_SPEC
@@ -174,6 +175,7 @@ def test_sweep_stop_exits_75_and_kill_takes_the_trainer_with_it(tmp_path, spm_mo
   assert after[name] >= old + 4, f"the killed attempt's wall time was not written as it ran: {before} -> {after}"
 
 
+@pytest.mark.slow
 def test_random_kills_of_a_sweep_finish_every_run_once(tmp_path, spm_model):
   """tools/fault_inject_sweep.py, short: 2 random kill -9s of a 2-run sweep (make fault-inject-sweep runs 20)."""
   fault_inject_sweep.run(kills=2, root=tmp_path / "sweep", seed=1, max_delay=4.0, flops=5e9, tokenizer=spm_model)
