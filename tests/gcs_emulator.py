@@ -1,10 +1,15 @@
-"""A local GCS for tests: gcp-storage-emulator (PyPI), plus the `x-goog-generation` download header.
+"""A local GCS for tests: gcp-storage-emulator (PyPI), plus the `x-goog-generation` download header,
+`objects.moveTo` and the `ifGenerationMatch` precondition of uploads.
 
 Real GCS sends `x-goog-generation` with every object download; the emulator does not, and
 tensorstore (Orbax's OCDBT checkpoints) then fails with "Malformed StorageGeneration". Real GCS
 also has `objects.moveTo`, which gcsfs tries first for every rename; the emulator answers 501,
-which gcsfs retries with backoff for ~45 s before it falls back to copy + delete. This launcher
-adds both and otherwise runs the emulator unchanged, in memory:
+which gcsfs retries with backoff for ~45 s before it falls back to copy + delete. The emulator
+also ignores `ifGenerationMatch=0` on uploads (create only if absent: the workdir lease's
+exclusive create), which real GCS answers with 412 when the object exists; other generations
+are still ignored. This launcher adds all three and
+otherwise runs the emulator unchanged, in memory (its server handles one request at a time, so
+the check and the write are atomic):
   python tests/gcs_emulator.py PORT BUCKET
 Clients reach it through STORAGE_EMULATOR_HOST (gcsfs, google-cloud-storage) and
 TENSORSTORE_GCS_HTTP_URL (tensorstore), both http://localhost:PORT.
@@ -18,6 +23,7 @@ from gcp_storage_emulator.exceptions import NotFound
 from gcp_storage_emulator.handlers import objects
 
 _download = objects.download
+_insert = objects.insert
 
 
 def download(request, response, storage, *args, **kwargs):
@@ -42,12 +48,34 @@ def move(request, response, storage, *args, **kwargs):
   response.json(obj)
 
 
+def insert(request, response, storage, *args, **kwargs):
+  """The emulator's upload, refused with 412 under `ifGenerationMatch=0` when the object exists."""
+  if request.query.get("ifGenerationMatch") == ["0"]:
+    if "name" in request.query:
+      name = request.query["name"][0]
+    else:  # Multipart: the name is in the metadata part; resumable: in the JSON body.
+      name = (request.data.get("meta") or request.data).get("name") if isinstance(request.data, dict) else None
+    try:
+      storage.get_file_obj(request.params["bucket_name"], name)
+    except NotFound:
+      pass
+    else:
+      response.status = http.HTTPStatus.PRECONDITION_FAILED
+      response.json({"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
+                               "errors": [{"reason": "conditionNotMet", "message": "Precondition Failed"}]}})
+      return
+  _insert(request, response, storage, *args, **kwargs)
+
+
 def main(port: int, bucket: str) -> None:
   objects.download = download  # `objects.get(alt=media)` looks the name up at call time.
+  objects.insert = insert  # The router's fallback for uploads without /upload looks it up too.
   for _, handlers in server.HANDLERS:
     for method, handler in list(handlers.items()):
       if handler is _download:
         handlers[method] = download
+      elif handler is _insert:
+        handlers[method] = insert
   move_route = (r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)/moveTo/o/"
                 r"(?P<dest_object_id>.*[^/]+)$", {"POST": move})
   server.HANDLERS = (move_route, *server.HANDLERS)  # The router reads the global at each request.

@@ -3,9 +3,30 @@
 from crossbert_jax.run import metrics
 
 
-def test_two_processes_train_and_checkpoint(tmp_path, two_processes):
-  proc = two_processes("--config.train.steps=3")
-  assert proc.returncode == 0, f"2-process run failed:\n{proc.stderr[-3000:]}"
-  rows = metrics.read_metrics(str(tmp_path / "run"))
-  assert [r["step"] for r in rows] == [1, 2, 3], "process 0 alone writes each step once"
-  assert (tmp_path / "run" / "checkpoints" / "3").is_dir()
+def test_two_processes_train_checkpoint_and_agree_on_a_damaged_checkpoint(tmp_path, two_processes):
+  """A 2-process run, then its newest step made unreadable for process 1 only (its iterator state
+  truncated; process 0 reads the step fine): both processes set the step aside together, one
+  warning naming process 1, and resume from the previous step as the first run went (without the
+  agreement: a traceback or a hang). One test, to pay for the 2-process start-up once less."""
+  first = two_processes("--config.train.steps=4", "--config.checkpoint.every_steps=2")
+  assert first.returncode == 0, f"2-process run failed:\n{first.stderr[-3000:]}"
+  run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
+  rows = metrics.read_metrics(str(run))
+  assert [r["step"] for r in rows] == [1, 2, 3, 4], "process 0 alone writes each step once"
+  losses = {r["step"]: r["loss"] for r in rows}
+  mine = ckpts / "4" / "data" / "process_1-of-2.json"
+  assert mine.is_file() and (ckpts / "4" / "data" / "process_0-of-2.json").is_file(), list(ckpts.rglob("*.json"))
+  mine.write_text(mine.read_text()[:10])
+
+  second = two_processes("--config.train.steps=5", "--config.checkpoint.every_steps=2", timeout=300)
+  assert second.returncode == 0, f"2-process resume failed:\n{second.stderr[-3000:]}"
+  assert "Traceback" not in second.stderr, second.stderr[-3000:]
+  warnings = [l for l in second.stderr.splitlines() if "is damaged" in l]
+  assert len(warnings) == 1, second.stderr[-3000:]
+  assert "step 4" in warnings[0] and "process 1:" in warnings[0] and "falling back to step 2" in warnings[0], warnings
+  assert "resuming from step 2" in second.stdout + second.stderr, second.stdout[-2000:] + second.stderr[-2000:]
+  rerun = {r["step"]: r["loss"] for r in metrics.read_metrics(str(run))[len(rows):]}
+  assert sorted(rerun) == [3, 4, 5], rerun
+  for s in (3, 4):
+    assert rerun[s] == losses[s], f"step {s}: {rerun[s]} after the fallback != {losses[s]}"
+  assert (ckpts / "damaged-4").is_dir() and (ckpts / "5").is_dir()

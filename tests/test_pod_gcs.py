@@ -13,13 +13,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
 import pytest
 
+from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import corpus, tokenizer
+from crossbert_jax.run import lock as lock_lib
 from tests.helpers import cpu_env, run_module
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -67,8 +71,8 @@ def _objects(url: str, prefix: str) -> list[str]:
     return [item["name"] for item in json.load(r).get("items", [])]
 
 
-def _put(url: str, name: str, data: bytes) -> None:
-  query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+def _put(url: str, name: str, data: bytes, **preconditions) -> None:
+  query = urllib.parse.urlencode({"uploadType": "media", "name": name, **preconditions})
   urllib.request.urlopen(urllib.request.Request(f"{url}/upload/storage/v1/b/{BUCKET}/o?{query}", data=data,
                                                 method="POST"), timeout=10).close()
 
@@ -152,3 +156,69 @@ def test_arrayrecord_shards_on_gcs(gcs, tmp_path):
               f"--config.data.path={GS}/corpus", f"--config.data.tokenizer={spm}", "--config.model.vocab_size=512",
               "--config.train.steps=2", "--config.metrics.progress_bar=False")
   assert "done: step 2" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+class _GatedLock(lock_lib.WorkdirLock):
+  """A lease whose first look (in `acquire`) meets the other's at `met`, then waits for `go`:
+  both trainers have seen no lease before either writes one."""
+
+  def __init__(self, workdir, met: threading.Barrier, go: threading.Event):
+    super().__init__(workdir, warn=lambda msg: None)
+    self._met, self._go, self._looked = met, go, False
+
+  def _read(self):
+    held = super()._read()
+    if not self._looked:
+      self._looked = True
+      self._met.wait(timeout=30)
+      assert self._go.wait(timeout=30)
+    return held
+
+
+def _race(workdir: str, one_after_the_other: bool) -> tuple[list, list[str]]:
+  """Two leases on `workdir` started together: (those taken, the refusals' messages)."""
+  met, go = threading.Barrier(2), [threading.Event(), threading.Event()]
+  locks = [_GatedLock(workdir, met, go[i]) for i in range(2)]
+  held, refused = [], []
+
+  def start(i: int) -> None:
+    try:
+      held.append(locks[i].acquire())
+    except UserError as e:
+      refused.append(str(e))
+    finally:
+      go[1].set()  # Ordered: the second writes once the first has finished taking its lease.
+
+  go[0].set()
+  if not one_after_the_other:
+    go[1].set()
+  threads = [threading.Thread(target=start, args=(i,)) for i in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=60)
+  for lease in held:
+    lease.release()
+  return held, refused
+
+
+def test_gcs_lease_has_exactly_one_holder_when_two_trainers_start_together(gcs, monkeypatch):
+  """The gs:// lease is an exclusive create (ifGenerationMatch=0): of two trainers that both saw no
+  lease, one takes it and the other is refused in one line, however their writes interleave
+  (the old write, settle, read back let the later writer take it too once the first had checked)."""
+  env, url = gcs
+  for key in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING", "NO_GCE_CHECK"):
+    monkeypatch.setenv(key, env[key])
+  _put(url, "pre/object", b"first", ifGenerationMatch="0")  # The emulator honours the precondition.
+  with pytest.raises(urllib.error.HTTPError, match="412"):
+    _put(url, "pre/object", b"second", ifGenerationMatch="0")
+  assert _get(url, "pre/object") == b"first"
+
+  for round_, ordered in enumerate([True, False, False, False]):
+    workdir = f"{GS}/race{round_}"
+    held, refused = _race(workdir, one_after_the_other=ordered)
+    assert len(held) == 1 and len(refused) == 1, (ordered, held, refused)
+    assert "is in use by" in refused[0] and "\n" not in refused[0], refused[0]
+    assert not _objects(url, f"race{round_}/"), "the holder's release deletes the lease"
+  with lock_lib.WorkdirLock(f"{GS}/race0"):  # Released: the workdir is free again.
+    assert json.loads(_get(url, "race0/lock.json"))["pid"] == os.getpid()

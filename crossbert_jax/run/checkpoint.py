@@ -7,7 +7,8 @@ source run) creates, renames and deletes nothing.
 Items of a step: state (TrainState), data (per-process iterator JSON), config (JSON), meta
 (JSON: the tokenizer's identity and the running tokens_seen count; absent in older runs).
 A step that cannot be read back (truncated or emptied files, missing items) is renamed
-`damaged-<step>` and the previous complete step is used (`restore_latest`).
+`damaged-<step>` and the previous complete step is used (`restore_latest`); in a multi-process
+run the processes agree on it: a step any one of them cannot read is damaged for all.
 """
 
 import json
@@ -18,14 +19,65 @@ from typing import Any, Callable
 import grain
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from jax.experimental import multihost_utils
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
 
 # Keys whose change makes an old checkpoint unusable for a run (shapes or semantics differ).
 _MODEL_KEYS = ("objective", "model", "reconstructor")
+
+
+_REASON_BYTES = 240  # A failure's reason, as gathered from every process (UTF-8, truncated).
+
+
+def _reason(error: Exception) -> str:
+  return " ".join(f"{type(error).__name__}: {error}".split())[:200]
+
+
+def _is_barrier_mismatch(error: Exception) -> bool:
+  """Whether `error` is Orbax's closing barrier failing because another process joined ours instead."""
+  return isinstance(error, AssertionError) and "sync_global_devices name mismatch" in str(error)
+
+
+def _on_every_process(step: int, attempt: Callable[[], Any]) -> tuple[Any, str | None]:
+  """(attempt(), None) where it succeeded on every process, else (None, why it failed, naming the process).
+
+  `attempt` reads items of `step` through Orbax; every Orbax restore ends in a barrier of all
+  processes. A process whose read raised left before that barrier, which the others wait in:
+  it joins one of its own, so every process runs the same collectives (the mismatch fails the
+  others' restore too). Then all processes gather who failed and why, so they agree on the step.
+  One process: the attempt's own error, no collective.
+  """
+  try:
+    return_value, failure = attempt(), None
+  except Exception as e:  # noqa: BLE001 - any unreadable item means a damaged step.
+    return_value, failure = None, e
+    if jax.process_count() > 1 and not _is_barrier_mismatch(e):
+      try:
+        multihost_utils.sync_global_devices(f"checkpoint step {step} unreadable here")
+      except AssertionError:
+        pass  # Some processes read the step: they waited in Orbax's barrier, with another name.
+  if jax.process_count() == 1:
+    return return_value, None if failure is None else _reason(failure)
+  # Per process: 0 read it, 1 could not read it, 2 stopped by another's failure; then the reason.
+  code = 0 if failure is None else 2 if _is_barrier_mismatch(failure) else 1
+  text = b"" if code != 1 else _reason(failure).encode()[:_REASON_BYTES - 1]
+  mine = np.zeros(_REASON_BYTES, np.uint8)
+  mine[0], mine[1:1 + len(text)] = code, np.frombuffer(text, np.uint8)
+  gathered = np.asarray(multihost_utils.process_allgather(mine))
+  failed = [p for p in range(gathered.shape[0]) if gathered[p, 0] == 1]
+  if not failed and not gathered[:, 0].any():
+    return return_value, None
+  if not failed:  # Only barrier mismatches: should not happen; still a step not every process read.
+    return None, "the processes disagreed reading it"
+  p = failed[0]
+  why = bytes(gathered[p, 1:]).rstrip(b"\0").decode(errors="replace")
+  more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+  return None, f"process {p}{more}: {why}"
 
 
 class Checkpointer:
@@ -81,27 +133,26 @@ class Checkpointer:
 
     `accept(step, config, meta)` vets a step before its state is read (it raises UserError to
     refuse the run) and says whether the data iterator is restored too. A step whose items
-    cannot be read is renamed aside (by process 0) with a one-line warning, and the next
-    older one is tried.
+    cannot be read, by any process, is renamed aside (by process 0) with a one-line warning, and
+    every process tries the next older one.
     """
     for step in sorted(self.all_steps(), reverse=True):
-      try:
-        config, meta = self.saved_config(step), self.saved_meta(step)
-      except Exception as e:  # noqa: BLE001 - any unreadable item means a damaged step.
-        self._set_aside(step, e, warn, primary)
+      read, reason = _on_every_process(step, lambda: (self.saved_config(step), self.saved_meta(step)))
+      if reason is not None:
+        self._set_aside(step, reason, warn, primary)
         continue
+      config, meta = read
       restore_data = accept(step, config, meta)
-      try:
-        state = self.restore(step, abstract_state, shardings, data_iter if restore_data else None)
-      except Exception as e:  # noqa: BLE001
-        self._set_aside(step, e, warn, primary)
+      state, reason = _on_every_process(
+          step, lambda: self.restore(step, abstract_state, shardings, data_iter if restore_data else None))
+      if reason is not None:
+        self._set_aside(step, reason, warn, primary)
         continue
       return step, state, meta
     return None
 
-  def _set_aside(self, step: int, error: Exception, warn: Callable[[str], None], primary: bool) -> None:
+  def _set_aside(self, step: int, reason: str, warn: Callable[[str], None], primary: bool) -> None:
     path, aside = self.directory / str(step), self.directory / f"damaged-{step}"
-    reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
     older = [s for s in self.all_steps() if s < step]
     fallback = f"falling back to step {max(older)}" if older else "no older checkpoint: starting from scratch"
     warn(f"warning: checkpoint step {step} in {self.directory} is damaged ({reason}); moved to {aside.name}, "
@@ -111,7 +162,6 @@ class Checkpointer:
         aside.rmtree()
       path.rename(aside)
     if jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # Local: only multi-process runs need it.
       multihost_utils.sync_global_devices(f"set aside checkpoint {step}")
     self._manager.reload()
 

@@ -6,9 +6,11 @@ A second trainer finds a live lease and is refused (UserError: one line, exit 2)
 broken, with a warning, when it is stale (heartbeat older than `STALE_S`), when its holder ran
 on this host and its pid is gone (a `kill -9`), or when the user passes `--break_lock`.
 
-Creation is exclusive on local disk (O_EXCL). Object stores have no exclusive create through
-epath: there the lease is written, then read back after `SETTLE_S` and kept only if it still
-holds our token, which closes the race except for two starts within the same second or so.
+Creation is exclusive on local disk (O_EXCL) and on gs:// (a GCS precondition through gcsfs:
+`ifGenerationMatch=0`, so of two trainers starting together exactly one creates the object).
+Other object stores have no exclusive create through epath: there the lease is written, then
+read back after `SETTLE_S` and kept only if it still holds our token, which closes the race
+except for two starts within the same second or so.
 Only process 0 of a multi-process run takes the lease (`held_for_run`); every process learns
 whether it got it.
 """
@@ -51,6 +53,17 @@ def _is_local(path: epath.Path) -> bool:
   return "://" not in str(path)
 
 
+def _create_on_gcs(path: epath.Path, text: str) -> bool:
+  """Creates the gs:// object `path` holding `text` unless it exists (False then), atomically:
+  the upload carries `ifGenerationMatch=0`, which GCS refuses (412) once any generation exists."""
+  fs = epath.backend.fsspec_backend.fs(str(path))  # epath's own gcsfs instance: one listings cache.
+  try:
+    fs.pipe_file(str(path), text.encode(), mode="create")
+  except FileExistsError:  # gcsfs's name for the 412.
+    return False
+  return True
+
+
 class WorkdirLock:
   """Holds `workdir/lock.json` between `acquire()` and `release()` (or as a context manager)."""
 
@@ -89,7 +102,8 @@ class WorkdirLock:
 
   # ------------------------------------------------------------------ writing
   def _write(self, exclusive: bool) -> bool:
-    """Writes our lease; with `exclusive`, False if a file appeared meanwhile (local disk only)."""
+    """Writes our lease; with `exclusive`, False if a lease exists (or, on object stores other
+    than gs://, another writer's lease replaced ours within `SETTLE_S`)."""
     text = json.dumps(self._info)
     if _is_local(self.path):
       if exclusive:
@@ -104,6 +118,9 @@ class WorkdirLock:
       tmp.write_text(text)
       os.replace(tmp, self.path)  # Atomic: readers never see half a heartbeat.
       return True
+    if exclusive and str(self.path).startswith("gs://"):
+      # A retried upload whose first try landed finds our own lease: ours all the same.
+      return _create_on_gcs(self.path, text) or (self._read() or {}).get("token") == self._token
     self.path.write_text(text)
     if exclusive:
       time.sleep(SETTLE_S)
