@@ -46,6 +46,7 @@ def main(argv: Sequence[str]) -> None:
     if f[name].value in (None, ""):
       raise UserError(f"--{name} is required (e.g. --input=corpus/ --output=gs://bucket/corpus --shards=64)")
   tok = tokenizer_lib.Tokenizer.load(f.tokenizer) if f.tokenizer else None
+  done_before = prepare.finished(f.output)
   try:
     counts = prepare.prepare(f.input, f.output, f.shards, fmt=f.format, text_field=f.text_field,
                              text_unit=f.text_unit, workers=f.workers, progress=f.progress, tokenizer=tok)
@@ -54,7 +55,8 @@ def main(argv: Sequence[str]) -> None:
           f"(exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
     sys.exit(EXIT_STOPPED)
   also = f" --config.data.tokenizer={f.tokenizer}" if f.tokenizer else ""
-  print(f"wrote {len(counts)} shards, {sum(counts)} documents ({min(counts)}-{max(counts)} per shard) "
+  did = "already holds" if done_before else "wrote"
+  print(f"{did} {len(counts)} shards, {sum(counts)} documents ({min(counts)}-{max(counts)} per shard) "
         f"to {f.output}; train with --config.data.path={f.output}{also}")
 
 

@@ -15,6 +15,7 @@ import pytest
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import pipeline, prepare, shards, sources, tokenizer
+from crossbert_jax.data import workers as workers_lib
 from tests.helpers import run_module
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -52,7 +53,8 @@ def test_pretokenized_shards_give_the_text_shards_batches(corpus, tmp_path):
   assert manifest["dtype"] == "uint16" and manifest["tokenizer"]["vocab_size"] == tok.vocab_size
   assert [s["documents"] for s in manifest["shards"]] == counts and sum(counts) == len(docs)
   assert sum(s["tokens"] for s in manifest["shards"]) == sum(len(i) for i in tok.encode_batch(docs))
-  assert not list((tmp_path / "tok").glob(".*")), "no staging files or marker left"
+  assert [p.name for p in (tmp_path / "tok").glob(".*")] == [prepare.MARKER], "no staging files left"
+  assert prepare.finished(str(tmp_path / "tok"))
   for p, n in ((0, 1), (1, 2)):  # Per-process shares, strided as for text shards.
     a = pipeline.make_iterator(_cfg(tmp_path / "text"), tok, batch_size=4, seed=0, process_index=p, process_count=n)
     b = pipeline.make_iterator(_cfg(tmp_path / "tok"), tok, batch_size=4, seed=0, process_index=p, process_count=n)
@@ -124,28 +126,20 @@ def test_a_bad_book_leaves_nothing_and_the_fixed_rerun_works(corpus, tmp_path):
   assert sum(prepare.prepare(str(src), str(tmp_path / "out"), 5, workers=2, progress=False)) == len(docs) + 1
 
 
-def _children(pid: int) -> list[int]:
-  out = []
-  for d in os.listdir("/proc"):
-    if d.isdigit():
-      try:
-        if int(pathlib.Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-          out.append(int(d))
-      except (OSError, IndexError, ValueError):
-        pass
-  return out
-
-
-def _alive(pids: list[int]) -> list[int]:
-  alive = []
-  for p in pids:
-    try:
-      state = pathlib.Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
-      if state != "Z":
-        alive.append(p)
-    except OSError:
-      pass
-  return alive
+def test_the_same_command_on_a_finished_set_says_so_and_writes_nothing(corpus, tmp_path):
+  root, docs, _ = corpus
+  out = tmp_path / "out"
+  args = [f"--input={root / 'in'}", f"--output={out}", "--shards=3", "--progress=false"]
+  first = run_module(["crossbert_jax.prepare", *args])
+  assert first.returncode == 0 and "wrote 3 shards" in first.stdout, first.stderr
+  written = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+  again = run_module(["crossbert_jax.prepare", *args])
+  assert again.returncode == 0 and f"already holds 3 shards, {len(docs)} documents" in again.stdout, again.stderr
+  assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == written, "a finished set is not rewritten"
+  other = run_module(["crossbert_jax.prepare", *args[:2], "--shards=2", "--progress=false"], check=False)
+  assert other.returncode == 2 and other.stderr.strip().splitlines()[-1].startswith("error:")
+  assert "finished prepare of other inputs or flags (shards differ)" in other.stderr
+  assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == written
 
 
 # SIGKILL: tests/test_fault_inject_prepare.py (random kills, orphans, every document once).
@@ -165,19 +159,20 @@ def test_a_stop_is_one_line_workers_die_and_the_rerun_finishes(corpus, tmp_path,
   deadline = time.time() + 120
   while time.time() < deadline and not list(out.glob("*.arrayrecord")):
     time.sleep(0.05)
-  workers = _children(proc.pid)
+  workers = workers_lib.child_pids(proc.pid)
   assert workers, "the pool is running"
   proc.send_signal(sig)
   _, err = proc.communicate(timeout=60)
   assert proc.returncode == 75, err[-2000:]
   assert err.strip().splitlines()[-1].startswith("stopped by SIG") and "Traceback" not in err, err[-2000:]
   deadline = time.time() + 30  # A worker still importing exits when it starts (data/workers.py).
-  while _alive(workers) and time.time() < deadline:
+  while any(workers_lib.alive(w) for w in workers) and time.time() < deadline:
     time.sleep(0.1)
-  assert not _alive(workers), "workers outlived prepare"
+  assert not [w for w in workers if workers_lib.alive(w)], "workers outlived prepare"
   done = len(list(out.glob("corpus-*.arrayrecord")))
   assert 0 < done < 24, done
   run_module(cmd[2:])  # Fails the test unless it exits 0.
-  assert sorted(p.name for p in out.iterdir()) == [shards.shard_name("corpus", k, 24) for k in range(24)]
+  assert sorted(p.name for p in out.iterdir() if p.name != prepare.MARKER) == [
+      shards.shard_name("corpus", k, 24) for k in range(24)]
   ds = pipeline.document_dataset(_cfg(out), seed=0)
   assert sorted(ds[i] for i in range(len(ds))) == sorted(many)

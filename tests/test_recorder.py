@@ -59,3 +59,18 @@ def test_a_non_finite_loss_stops_with_the_kept_checkpoint(tmp_path):
   with pytest.raises(recorder.TrainingDiverged, match=r"loss is nan at step 1; stopping\. .*no checkpoint was saved"):
     rec.flush()
   logger.close()
+
+
+def test_the_last_step_is_logged_also_when_the_run_stops_early(tmp_path):
+  """A WSD stable run ends at train.stop_at_step: its row is the sweep's proof that it finished."""
+  c = config_lib.get_config("crossbert", "tiny")
+  c.metrics.log_every, c.train.steps, c.train.stop_at_step = 5, 20, 7
+  logger = metrics.MetricsLogger(str(tmp_path), total_steps=c.train.steps, start_step=0, enabled=True,
+                                 tensorboard=False, progress_bar=False)
+  rec = recorder.StepRecorder(c, 1, logger, lambda s: s * 100, recorder.Progress(doing=""), recorder.Outcome(),
+                              str(tmp_path), [].append)
+  for step in range(1, 8):
+    rec.dispatched(step, _device_metrics(), time.perf_counter(), 0.0)
+  rec.flush()
+  logger.close()
+  assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [5, 7]

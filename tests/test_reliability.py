@@ -19,6 +19,7 @@ import pytest
 
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError
 from crossbert_jax.data import corpus, tokenizer
+from crossbert_jax.data import workers as workers_lib
 from crossbert_jax.run import lock as lock_lib
 from crossbert_jax.run import metrics
 from tests.test_train import _losses, _train
@@ -202,40 +203,20 @@ def test_second_trainer_is_refused_and_sigterm_exits_resumable(tmp_path, spm_mod
   assert not (tmp_path / lock_lib.LOCK_FILE).exists(), "the lock is released on a stop"
 
 
-def _children(pid: int) -> list[int]:
-  out = []
-  for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-    try:
-      fields = stat.read_text().rsplit(")", 1)[1].split()
-    except OSError:
-      continue
-    if int(fields[1]) == pid:
-      out.append(int(stat.parent.name))
-  return out
-
-
-def _alive(pid: int) -> bool:
-  try:
-    state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-  except OSError:
-    return False
-  return state != "Z"
-
-
 def test_data_workers_exit_when_the_trainer_is_killed(tmp_path, spm_model):
   proc = _train(tmp_path, f"--config.data.tokenizer={spm_model}", "--config.train.steps=100000",
                 "--config.data.worker_count=2", "--config.metrics.tensorboard=False", wait=False)
   try:
     _wait_for_first_metrics(proc, tmp_path)
-    workers = _children(proc.pid)
+    workers = workers_lib.child_pids(proc.pid)
     assert len(workers) >= 2, f"expected 2 Grain workers under {proc.pid}, found {workers}"
   finally:
     proc.kill()
     proc.communicate()
   deadline = time.time() + 30
-  while time.time() < deadline and any(_alive(w) for w in workers):
+  while time.time() < deadline and any(workers_lib.alive(w) for w in workers):
     time.sleep(0.2)
-  assert not [w for w in workers if _alive(w)], "data workers outlived the killed trainer"
+  assert not [w for w in workers if workers_lib.alive(w)], "data workers outlived the killed trainer"
 
 
 def test_full_and_read_only_disks_are_one_line_and_keep_checkpoints(tmp_path, spm_model):

@@ -24,26 +24,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _children(pid: int) -> list[int]:
-  """Processes whose parent is `pid` (from /proc)."""
-  out = []
-  for d in os.listdir("/proc"):
-    if d.isdigit():
-      try:
-        if int(pathlib.Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-          out.append(int(d))
-      except (OSError, IndexError, ValueError):
-        pass
-  return out
-
-
-def _alive(pid: int) -> bool:
-  try:
-    return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-  except OSError:
-    return False
-
-
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--kills", type=int, default=20)
@@ -55,6 +35,7 @@ def main() -> int:
   args = ap.parse_args()
   from crossbert_jax.core import config as config_lib  # pylint: disable=g-import-not-at-top
   from crossbert_jax.data import pipeline, shards  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.data import workers as workers_lib  # pylint: disable=g-import-not-at-top
 
   rng = random.Random(args.seed)
   work = pathlib.Path(args.workdir)
@@ -72,25 +53,26 @@ def main() -> int:
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     delay = rng.uniform(0, args.max_delay)
     time.sleep(delay)
-    workers = _children(proc.pid)
+    workers = workers_lib.child_pids(proc.pid)
     if proc.poll() is None:
       proc.send_signal(signal.SIGKILL)
     proc.wait()
     deadline = time.time() + 30  # A worker still importing exits as it starts (data/workers.py).
-    while any(_alive(w) for w in workers) and time.time() < deadline:
+    while any(workers_lib.alive(w) for w in workers) and time.time() < deadline:
       time.sleep(0.1)
-    orphans = [w for w in workers if _alive(w)]
+    orphans = [w for w in workers if workers_lib.alive(w)]
     done = len(list(out.glob("corpus-*.arrayrecord"))) if out.exists() else 0
     print(f"kill {kill + 1}: after {delay:.1f} s, {done}/{args.shards} shards, orphans {orphans}", flush=True)
     if orphans:
       print(f"fault_inject_prepare: FAILED: workers {orphans} outlived prepare")
       return 1
     proc.stderr.close()
-  final = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-  if final.returncode != 0:
-    print(f"fault_inject_prepare: FAILED: the last run exited {final.returncode}: {final.stderr[-1000:]}")
-    return 1
-  names = sorted(p.name for p in out.iterdir())
+  for attempt in ("last", "repeated"):  # The run that finishes, then the same command on the finished set.
+    final = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if final.returncode != 0:
+      print(f"fault_inject_prepare: FAILED: the {attempt} run exited {final.returncode}: {final.stderr[-1000:]}")
+      return 1
+  names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # .prepare.json: the finished record.
   want = [shards.shard_name("corpus", k, args.shards) for k in range(args.shards)]
   c = config_lib.get_config("mlm", "tiny").data
   c.path = str(out)

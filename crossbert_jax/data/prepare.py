@@ -8,8 +8,9 @@ which `train` reads without tokenizing. Shards are written in parallel worker pr
 exit with this one), each to a staging file that is then moved (or, for gs://, copied) into
 place: a shard appears complete or not at all.
 
-A run records its inputs and flags in OUTPUT/.prepare.json until it finishes, so a stopped or
-killed run is resumed by the same command (finished shards kept, the missing ones written); a
+A run records its inputs and flags in OUTPUT/.prepare.json (marked finished at the end), so a
+stopped or killed run is resumed by the same command (finished shards kept, the missing ones
+written), the same command on a finished set only says so, and another command is refused; a
 run that fails on a bad input removes what it wrote.
 """
 
@@ -152,20 +153,23 @@ def _identity(spec: str, files: list[epath.Path], shards: int, fmt: str, text_fi
 
 
 def _start(out: epath.Path, identity: dict[str, Any], kind: str, shards: int) -> list[int]:
-  """Creates or resumes the folder; returns the shard indices still to write."""
+  """Creates or resumes the folder; returns the shard indices still to write (none once it finished)."""
   marker = out / MARKER
   existing = sorted(p.name for p in out.glob("*-of-*.arrayrecord")) if out.exists() else []
   if not marker.exists():
     if existing:
       raise UserError(f"--output {out} already holds {len(existing)} shards ({existing[0]}, ...): choose a new folder")
     out.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps(identity))
+    _write_marker(out, identity)
     return list(range(shards))
   try:
     old = json.loads(marker.read_text())
   except ValueError:
     raise UserError(f"{marker}: damaged; remove --output {out} and rerun") from None
   differs = sorted(k for k in identity if old.get(k) != identity[k])
+  if differs and old.get("finished"):
+    raise UserError(f"--output {out} holds a finished prepare of other inputs or flags ({', '.join(differs)} "
+                    "differ): choose a new folder")
   if differs:
     raise UserError(f"--output {out} holds a stopped prepare of other inputs or flags ({', '.join(differs)} differ): "
                     "rerun that command to finish it, or choose a new folder")
@@ -173,6 +177,22 @@ def _start(out: epath.Path, identity: dict[str, Any], kind: str, shards: int) ->
     p.unlink()
   have = {shards_lib.parse_name(n)[1] for n in existing if shards_lib.parse_name(n)[:1] == (kind,)}
   return [k for k in range(shards) if k not in have]
+
+
+def _write_marker(out: epath.Path, record: dict[str, Any]) -> None:
+  """Writes OUTPUT/.prepare.json whole or not at all (a staging file, then a move)."""
+  staging = out / f".{MARKER}.tmp-{os.getpid()}"
+  staging.write_text(json.dumps(record))
+  staging.replace(out / MARKER)
+
+
+def finished(output: str) -> bool:
+  """Whether `output` holds a shard set that a prepare finished (its rerun writes nothing)."""
+  marker = epath.Path(output) / MARKER
+  try:
+    return bool(json.loads(marker.read_text()).get("finished"))
+  except (OSError, ValueError, AttributeError):
+    return False
 
 
 def _remove_set(out: epath.Path, kind: str, shards: int) -> None:
@@ -206,12 +226,15 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
   _check_output(spec, files, output)
   out = epath.Path(output)
   kind = shards_lib.TEXT if tokenizer is None else shards_lib.TOKENS
-  todo = _start(out, _identity(spec, files, shards, fmt, text_field, text_unit, tokenizer), kind, shards)
+  identity = _identity(spec, files, shards, fmt, text_field, text_unit, tokenizer)
+  todo = _start(out, identity, kind, shards)
   proto = tokenizer.serialized_proto if tokenizer is not None else None
   stats = [(0, 0)] * shards
   itemsize = shards_lib.token_dtype(tokenizer.vocab_size).itemsize if tokenizer else 0
   for k in sorted(set(range(shards)) - set(todo)):
     stats[k] = _shard_stats(out / shard_name(k, shards, kind), itemsize)
+  if not todo and finished(output):  # The same command again on a finished set: nothing to write.
+    return [n for n, _ in stats]
   bar = tqdm.tqdm(total=shards, initial=shards - len(todo), unit="shard", disable=not progress, dynamic_ncols=True)
   main_thread = threading.current_thread() is threading.main_thread()  # Only it may set signal handlers.
   handlers = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)} if main_thread else {}
@@ -254,7 +277,7 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
         "dtype": shards_lib.token_dtype(tokenizer.vocab_size).name,
         "shards": [{"name": shard_name(k, shards, kind), "documents": n, "tokens": t}
                    for k, (n, t) in enumerate(stats)]})
-  (out / MARKER).unlink(missing_ok=True)
+  _write_marker(out, {**identity, "finished": True})  # Last: a rerun of this command now only says it is done.
   return counts
 
 

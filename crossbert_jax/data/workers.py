@@ -3,6 +3,7 @@
 import ctypes
 import ctypes.util
 import os
+import pathlib
 import signal
 import threading
 import time
@@ -44,3 +45,32 @@ def quiet_worker(parent: int) -> None:
   if os.getppid() != parent:  # The parent died before prctl took effect (or before we started).
     os._exit(0)
   exit_with_parent(parent=parent)
+
+
+# -- Watching them (Linux /proc): the tests and tools/fault_inject_prepare.py check nothing is orphaned.
+
+
+def _stat_fields(pid: int) -> list[str]:
+  """/proc/PID/stat after the command name (state, ppid, ...); OSError if there is no such process."""
+  return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def child_pids(pid: int) -> list[int]:
+  """The processes whose parent is `pid`."""
+  out = []
+  for d in os.listdir("/proc"):
+    if d.isdigit():
+      try:
+        if int(_stat_fields(int(d))[1]) == pid:
+          out.append(int(d))
+      except (OSError, IndexError, ValueError):
+        pass
+  return out
+
+
+def alive(pid: int) -> bool:
+  """Whether `pid` runs (a zombie does not)."""
+  try:
+    return _stat_fields(pid)[0] != "Z"
+  except (OSError, IndexError):
+    return False

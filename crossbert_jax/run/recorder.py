@@ -82,6 +82,8 @@ class StepRecorder:
     self._warn = warn
     self._tokens_per_step = c.train.batch_size * c.data.seq_len
     self._flops_per_step = flops.train_flops_per_step(c)
+    t = c.train
+    self._last_step = min(t.steps, t.stop_at_step or t.steps)  # Always logged: the end of this run (or its stop).
     self._num_devices = num_devices
     self._peak = flops.peak_tflops_per_device(jax.devices()[0], c.model.dtype, c.metrics.cpu_peak_tflops)
     self._last_time: float | None = None
@@ -107,7 +109,7 @@ class StepRecorder:
     if not np.isfinite(scalars["loss"]):
       raise TrainingDiverged(f"loss is {scalars['loss']} at step {p.step}; stopping. In {self._where}, "
                              f"{self._progress.kept()}; lower train.learning_rate or raise train.warmup_steps")
-    if p.step % self._c.metrics.log_every == 0 or p.step == self._c.train.steps or probes is not None:
+    if p.step % self._c.metrics.log_every == 0 or p.step == self._last_step or probes is not None:
       self._logger.log(p.step, scalars)
     out = self._outcome
     out.step, out.scalars = p.step, scalars
