@@ -34,7 +34,8 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processe
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (CPU multi-process).")
 _COMPILATION_CACHE = flags.DEFINE_string(
     "compilation_cache", "", "JAX persistent compilation cache folder (local or gs://); default "
-    "WORKDIR/compilation_cache, so a restarted run skips recompiling; 'none' turns it off.")
+    "$JAX_COMPILATION_CACHE_DIR if set, else WORKDIR/compilation_cache, so a restarted run skips recompiling; "
+    "'none' turns it off.")
 _BREAK_LOCK = flags.DEFINE_bool(
     "break_lock", False, "Take over the workdir's lock (workdir/lock.json) even if its holder looks alive: "
     "only when that run is known to be dead (a stale or dead-pid lock is broken without it).")

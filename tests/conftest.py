@@ -5,6 +5,13 @@ import os
 # Must happen before jax is imported anywhere: 8 fake CPU devices for the sharding tests.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the whole session (this process and every command the tests
+# start, through run/compile_cache.py): the tiny models' init and steps compile once, not per trainer.
+_OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
+if _OWN_CACHE:
+  import tempfile  # noqa: E402
+
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="crossbert-tests-jit-")
 
 import pathlib  # noqa: E402
 
@@ -63,3 +70,10 @@ def two_processes(tmp_path):
         cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
 
   return run
+
+
+def pytest_sessionfinish(session, exitstatus):  # pylint: disable=unused-argument
+  if _OWN_CACHE:
+    import shutil  # pylint: disable=g-import-not-at-top
+
+    shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

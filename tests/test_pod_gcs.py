@@ -23,6 +23,7 @@ import pytest
 
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import corpus, tokenizer
+from crossbert_jax.run import compile_cache
 from crossbert_jax.run import lock as lock_lib
 from tests.helpers import cpu_env, run_module
 
@@ -59,6 +60,7 @@ def gcs(tmp_path_factory):
                 CLOUD_STORAGE_EMULATOR_ENDPOINT=url,
                 # No credentials lookups: tensorstore takes this token, google-auth skips the metadata server.
                 GOOGLE_AUTH_TOKEN_FOR_TESTING="test", NO_GCE_CHECK="True")
+  env.pop(compile_cache.ENV_VAR, None)  # The default cache under the gs:// workdir, not the suite's shared one.
   yield env, url
   proc.terminate()
   proc.wait(timeout=30)

@@ -54,6 +54,7 @@ def test_wsd_plan_has_one_stable_run_then_a_branch_per_budget(tmp_path):
     assert all(b.steps % b.overrides["eval.every_steps"] == 0 for b in branches), "a probe on the last step"
     cmd = plan_lib.train_command(branches[0], spec, f"/r/runs/{branches[0].name}")
     assert cmd[-1] == f"--config.train.fork_from=/r/runs/{stable.name}:{starts[0]}"
+    assert "--compilation_cache=/r/compilation_cache" in cmd, "one compilation cache for the sweep's runs"
   cost, independent = plan_lib.total_cost(runs)
   stable_cost = sum(r.cost_flops for r in runs if r.kind == "stable")
   branch_cost = sum((r.steps - r.fork_step) * r.flops_per_step for r in runs if r.kind == "branch")

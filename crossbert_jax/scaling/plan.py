@@ -255,15 +255,23 @@ def total_cost(runs: list[Run]) -> tuple[float, float]:
   return sum(r.cost_flops for r in runs), sum(r.flops for r in runs if r.kind != "stable")
 
 
+COMPILATION_CACHE = "compilation_cache"  # ROOT/compilation_cache: shared by the sweep's runs.
+
+
 def train_command(run: Run, spec: dict, workdir: str, python: str = "python") -> list[str]:
-  """argv of `python -m crossbert_jax.train` for the run (from the repo root)."""
+  """argv of `python -m crossbert_jax.train` for the run (from the repo root), in `workdir` = ROOT/runs/NAME.
+
+  All runs share one compilation cache, ROOT/compilation_cache: the runs of a size compile the same
+  init, loss check and probe embedding (and, across seeds, the same step), so each compiles once.
+  """
   flags = [f"--config.{k}={_as_flag(v)}" for k, v in run.overrides.items()]
+  runs_dir = str(pathlib.PurePath(workdir).parent) if "://" not in workdir else workdir.rstrip("/").rsplit("/", 1)[0]
+  root = str(pathlib.PurePath(runs_dir).parent) if "://" not in runs_dir else runs_dir.rsplit("/", 1)[0]
   if run.kind == "branch":  # The stable run is the branch's sibling under ROOT/runs.
-    source = str(pathlib.PurePath(workdir).parent / run.fork_from) if "://" not in workdir else \
-        f"{workdir.rstrip('/').rsplit('/', 1)[0]}/{run.fork_from}"
-    flags.append(f"--config.train.fork_from={source}:{run.fork_step}")
+    flags.append(f"--config.train.fork_from={runs_dir}/{run.fork_from}:{run.fork_step}")
   return [python, "-m", "crossbert_jax.train", f"--config={CONFIG_FILES[run.objective]}:{spec['variant']}",
-          f"--workdir={workdir}", "--config.metrics.progress_bar=False", *flags]
+          f"--workdir={workdir}", f"--compilation_cache={root}/{COMPILATION_CACHE}", "--config.metrics.progress_bar=False",
+          *flags]
 
 
 def plan_hash(runs: list[Run]) -> str:
