@@ -1,13 +1,14 @@
 """A local GCS for tests: gcp-storage-emulator (PyPI), plus the `x-goog-generation` download header,
-`objects.moveTo` and the `ifGenerationMatch` precondition of uploads.
+`objects.moveTo` and the `ifGenerationMatch` precondition of uploads and deletes.
 
 Real GCS sends `x-goog-generation` with every object download; the emulator does not, and
 tensorstore (Orbax's OCDBT checkpoints) then fails with "Malformed StorageGeneration". Real GCS
 also has `objects.moveTo`, which gcsfs tries first for every rename; the emulator answers 501,
 which gcsfs retries with backoff for ~45 s before it falls back to copy + delete. The emulator
 also ignores `ifGenerationMatch=0` on uploads (create only if absent: the workdir lease's
-exclusive create), which real GCS answers with 412 when the object exists; other generations
-are still ignored. This launcher adds all three and
+exclusive create), which real GCS answers with 412 when the object exists, and on deletes
+(delete only the generation that was read: breaking a dead lease); other upload generations
+are still ignored. This launcher adds these and
 otherwise runs the emulator unchanged, in memory (its server handles one request at a time, so
 the check and the write are atomic):
   python tests/gcs_emulator.py PORT BUCKET
@@ -24,6 +25,7 @@ from gcp_storage_emulator.handlers import objects
 
 _download = objects.download
 _insert = objects.insert
+_delete = objects.delete
 
 
 def download(request, response, storage, *args, **kwargs):
@@ -60,11 +62,30 @@ def insert(request, response, storage, *args, **kwargs):
     except NotFound:
       pass
     else:
-      response.status = http.HTTPStatus.PRECONDITION_FAILED
-      response.json({"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
-                               "errors": [{"reason": "conditionNotMet", "message": "Precondition Failed"}]}})
+      _precondition_failed(response)
       return
   _insert(request, response, storage, *args, **kwargs)
+
+
+def _precondition_failed(response) -> None:
+  response.status = http.HTTPStatus.PRECONDITION_FAILED
+  response.json({"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
+                           "errors": [{"reason": "conditionNotMet", "message": "Precondition Failed"}]}})
+
+
+def delete(request, response, storage, *args, **kwargs):
+  """The emulator's delete, refused with 412 when `ifGenerationMatch` names another generation."""
+  want = request.query.get("ifGenerationMatch")
+  if want:
+    try:
+      obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+    except NotFound:
+      response.status = http.HTTPStatus.NOT_FOUND
+      return
+    if str(obj["generation"]) != want[0]:
+      _precondition_failed(response)
+      return
+  _delete(request, response, storage, *args, **kwargs)
 
 
 def main(port: int, bucket: str) -> None:
@@ -76,6 +97,8 @@ def main(port: int, bucket: str) -> None:
         handlers[method] = download
       elif handler is _insert:
         handlers[method] = insert
+      elif handler is _delete:
+        handlers[method] = delete
   move_route = (r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)/moveTo/o/"
                 r"(?P<dest_object_id>.*[^/]+)$", {"POST": move})
   server.HANDLERS = (move_route, *server.HANDLERS)  # The router reads the global at each request.

@@ -20,12 +20,14 @@ import urllib.parse
 import urllib.request
 
 import pytest
+from etils import epath
 
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.run import compile_cache
 from crossbert_jax.run import lock as lock_lib
 from tests.helpers import cpu_env, run_module
+from tests.test_reliability import check_two_breakers_of_one_dead_lease
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BUCKET = "crossbert-test"
@@ -224,3 +226,17 @@ def test_gcs_lease_has_exactly_one_holder_when_two_trainers_start_together(gcs, 
     assert not _objects(url, f"race{round_}/"), "the holder's release deletes the lease"
   with lock_lib.WorkdirLock(f"{GS}/race0"):  # Released: the workdir is free again.
     assert json.loads(_get(url, "race0/lock.json"))["pid"] == os.getpid()
+
+
+def test_gcs_lease_of_two_breakers_of_a_dead_one_has_one_holder(gcs, monkeypatch):
+  """Breaking deletes only the generation that was judged dead (ifGenerationMatch on the delete)."""
+  env, url = gcs
+  for key in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING", "NO_GCE_CHECK"):
+    monkeypatch.setenv(key, env[key])
+  _put(url, "del/object", b"v1")
+  stale = lock_lib._gcs_generation(epath.Path(f"{GS}/del/object"))  # pylint: disable=protected-access
+  _put(url, "del/object", b"v2")
+  assert not lock_lib._delete_on_gcs(epath.Path(f"{GS}/del/object"), stale)  # pylint: disable=protected-access
+  assert _get(url, "del/object") == b"v2", "the emulator honours the delete's precondition"
+  check_two_breakers_of_one_dead_lease(f"{GS}/breakers", lambda text: _put(url, "breakers/lock.json", text.encode()))
+  assert not _objects(url, "breakers/")

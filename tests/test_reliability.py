@@ -153,6 +153,29 @@ def test_diverged_run_keeps_only_checkpoints_whose_next_loss_is_finite(tmp_path,
   assert rerun and rerun[0]["step"] == kept + 1 and rerun[0]["loss"] is not None, (rerun, proc.stderr[-2000:])
 
 
+def check_two_breakers_of_one_dead_lease(workdir: str, write_lease) -> None:
+  """B judges the dead lease breakable, A breaks it and takes the workdir first: B's break then
+  removes nothing (A's fresh lease stays) and B is refused, however slow B was."""
+  write_lease(json.dumps({"owner": "someone", "host": "elsewhere", "pid": 1,
+                          "heartbeat": time.time() - lock_lib.STALE_S - 5}))
+  a, b = lock_lib.WorkdirLock(workdir, warn=lambda _: None), lock_lib.WorkdirLock(workdir, warn=lambda _: None)
+  generation = lock_lib._gcs_generation(b.path) if workdir.startswith("gs://") else None  # pylint: disable=protected-access
+  judged = b._read()  # pylint: disable=protected-access
+  a.acquire()
+  try:
+    assert not b._remove_if_unchanged(judged, generation), "B removed A's fresh lease"  # pylint: disable=protected-access
+    assert json.loads(a.path.read_text())["token"] == a._token  # pylint: disable=protected-access
+    with pytest.raises(UserError, match="is in use by"):
+      b.acquire()
+  finally:
+    a.release()
+
+
+def test_of_two_breakers_of_a_dead_lease_one_takes_it(tmp_path):
+  check_two_breakers_of_one_dead_lease(str(tmp_path), (tmp_path / lock_lib.LOCK_FILE).write_text)
+  assert sorted(p.name for p in tmp_path.iterdir()) == [], "no lease and nothing set aside is left"
+
+
 def test_lock_refuses_a_live_holder_and_breaks_dead_or_stale_ones(tmp_path):
   warnings = []
   holder = lock_lib.WorkdirLock(tmp_path).acquire()

@@ -8,6 +8,10 @@ on this host and its pid is gone (a `kill -9`), or when the user passes `--break
 
 Creation is exclusive on local disk (O_EXCL) and on gs:// (a GCS precondition through gcsfs:
 `ifGenerationMatch=0`, so of two trainers starting together exactly one creates the object).
+Breaking is conditional on the same two: it removes only the lease that was judged breakable
+(local: moved aside atomically and compared, a newer one put back; gs://: deleted with
+`ifGenerationMatch` of the generation that was read), so of two trainers breaking the same dead
+lease, the slower one finds the faster one's fresh lease instead of deleting it.
 Other object stores have no exclusive create through epath: there the lease is written, then
 read back after `SETTLE_S` and kept only if it still holds our token, which closes the race
 except for two starts within the same second or so.
@@ -61,6 +65,28 @@ def _create_on_gcs(path: epath.Path, text: str) -> bool:
     fs.pipe_file(str(path), text.encode(), mode="create")
   except FileExistsError:  # gcsfs's name for the 412.
     return False
+  return True
+
+
+def _gcs_generation(path: epath.Path) -> int | None:
+  """The generation of the gs:// object `path` (None when it does not exist)."""
+  fs = epath.backend.fsspec_backend.fs(str(path))
+  try:
+    return int(fs.info(str(path), refresh=True)["generation"])
+  except FileNotFoundError:
+    return None
+
+
+def _delete_on_gcs(path: epath.Path, generation: int) -> bool:
+  """Deletes the gs:// object `path` if it is still at `generation` (False when it changed or is gone)."""
+  fs = epath.backend.fsspec_backend.fs(str(path))
+  bucket, key, _ = fs.split_path(str(path))
+  try:
+    fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=str(generation))
+  except (FileNotFoundError, OSError):  # 404: gone; 412 (gcsfs raises it as an OSError): rewritten since.
+    return False
+  finally:
+    fs.invalidate_cache(str(path))
   return True
 
 
@@ -130,6 +156,7 @@ class WorkdirLock:
   def acquire(self) -> "WorkdirLock":
     """Takes the lease or raises UserError naming its holder."""
     for _ in range(3):  # A lease released or broken between our read and write: try again.
+      generation = _gcs_generation(self.path) if str(self.path).startswith("gs://") else None
       held = self._read()
       if held is not None:
         why = self._why_breakable(held)
@@ -138,18 +165,44 @@ class WorkdirLock:
               f"workdir {self.path.parent} is in use by {held.get('owner')}@{held.get('host')} pid {held.get('pid')} "
               f"(heartbeat {time.time() - float(held.get('heartbeat', 0)):.0f} s ago, lock {self.path}); "
               f"use another --workdir, stop that run, or pass --break_lock if it is dead")
+        if not self._remove_if_unchanged(held, generation):
+          continue  # Broken (or renewed) by someone else since we read it: judge the lease there now.
         self._warn(f"warning: breaking the lock {self.path} of {held.get('owner')}@{held.get('host')} "
                    f"pid {held.get('pid')}: {why}")
-        try:
-          self.path.unlink()
-        except FileNotFoundError:
-          pass
       if self._write(exclusive=True):
         self._thread = threading.Thread(target=self._heartbeat, name="workdir-lock", daemon=True)
         self._thread.start()
         return self
     raise UserError(f"could not take the lock {self.path}: another trainer is starting in the same "
                     "workdir; use another --workdir")
+
+  def _remove_if_unchanged(self, held: dict, generation: int | None) -> bool:
+    """Removes the lease if it is still `held` (read at `generation` on gs://); False if it changed or is gone."""
+    if str(self.path).startswith("gs://"):
+      if generation is None:
+        return False
+      return _delete_on_gcs(self.path, generation)
+    if not _is_local(self.path):  # Other object stores: no conditional delete through epath.
+      self.path.unlink(missing_ok=True)
+      return True
+    aside = self.path.with_name(f"{LOCK_FILE}.{self._token}.broken")
+    try:
+      os.rename(self.path, aside)  # Atomic: of two breakers, one moves it.
+    except FileNotFoundError:
+      return False
+    try:
+      taken = json.loads(aside.read_text())
+    except (ValueError, OSError):
+      taken = {}
+    if taken != held:  # A lease written since we judged it (a breaker that was faster): put it back.
+      try:
+        os.link(aside, self.path)
+      except FileExistsError:
+        pass
+      aside.unlink()
+      return False
+    aside.unlink()
+    return True
 
   def _heartbeat(self) -> None:
     while not self._stop.wait(HEARTBEAT_S):
