@@ -41,8 +41,8 @@ def validate(d: ml_collections.ConfigDict) -> None:
   if not d.mixture:
     return
   if d.path not in ("builtin", ""):
-    raise _err("data.path", f"={d.path!r} and data.mixture are both set: make it a mixture source, or clear "
-               "it (--config.data.path='')")
+    raise _err("data.path", f"{d.path!r} and data.mixture are both set: make it a source of data.mixture, or "
+               "clear it (--config.data.path='')")
   for k, src in enumerate(d.mixture):
     key = f"data.mixture[{k}]"
     if not isinstance(src, dict):
