@@ -204,6 +204,7 @@ def test_resume_refuses_another_mixture_and_another_process_count(corpus):
   saved = json.loads(json.dumps(c.to_dict()))
   tok_id = {"path": "t", "sha256": "0", "vocab_size": 1}
   assert resume.check("w", 5, saved, None, c, tok_id, 1) == ([], True)
+  assert config_lib.from_dict(saved).data.mixture == c.data.mixture  # config.json reads back (a tuple).
   c.data.mixture = _cfg(root, weights=(5, 3, 1)).mixture
   with pytest.raises(UserError, match=r"made with data\.mixture=.*cannot change on resume"):
     resume.check("w", 5, saved, None, c, tok_id, 1)

@@ -112,7 +112,7 @@ class StepRecorder:
       raise TrainingDiverged(f"loss is {scalars['loss']} at step {p.step}; stopping. In {self._where}, "
                              f"{self._progress.kept()}; lower train.learning_rate or raise train.warmup_steps")
     if p.step % self._c.metrics.log_every == 0 or p.step == self._c.train.steps or probes is not None:
-      if p.source_tokens is not None:  # Every process logs the same steps: the sum is in step.
+      if p.source_tokens is not None:  # Every process logs at the same steps: the collective matches up.
         scalars.update(_summed_over_processes(p.source_tokens))
       self._logger.log(p.step, scalars)
     out = self._outcome
