@@ -98,10 +98,11 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.data.tokenizer = ""  # SentencePiece .model from `python -m crossbert_jax.tokenizer`.
   c.data.seq_len = seq_len
   c.data.shuffle_seed = 0
-  # Weighted mixture (data/mixture.py), instead of data.path: a tuple of dicts {"path": P, "weight": w}, each
-  # document drawn from source k with probability w_k / sum(w) (shares of documents, not of tokens). Optional per source: "name" (metrics
-  # tokens_seen/<name>; default: the path's last component) and "format" / "text_field" / "text_unit"
-  # (default: the data.* keys). () = data.path alone; when set, data.path must stay "builtin" or "".
+  # Weighted mixture (data/mixture.py), instead of data.path: a tuple of dicts {"path": P, "weight": w},
+  # each document drawn from source k with probability w_k / sum(w) (shares of documents, not of
+  # tokens). Optional per source: "name" (metrics tokens_seen/<name>; default: the path's last
+  # component) and "format" / "text_field" / "text_unit" (default: the data.* keys).
+  # () = data.path alone; when set, data.path must stay "builtin" or "".
   c.data.mixture = ()
   c.data.worker_count = 0  # Grain multiprocess prefetch workers (0: in-process).
   c.data.worker_buffer_size = 2
