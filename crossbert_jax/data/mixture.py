@@ -35,7 +35,6 @@ from crossbert_jax.core import mixture as mixture_schema
 from crossbert_jax.data import packing
 
 BLOCK = 4096  # Documents per block of the mixed stream (module doc).
-_RECORD_MAX = 1 << 14  # Recorded document lengths kept before old ones are dropped.
 
 
 def source_configs(data_cfg: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
@@ -114,13 +113,14 @@ class MixedFetch:
     return out
 
   def lengths(self, indices: list[int]) -> list[tuple[int, int]]:
-    """(source, packed length) of mixed documents `indices`, from the record (read again if missing)."""
+    """(source, packed length) of mixed documents `indices` (ascending), from the record (read again if
+    missing); the record then forgets the documents before the last one (the counter moves on)."""
     missing = [i for i in indices if i not in self._record]
     if missing:
       self(missing)
-    out = [self._record.pop(i) for i in indices]
-    if len(self._record) > _RECORD_MAX and indices:
-      self._record = {i: v for i, v in self._record.items() if i >= indices[0]}
+    out = [self._record[i] for i in indices]
+    if indices:
+      self._record = {i: v for i, v in self._record.items() if i >= indices[-1]}
     return out
 
 
