@@ -6,6 +6,7 @@ keys as attributes and never supplies a default of its own (no `config.get(key, 
 
 import ml_collections
 
+from crossbert_jax.core import mixture
 from crossbert_jax.core.errors import UserError
 
 OBJECTIVES = ("crossbert", "mlm")
@@ -97,6 +98,12 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.data.tokenizer = ""  # SentencePiece .model from `python -m crossbert_jax.tokenizer`.
   c.data.seq_len = seq_len
   c.data.shuffle_seed = 0
+  # Weighted mixture (data/mixture.py), instead of data.path: a tuple of dicts {"path": P, "weight": w},
+  # each document drawn from source k with probability w_k / sum(w) (shares of documents, not of
+  # tokens). Optional per source: "name" (metrics tokens_seen/<name>; default: the path's last
+  # component) and "format" / "text_field" / "text_unit" (default: the data.* keys).
+  # () = data.path alone; when set, data.path must stay "builtin" or "".
+  c.data.mixture = ()
   c.data.worker_count = 0  # Grain multiprocess prefetch workers (0: in-process).
   c.data.worker_buffer_size = 2
 
@@ -222,6 +229,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise _err("data.format", f"{d.format!r}: use auto, text, jsonl, parquet or arrayrecord")
   if d.text_unit not in ("line", "paragraph", "file"):
     raise _err("data.text_unit", f"{d.text_unit!r}: use line, paragraph or file")
+  mixture.validate(d)
   if d.worker_count < 0:
     raise _err("data.worker_count", f"must be >= 0, got {d.worker_count}")
   t = c.train

@@ -5,6 +5,8 @@
   -> per-process stride (sources read whole) -> batched read + batched, multi-threaded tokenize
   (none for pre-tokenized shards) -> [CLS] ids [SEP], cut into chunks of <= L -> first-fit pack
   to L (both in data/packing.py) -> batch -> multiprocess prefetch (data.worker_count > 0)
+With data.mixture, each source is read, shuffled and strided as above, and the packer reads the
+weighted mix of their streams (data/mixture.py), which also counts the tokens read per source.
 
 Shapes: B = per-process batch size, L = data.seq_len, N = one document's token count. A batch is
 a dict of int32 numpy arrays:
@@ -23,6 +25,7 @@ import numpy as np
 
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import elastic
+from crossbert_jax.data import mixture
 from crossbert_jax.data import packing
 from crossbert_jax.data import shards
 from crossbert_jax.data import sources
@@ -32,6 +35,7 @@ from crossbert_jax.data import workers
 # First-fit packing keeps this many rows open (at least the batch size): more bins, less
 # padding, at the cost of packing (and re-packing after a restore) that many rows at once.
 MIN_PACKING_BINS = 64
+_MIXTURE_SALT = 1 << 21  # Seeds the choice of a mixture's sources apart from the shuffles.
 
 
 # ----------------------------------------------------------------------------- pipeline
@@ -173,16 +177,36 @@ class Layout:
     self._epoch_length = 0
 
   def documents(self) -> grain.MapDataset:
+    if self.data_cfg.mixture:  # data/elastic.py's drain needs one source's epochs (run/elastic.py refuses it).
+      raise UserError("a data.mixture stream cannot be re-sharded onto another process count")
     if self._documents is None:
-      source = sources.document_source(self.data_cfg, self.process_index, self.process_count)
-      _check_tokenizer(source, self.data_cfg, self.tokenizer)
-      ds = _shard(source, self.data_cfg, self.seed, self.process_index, self.process_count)
-      self._epoch_length = len(ds)
-      ds = ds.repeat(None)
-      pretokenized = source.tokenizer is not None
-      self._fetch = _Fetch(ds, None if pretokenized else self.tokenizer)
-      self._documents = ds if pretokenized else ds.map(_Tokenize(self.tokenizer))
+      self._documents, self._fetch, self._epoch_length = self._source(self.data_cfg, self.seed)
     return self._documents
+
+  def _source(self, data_cfg: ml_collections.ConfigDict, seed: int) -> tuple[grain.MapDataset, _Fetch, int]:
+    """(the repeated, tokenized documents, their batched fetch, one epoch's length) of one source."""
+    source = sources.document_source(data_cfg, self.process_index, self.process_count)
+    _check_tokenizer(source, data_cfg, self.tokenizer)
+    ds = _shard(source, data_cfg, seed, self.process_index, self.process_count)
+    epoch_length = len(ds)
+    ds = ds.repeat(None)
+    pretokenized = source.tokenizer is not None
+    fetch = _Fetch(ds, None if pretokenized else self.tokenizer)
+    return (ds if pretokenized else ds.map(_Tokenize(self.tokenizer))), fetch, epoch_length
+
+  def mixed_fetch(self) -> mixture.MixedFetch:
+    """The documents of `data.mixture`'s sources, mixed by weight (data/mixture.py)."""
+    if self._fetch is None:
+      fetches = []
+      for k, (cfg, name) in enumerate(zip(mixture.source_configs(self.data_cfg), mixture.names(self.data_cfg))):
+        try:
+          fetches.append(self._source(cfg, self.seed if k == 0 else _combine_seeds(self.seed, k))[1])
+        except UserError as e:
+          raise UserError(f"data.mixture[{k}] ({name}): {e}") from None
+      selection = mixture.Selection([src["weight"] for src in self.data_cfg.mixture],
+                                    _combine_seeds(self.data_cfg.shuffle_seed, self.seed, _MIXTURE_SALT))
+      self._fetch = mixture.MixedFetch(fetches, selection)
+    return self._fetch
 
   def epoch_length(self) -> int:
     """Documents in one epoch of this process's share."""
@@ -217,7 +241,12 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.T
     raise UserError(f"per-process batch size must be >= 1, got {batch_size}")
   layout = Layout(data_cfg, tokenizer, bins=packing_bins(batch_size), seed=seed, process_index=process_index,
                   process_count=process_count)
-  it_ds = elastic.ElasticRows(layout).batch(batch_size, drop_remainder=True)
+  if data_cfg.mixture:  # No elastic re-shard (run/elastic.py refuses it): the rows, counted per source.
+    fetch = layout.mixed_fetch()
+    rows = mixture.CountedRows(layout.pack(fetch, None), fetch, mixture.names(data_cfg), data_cfg.seq_len)
+  else:
+    rows = elastic.ElasticRows(layout)
+  it_ds = rows.batch(batch_size, drop_remainder=True)
   if data_cfg.worker_count > 0:
     it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(
         num_workers=data_cfg.worker_count, per_worker_buffer_size=data_cfg.worker_buffer_size),

@@ -13,6 +13,7 @@ from typing import Any
 import ml_collections
 from etils import epath
 
+from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import elastic as data_elastic
 from crossbert_jax.data import pipeline
 
@@ -46,10 +47,13 @@ def reshard(workdir: str | epath.Path, step: int, old: int | None, saved: dict[s
             now: ml_collections.ConfigDict, process_count: int) -> tuple[str, dict[str, Any] | None] | None:
   """None if `step`'s iterator was saved by `process_count` processes (`old`: the count that saved
   it, None if unknown); else (warning line, the re-shard state for every process, or None where the
-  data stream has to start over)."""
+  data stream has to start over). UserError for a data.mixture stream (no exact re-shard)."""
   if old is None or old == process_count:
     return None
   where = f"checkpoint step {step} was written by {old} process(es) and this run has {process_count}"
+  if now.data.mixture:  # Its sources' shares move at different rates: no epoch to drain exactly.
+    raise UserError(f"{where}, but a data.mixture stream cannot be re-sharded onto another process count: "
+                    f"resume on {old} process(es)")
   workers = (saved["data"]["worker_count"], now.data.worker_count)
   if any(workers):
     return (f"warning: {where}, with data.worker_count {workers[0]} -> {workers[1]}: a multiprocess iterator "

@@ -4,7 +4,8 @@ The loop dispatches step N, then hands its device metrics to `StepRecorder.dispa
 first fetches step N-1's (the device is already busy with step N, so the host never blocks it).
 A fetched row gets the step's wall time, throughput, analytic FLOPs and MFU, `tokens_seen`, and
 the time the host spent blocked on the step's input (`data_wait_s`, and `data_wait_fraction` of
-the step's time); a non-finite loss raises `TrainingDiverged`. When the input takes more than
+the step's time), and with data.mixture `tokens_seen/<source>` (data/mixture.py says what it counts,
+summed over processes); a non-finite loss raises `TrainingDiverged`. When the input takes more than
 `DATA_WAIT_WARN` of the step time over a window of `DATA_WAIT_WINDOW` steps (the first step after
 a start excluded: it includes compilation), one warning line names the fixes.
 """
@@ -14,6 +15,7 @@ import time
 from typing import Any, Callable
 
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
@@ -65,6 +67,7 @@ class _Pending:
   device_metrics: dict
   dispatched_at: float
   data_wait_s: float
+  source_tokens: dict[str, int] | None = None  # A mixture's per-source tokens as of this step's batch.
 
 
 class StepRecorder:
@@ -92,10 +95,11 @@ class StepRecorder:
     self._warned = False
     self._fetched = 0
 
-  def dispatched(self, step_num: int, device_metrics: dict, dispatched_at: float, data_wait_s: float) -> None:
+  def dispatched(self, step_num: int, device_metrics: dict, dispatched_at: float, data_wait_s: float,
+                 source_tokens: dict[str, int] | None = None) -> None:
     """Records step `step_num`, just dispatched; logs the previous one."""
     self.flush()
-    self._pending = _Pending(step_num, device_metrics, dispatched_at, data_wait_s)
+    self._pending = _Pending(step_num, device_metrics, dispatched_at, data_wait_s, source_tokens)
 
   def flush(self, probes: Callable[[], dict[str, float]] | None = None) -> None:
     """Fetches and logs the pending step (blocking until it is done); `probes()` adds frozen probe scores."""
@@ -110,6 +114,8 @@ class StepRecorder:
       raise TrainingDiverged(f"loss is {scalars['loss']} at step {p.step}; stopping. In {self._where}, "
                              f"{self._progress.kept()}; lower train.learning_rate or raise train.warmup_steps")
     if p.step % self._c.metrics.log_every == 0 or p.step == self._last_step or probes is not None:
+      if p.source_tokens is not None:  # Every process logs at the same steps: the collective matches up.
+        scalars.update(_summed_over_processes(p.source_tokens))
       self._logger.log(p.step, scalars)
     out = self._outcome
     out.step, out.scalars = p.step, scalars
@@ -146,3 +152,13 @@ class StepRecorder:
       self._warn(f"warning: the input took {100 * waited / took:.0f}% of the step time over steps "
                  f"{p.step - DATA_WAIT_WINDOW + 1}-{p.step} (data_wait_fraction in metrics.jsonl): use "
                  "pre-tokenized shards (`prepare --tokenizer=...`) or raise --config.data.worker_count")
+
+
+def _summed_over_processes(source_tokens: dict[str, int]) -> dict[str, float]:
+  """{"tokens_seen/<source>": tokens of all processes} (each counts its own documents)."""
+  n_K = np.asarray(list(source_tokens.values()), np.int64)
+  if jax.process_count() > 1:  # As two int32 halves: JAX moves no int64 by default.
+    halves = np.stack([n_K >> 31, n_K & (2**31 - 1)]).astype(np.int32)
+    summed = np.asarray(multihost_utils.process_allgather(halves)).astype(np.int64).sum(0)
+    n_K = (summed[0] << 31) + summed[1]
+  return {f"tokens_seen/{name}": float(n) for name, n in zip(source_tokens, n_K)}

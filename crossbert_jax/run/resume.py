@@ -3,7 +3,7 @@
 Refused (one line naming every differing key): anything that changes the params' shapes or
 meaning or what the data iterator's saved position points at -- `objective`, `model.*`
 (except `remat`, `dtype`, `init_std`, the attention kernel keys and `loss_chunk`), `reconstructor.*`, `masking.*`, `mlm.*`, `train.seed`,
-and `data.path` / `format` / `text_field` / `text_unit` / `seq_len` / `shuffle_seed` -- and a
+and `data.path` / `mixture` / `format` / `text_field` / `text_unit` / `seq_len` / `shuffle_seed` -- and a
 tokenizer file whose content differs from the one the run was trained with (its sha256 and
 vocabulary size are stored in every checkpoint).
 Allowed with a one-line warning: every other key (runtime keys such as `model.remat`,
@@ -28,8 +28,8 @@ _REFUSED_SECTIONS = ("model", "reconstructor", "masking", "mlm")
 # Numerics-preserving runtime choices: the attention kernel and its blocks, the loss chunking.
 _ALLOWED_IN_REFUSED = {"model.remat", "model.dtype", "model.init_std", "model.attention", "model.attention_block_q",
                        "model.attention_block_kv", "model.attention_chunked_min_len", "model.loss_chunk"}
-_REFUSED_KEYS = {"objective", "train.seed", "data.path", "data.format", "data.text_field", "data.text_unit",
-                 "data.seq_len", "data.shuffle_seed"}
+_REFUSED_KEYS = {"objective", "train.seed", "data.path", "data.mixture", "data.format", "data.text_field",
+                 "data.text_unit", "data.seq_len", "data.shuffle_seed"}
 # A fork's source matters only until the fork has a checkpoint of its own.
 _SILENT = {"train.stop_at_step", "train.fork_from", "metrics.progress_bar", "data.tokenizer"}  # The tokenizer: by content below.
 _SCHEDULE = ("steps", "learning_rate", "warmup_steps", "decay", "decay_fraction", "decay_shape", "final_lr_ratio")

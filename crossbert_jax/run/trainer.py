@@ -23,7 +23,7 @@ from etils import epath
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.data import pipeline, tokenizer as tokenizer_lib
+from crossbert_jax.data import mixture, pipeline, tokenizer as tokenizer_lib
 from crossbert_jax.run import (checkpoint, elastic, environment, fork, lock, metrics, preemption, recorder,
                                resume, warm_start)
 from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # noqa: F401 - re-exported.
@@ -199,7 +199,8 @@ class Trainer:
     dispatched_at = time.perf_counter()
     state, device_metrics = self.program.step(state, batch)
     stopping = self.sync.agreed(self.stop.signal_name is not None)
-    self.recorder.dispatched(step_num, device_metrics, dispatched_at, self._data_wait)
+    self.recorder.dispatched(step_num, device_metrics, dispatched_at, self._data_wait,
+                             mixture.source_tokens(self.data) if self.c.data.mixture else None)
     self._data_wait = 0.0
     if self.c.eval.every_steps and step_num % self.c.eval.every_steps == 0:
       self.recorder.flush(probes=lambda: self._probe_scores(state))  # In this step's metrics row.

@@ -1,0 +1,72 @@
+"""The `data.mixture` schema: a source's keys, its short name, and the validation of the whole list.
+
+A mixture is a tuple of dicts, one per source: {"path": P, "weight": w} plus, where a source differs
+from the data.* defaults, "format" / "text_field" / "text_unit", and an optional "name" (the
+`tokens_seen/<name>` metrics key; default: the path's last component without its extension).
+config.py declares the key; data/mixture.py samples from it.
+"""
+
+import math
+import re
+
+import ml_collections
+
+from crossbert_jax.core.errors import UserError
+
+
+def _err(key: str, msg: str) -> UserError:
+  return UserError(f"config {key}: {msg}")
+
+
+KEYS = ("path", "weight", "name", "format", "text_field", "text_unit")
+
+
+def source_names(mixture) -> list[str]:
+  """Each source's short name: its "name", else its path's last component without extension."""
+  out = []
+  for k, src in enumerate(mixture):
+    name = src.get("name")
+    if name is None:
+      path = str(src.get("path", ""))
+      path = re.split(r"[*?\[,]", path)[0].rstrip("/")  # "gs://b/corpus/*.arrayrecord" -> "corpus".
+      name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.rsplit("/", 1)[-1].split(".")[0]) or f"source{k}"
+    out.append(name)
+  return out
+
+
+def validate(d: ml_collections.ConfigDict) -> None:
+  """data.mixture: sources with a path, a positive finite weight and only known keys; distinct names."""
+  if not isinstance(d.mixture, (tuple, list)):
+    raise _err("data.mixture", f"must be a tuple of dicts {{'path': P, 'weight': w}}, got {d.mixture!r}")
+  if not d.mixture:
+    return
+  if d.path not in ("builtin", ""):
+    raise _err("data.path", f"{d.path!r} and data.mixture are both set: make it a source of data.mixture, or "
+               "clear it (--config.data.path='')")
+  for k, src in enumerate(d.mixture):
+    key = f"data.mixture[{k}]"
+    if not isinstance(src, dict):
+      raise _err(key, f"must be a dict {{'path': P, 'weight': w}}, got {src!r}")
+    unknown = sorted(set(src) - set(KEYS))
+    if unknown:
+      raise _err(key, f"unknown key {unknown[0]!r}: use {', '.join(KEYS)}")
+    if not isinstance(src.get("path"), str) or not src["path"].strip():
+      raise _err(f"{key}.path", f"must be a non-empty path (file, directory, glob, comma list), got "
+                 f"{src.get('path')!r}")
+    w = src.get("weight")
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+      raise _err(f"{key}.weight", f"must be a finite number > 0, got {w!r}")
+    if src.get("format", "auto") not in ("auto", "text", "jsonl", "parquet", "arrayrecord"):
+      raise _err(f"{key}.format", f"{src['format']!r}: use auto, text, jsonl, parquet or arrayrecord")
+    if src.get("text_unit", "line") not in ("line", "paragraph", "file"):
+      raise _err(f"{key}.text_unit", f"{src['text_unit']!r}: use line, paragraph or file")
+    if not isinstance(src.get("text_field", "text"), str):
+      raise _err(f"{key}.text_field", f"must be a field name, got {src['text_field']!r}")
+    name = src.get("name", "x")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+      raise _err(f"{key}.name", f"must be letters, digits, '_', '.' or '-', got {name!r}")
+  names = source_names(d.mixture)
+  for k, name in enumerate(names):
+    if name in names[:k]:
+      raise _err(f"data.mixture[{k}]", f"name {name!r} repeats data.mixture[{names.index(name)}]'s: give each "
+                 "source a distinct 'name'")
