@@ -39,7 +39,7 @@ def base_recipe():
 
 
 def tiny_recipe():
-  """base_recipe on CPU: 160 steps at L=64 (batch ramp 4, 8, 12 over the first 24 steps, then 16),
+  """base_recipe on CPU: 160 steps at L=64 (a batch ramp: 8 sequences for the first 20 steps, then 16),
   then 40 steps at L=128 with a larger RoPE theta and the WSD decay; about a minute here."""
   c = config_lib.get_config("crossbert", "tiny")
   c.train.steps = 200
@@ -48,9 +48,9 @@ def tiny_recipe():
   c.train.decay_fraction = 0.1  # The last 20 steps.
   c.checkpoint.every_steps = 50
   c.metrics.log_every = 10
-  c.train.batch_ramp.start = 4
-  c.train.batch_ramp.steps = 24
-  c.train.batch_ramp.stages = 3
+  c.train.batch_ramp.start = 8
+  c.train.batch_ramp.steps = 20
+  c.train.batch_ramp.stages = 1  # One stair: each distinct batch x length compiles its own step.
   c.train.phases = (
       {"steps": 160, "data.seq_len": 64, "model.rope_theta": 10_000.0},
       {"data.seq_len": 128, "train.batch_size": 8, "model.rope_theta": 160_000.0, "data.shuffle_seed": 1},

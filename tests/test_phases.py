@@ -177,11 +177,14 @@ def _params(workdir, step):
   return {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_leaves_with_path(state["params"])}
 
 
-def test_resume_at_each_phase_boundary_is_bitwise_and_rows_carry_the_phase(tmp_path, spm_model):
+# CI: a stop at the stream boundary (step 4). Slow: also at the ramp's stair boundary (step 2: the
+# stream continues at twice the reads) and inside the last phase (step 5).
+@pytest.mark.parametrize("stops", [(4,), pytest.param((2, 4, 5), marks=pytest.mark.slow)])
+def test_resume_at_phase_boundaries_is_bitwise_and_rows_carry_the_phase(tmp_path, spm_model, stops):
   cache = tmp_path / "cache"
   _train(tmp_path / "straight", cache, spm_model)
   split = tmp_path / "split"
-  for stop in (2, 4, 5):  # The ramp's stair boundary (same stream), the stream boundary, inside the last phase.
+  for stop in stops:
     _train(split, cache, spm_model, f"--config.train.stop_at_step={stop}")
   _train(split, cache, spm_model)
   a, b = _rows(tmp_path / "straight"), _rows(split)
