@@ -40,7 +40,6 @@ class Phase:
   start: int  # Steps trained before its first step.
   end: int  # Its last step.
   config: ml_collections.ConfigDict  # The run's config with the phase's keys applied (no phases of its own).
-  sets: dict[str, Any]  # The keys the phase sets (a ramp stair: train.batch_size), as given.
   stream: int  # Its data stream's index: consecutive phases reading the same data share one.
   read_batch: int  # Global rows per read of that stream (the gcd of its phases' batch sizes).
 
@@ -66,9 +65,10 @@ def has_phases(c: ml_collections.ConfigDict) -> bool:
   return bool(c.train.phases) or c.train.batch_ramp.start > 0
 
 
-def _get(c: ml_collections.ConfigDict, dotted: str) -> Any:
-  section, key = dotted.split(".")
-  return c[section][key]
+def _values(c: ml_collections.ConfigDict, keys: tuple[str, ...]) -> dict[str, Any]:
+  """{dotted key: value} of those of `keys` this config declares (data.mixture may not exist yet)."""
+  pairs = [k.split(".") for k in keys]
+  return {f"{section}.{key}": c[section][key] for section, key in pairs if key in c[section]}
 
 
 def _declared_phases(c: ml_collections.ConfigDict) -> list[tuple[int, dict[str, Any]]]:
@@ -147,19 +147,18 @@ def _phase_config(c: ml_collections.ConfigDict, sets: dict[str, Any]) -> ml_coll
 def expand(c: ml_collections.ConfigDict) -> list[Phase]:
   """The run's phases in order (one, with config `c`, when it declares none); UserError for bad ones."""
   if not has_phases(c):
-    return [Phase(0, 0, c.train.steps, c, {}, 0, c.train.batch_size)]
+    return [Phase(0, 0, c.train.steps, c, 0, c.train.batch_size)]
   declared = _declared_phases(c)
   if c.train.batch_ramp.start > 0:
     declared = _ramp(c, *declared[0]) + declared[1:]
   configs = [_phase_config(c, sets) for _, sets in declared]
-  # Streams: consecutive phases with the same data keys share one.
-  streams, key_of = [], lambda p: [_get(p, k) if k.split(".")[1] in p[k.split(".")[0]] else None for k in STREAM_KEYS]
-  for i, p in enumerate(configs):
-    streams.append(streams[-1] if i and key_of(p) == key_of(configs[i - 1]) else (streams[-1] + 1 if i else 0))
+  streams = [0]  # Consecutive phases with the same data keys share one stream.
+  for before, p in zip(configs, configs[1:]):
+    streams.append(streams[-1] + (_values(p, STREAM_KEYS) != _values(before, STREAM_KEYS)))
   read = {s: math.gcd(*(p.train.batch_size for p, ps in zip(configs, streams) if ps == s)) for s in set(streams)}
   out, start = [], 0
-  for i, ((steps, sets), p) in enumerate(zip(declared, configs)):
-    out.append(Phase(i, start, start + steps, p, sets, streams[i], read[streams[i]]))
+  for i, ((steps, _), p) in enumerate(zip(declared, configs)):
+    out.append(Phase(i, start, start + steps, p, streams[i], read[streams[i]]))
     start += steps
   return out
 
@@ -172,6 +171,12 @@ def phase_at(phases: list[Phase], step: int) -> Phase:
   return phases[-1]
 
 
+def changes(before: Phase, after: Phase) -> dict[str, Any]:
+  """The OVERRIDABLE keys whose values differ from phase `before` to phase `after` (`after`'s values)."""
+  a, b = _values(before.config, OVERRIDABLE), _values(after.config, OVERRIDABLE)
+  return {k: v for k, v in b.items() if a[k] != v}
+
+
 def tokens_between(phases: list[Phase], a: int, b: int) -> int:
   """Tokens trained in steps a + 1 .. b (each step at its phase's batch x length)."""
   return sum(max(0, min(b, p.end) - max(a, p.start)) * p.tokens_per_step for p in phases)
@@ -179,6 +184,4 @@ def tokens_between(phases: list[Phase], a: int, b: int) -> int:
 
 def trained(phases: list[Phase], step: int) -> list[tuple[int, int, dict[str, Any]]]:
   """(first step, last step, TRAINED_KEYS values) of the phases' parts in steps 1 .. `step`."""
-  return [(p.start + 1, min(p.end, step), {k: _get(p.config, k) for k in TRAINED_KEYS
-                                           if k.split(".")[1] in p.config[k.split(".")[0]]})
-          for p in phases if p.start < step]
+  return [(p.start + 1, min(p.end, step), _values(p.config, TRAINED_KEYS)) for p in phases if p.start < step]

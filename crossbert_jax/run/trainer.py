@@ -142,7 +142,8 @@ class Trainer:
     if phase.index != self.phase.index:
       self.program = program_lib.TrainProgram(phase.config, self.mesh, replacement_vocab=self._replacement_vocab)
       if self.logger is not None:  # Not while restoring: the log starts with `_begin`.
-        self.logger.log_text(f"{phase.describe()}: {', '.join(f'{k}={v!r}' for k, v in phase.sets.items())}")
+        changed = phases_lib.changes(self.phase, phase)
+        self.logger.log_text(f"{phase.describe()}: {', '.join(f'{k}={v!r}' for k, v in changed.items())}")
     self.phase = phase
     self.data.enter(phase)
 
