@@ -224,3 +224,22 @@ def test_kill_9_near_a_phase_boundary_resumes_bitwise(tmp_path):
                          "'train.batch_size': 8})"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert "fault_inject: passed: 3 kills" in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_elastic_resume_inside_a_phase(tmp_path, two_processes):
+  """2 processes train into the 128-token phase; 1 process finishes it (the stream re-sharded in its phase)."""
+  from crossbert_jax.run import elastic
+  phases = ("--config.train.steps=6", "--config.model.vocab_size=400",
+            "--config.train.phases=({'steps': 2}, {'data.seq_len': 128, 'train.batch_size': 8})")
+  proc = two_processes(*phases, "--config.train.stop_at_step=4")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert elastic.saved_process_count(tmp_path / "run") == (4, 2)
+  proc = run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
+                     f"--config.data.tokenizer={tmp_path / 'spm.model'}", "--config.metrics.progress_bar=False",
+                     *phases], check=False)
+  assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert "written by 2 process(es) and this run has 1: the data stream first finishes" in proc.stderr
+  rows = _rows(tmp_path / "run")
+  assert sorted(rows) == list(range(1, 7)) and [rows[s]["phase"] for s in range(1, 7)] == [0, 0, 1, 1, 1, 1]
+  assert all(np.isfinite(rows[s]["loss"]) for s in rows)

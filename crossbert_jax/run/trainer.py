@@ -101,6 +101,7 @@ class Trainer:
     self.program = program_lib.TrainProgram(self.phase.config, mesh, replacement_vocab=self._replacement_vocab)
     self.data = feed_lib.PhaseFeed(tok, seed=c.train.seed, process_index=jax.process_index(),
                                    process_count=jax.process_count())
+    self.data.enter(self.phase)  # A restore into a later phase's stream replaces it (`_data_for`).
     progress.doing = f"reading the checkpoints in {workdir}"
     self.ckpt = checkpoint.Checkpointer(workdir, c.checkpoint)
     self.outcome = Outcome()
