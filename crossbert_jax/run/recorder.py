@@ -102,6 +102,12 @@ class StepRecorder:
     self.flush()
     self._pending = _Pending(step_num, device_metrics, dispatched_at, data_wait_s)
 
+  def new_phase(self) -> None:
+    """Before a phase's program is built: logs the pending step now, so its time holds no compile of the
+    next phase's, whose first step is then timed from its dispatch (as a start's)."""
+    self.flush()
+    self._last_time = None
+
   def flush(self, probes: Callable[[], dict[str, float]] | None = None) -> None:
     """Fetches and logs the pending step (blocking until it is done); `probes()` adds frozen probe scores."""
     p, self._pending = self._pending, None

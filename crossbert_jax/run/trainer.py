@@ -141,10 +141,11 @@ class Trainer:
   def _enter(self, phase: phases_lib.Phase) -> None:
     """Makes `phase` current: its TrainProgram (same state shardings, its own jit) and its data stream."""
     if phase.index != self.phase.index:
-      self.program = program_lib.TrainProgram(phase.config, self.mesh, replacement_vocab=self._replacement_vocab)
       if self.logger is not None:  # Not while restoring: the log starts with `_begin`.
+        self.recorder.new_phase()
         changed = phases_lib.changes(self.phase, phase)
         self.logger.log_text(f"{phase.describe()}: {', '.join(f'{k}={v!r}' for k, v in changed.items())}")
+      self.program = program_lib.TrainProgram(phase.config, self.mesh, replacement_vocab=self._replacement_vocab)
     self.phase = phase
     self.data.enter(phase)
 
