@@ -12,6 +12,10 @@ the same data (`STREAM_KEYS` equal) share one data stream: it is read in batches
 their batch sizes (`Phase.read_batch`), a phase's batch is `batch_size / read_batch` reads, so a
 ramp continues the stream where the previous stair left it. A phase with other data keys starts
 its own stream, from the start of its source (in the order of its `data.shuffle_seed`).
+
+Users: config.validate (every phase's config is validated), the trainer (a TrainProgram and a
+data stream per phase), the recorder (tokens, FLOPs, ETA per phase), resume (the trained
+phases may not change), aot (a compile per phase shape) and optimizer.run_schedule (the lr).
 """
 
 import dataclasses
