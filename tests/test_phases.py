@@ -10,6 +10,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -80,6 +81,10 @@ def test_batch_ramp_stairs_pin_the_tokens_per_step_of_each_phase():
   assert [(p.stream, p.read_batch, p.reads_per_step) for p in ps] == [(0, 8, 1), (0, 8, 2), (0, 8, 3), (0, 8, 4),
                                                                      (1, 8, 1)]
   assert phases_lib.tokens_between(ps, 0, 300) == 10 * 64 * (8 + 16 + 24) + 170 * 32 * 64 + 100 * 8 * 128
+  # The stairs change no schedule key: the lr is the schedule asked for, step by step.
+  steps = jnp.arange(300)  # int32, as the optimizer state's count.
+  np.testing.assert_array_equal(np.asarray(optimizer.run_schedule(c)(steps)),
+                                np.asarray(optimizer.learning_rate_schedule(c.train)(steps)))
   # By tokens: each stair takes a third of them at its own batch (rounded up to whole steps).
   c.train.batch_ramp.steps, c.train.batch_ramp.tokens = 0, 3 * 8 * 64 * 10
   assert [p.end - p.start for p in phases_lib.expand(c)][:3] == [10, 5, 4]
