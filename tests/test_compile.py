@@ -152,3 +152,25 @@ def test_pod_variants_compute_in_bf16_with_scan_and_full_remat_and_keep_fp32_sta
   assert dtypes == {"float32"}  # Params and AdamW moments stay fp32; only the compute is bf16.
   small = config_lib.get_config(objective, "small").model
   assert (small.dtype, small.scan_layers, small.remat) == ("float32", False, "none")
+
+
+def test_every_phase_is_compiled_and_reported_one_row_each(tmp_path):
+  out = tmp_path / "compile.json"
+  # The recipe without its ramp stair (one compile less): 160 steps of 16 x 64, 40 of 8 x 128.
+  r = _cli("--config=configs/crossbert.py:tiny_recipe", "--config.train.batch_ramp.start=0", f"--out={out}",
+           "--print_params=False")
+  assert r.returncode == 0, r.stderr[-3000:]
+  report = json.loads(out.read_text())
+  rows = report["phases"]
+  assert [(x["phase"], x["first_step"], x["last_step"], x["batch_size"], x["seq_len"]) for x in rows] == [
+      (0, 1, 160, 16, 64), (1, 161, 200, 8, 128)]
+  assert all(x["total_bytes"] > 0 and x["temp_bytes"] > 0 and x["error"] is None for x in rows)
+  # The 128-token phase needs the most temporaries; the details printed above the table are its.
+  assert rows[1]["temp_bytes"] > rows[0]["temp_bytes"] and report["seq_len"] == 128
+  table = r.stdout[r.stdout.index("phases ("):].splitlines()
+  assert [line.split()[:4] for line in table[3:5]] == [["0", "1-160", "16", "x"], ["1", "161-200", "8", "x"]]
+  # A phase that does not fit is refused naming it (as on a chip with less memory than the step needs).
+  report["phases"][1].update(fits=False)
+  report["memory"]["hbm_bytes"] = rows[1]["total_bytes"] // 2
+  with pytest.raises(UserError, match=r"phase 1 \(steps 161-200, batch 8 x L=128\): the train step needs"):
+    aot.check_fits(report, config_lib.get_config("crossbert", "tiny"))

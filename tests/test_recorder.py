@@ -74,3 +74,43 @@ def test_the_last_step_is_logged_also_when_the_run_stops_early(tmp_path):
   rec.flush()
   logger.close()
   assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [5, 7]
+
+
+class _EtaLogger(metrics.MetricsLogger):
+  """The real logger (its progress bar on), also keeping the ETA each row was shown with."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.etas = {}
+
+  def log(self, step, scalars, eta_s=None):
+    self.etas[step] = eta_s
+    super().log(step, scalars, eta_s=eta_s)
+
+
+def test_with_phases_rows_carry_the_phase_and_the_eta_prices_the_remaining_steps_by_flops(tmp_path):
+  from crossbert_jax.core import phases as phases_lib
+  c = config_lib.get_config("crossbert", "tiny")
+  c.metrics.log_every, c.train.steps = 1, 10
+  c.train.phases = ({"steps": 5}, {"data.seq_len": 128})
+  phases = phases_lib.expand(c)
+  logger = _EtaLogger(str(tmp_path), total_steps=10, start_step=0, enabled=True, tensorboard=False,
+                      progress_bar=True, eta_by_work=True)
+  tokens_at = lambda s: phases_lib.tokens_between(phases, 0, s)
+  rec = recorder.StepRecorder(c, 1, logger, tokens_at, recorder.Progress(doing=""), recorder.Outcome(),
+                              str(tmp_path), [].append, phases=phases)
+  _run_steps(rec, 10, wait_s=0.0, step_s=0.01)
+  logger.close()
+  rows = {r["step"]: r for r in metrics.read_metrics(str(tmp_path))}
+  assert [rows[s]["phase"] for s in range(1, 11)] == [0] * 5 + [1] * 5
+  assert [rows[s]["tokens_seen"] for s in (5, 10)] == [5 * 16 * 64, 5 * 16 * 64 + 5 * 16 * 128]
+  f0, f1 = rows[1]["flops_per_step"], rows[10]["flops_per_step"]
+  assert f1 > 2 * f0  # Twice the tokens per step, and longer attention.
+  rate = None  # Seconds per FLOP, smoothed; a start's and a phase's first step (compiles) excluded.
+  for s in range(2, 11):
+    if s != 6:
+      r = rows[s]["step_time"] / rows[s]["flops_per_step"]
+      rate = r if rate is None else 0.9 * rate + 0.1 * r
+    left = max(0, 5 - s) * f0 + min(5, 10 - s) * f1
+    assert logger.etas[s] == pytest.approx(left * rate, rel=1e-9), s
+  assert logger.etas[1] is None and logger.etas[10] == 0

@@ -7,6 +7,12 @@ random moment (after 1-5 newly logged steps plus 0-`max_delay` seconds; often in
 checkpoint write: one every 2 steps), and restarted, `--kills` times; then it runs to the end. Passes (exit 0) when the final
 params equal the reference's bitwise and every step's last metrics row matches the reference's
 on the deterministic keys. Runs on CPU (JAX_PLATFORMS=cpu, one device).
+
+  python tools/fault_inject.py --steps=12 --kill_after=5,6,7 \
+      --override="--config.train.phases=({'steps': 6}, {'data.seq_len': 128})"
+
+kills right after the given steps are logged (here around a phase boundary); `--override`
+(repeatable) passes config flags to both runs.
 """
 
 import argparse
@@ -27,11 +33,11 @@ sys.path.insert(0, str(ROOT))
 DETERMINISTIC = ("loss", "accuracy", "grad_norm", "learning_rate", "num_targets", "tokens_seen")
 
 
-def _cmd(workdir: pathlib.Path, tokenizer: pathlib.Path, steps: int) -> list[str]:
+def _cmd(workdir: pathlib.Path, tokenizer: pathlib.Path, steps: int, overrides: list[str]) -> list[str]:
   return [sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
           f"--config.data.tokenizer={tokenizer}", f"--config.train.steps={steps}", "--config.train.warmup_steps=5",
           "--config.checkpoint.every_steps=2", "--config.checkpoint.keep=3", "--config.metrics.log_every=1",
-          "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False"]
+          "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False", *overrides]
 
 
 def _env() -> dict[str, str]:
@@ -41,6 +47,16 @@ def _env() -> dict[str, str]:
 def _rows(workdir: pathlib.Path) -> int:
   path = workdir / "metrics.jsonl"
   return len(path.read_bytes().splitlines()) if path.exists() else 0
+
+
+def _last_step(workdir: pathlib.Path) -> int:
+  """The step of the newest metrics row (the running process's latest step); 0 before any."""
+  path = workdir / "metrics.jsonl"
+  lines = path.read_bytes().splitlines() if path.exists() else []
+  try:
+    return json.loads(lines[-1])["step"] if lines else 0
+  except ValueError:  # A row being written.
+    return 0
 
 
 def _last_rows(workdir: pathlib.Path) -> dict[int, dict]:
@@ -68,7 +84,13 @@ def main() -> int:
   parser.add_argument("--workdir", default="runs/fault_inject")
   parser.add_argument("--max_delay", type=float, default=0.3, help="Extra random delay before a kill, seconds.")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--kill_after", default="", help="Comma-separated steps: kill once each is logged "
+                      "(instead of --kills random kills).")
+  parser.add_argument("--override", action="append", default=[], help="A config flag for both runs (repeatable).")
   args = parser.parse_args()
+  kill_after = [int(s) for s in args.kill_after.split(",") if s]
+  if kill_after:
+    args.kills = len(kill_after)
   rng = random.Random(args.seed)
   steps = args.steps or 6 * args.kills + 10
   root = pathlib.Path(args.workdir).resolve()
@@ -79,7 +101,7 @@ def main() -> int:
   tokenizer.train_tokenizer(corpus.builtin_documents()[:3000], 512, spm)
 
   t0 = time.time()
-  ref = subprocess.run(_cmd(root / "reference", spm, steps), cwd=ROOT, env=_env(), capture_output=True, text=True)
+  ref = subprocess.run(_cmd(root / "reference", spm, steps, args.override), cwd=ROOT, env=_env(), capture_output=True, text=True)
   if ref.returncode != 0:
     print(f"fault_inject: the reference run failed ({ref.returncode}):\n{ref.stderr[-3000:]}")
     return 1
@@ -87,9 +109,10 @@ def main() -> int:
   kills, during_save, kill_steps = 0, 0, []
   while kills < args.kills:
     target = _rows(faulted) + rng.randint(1, 5)
-    proc = subprocess.Popen(_cmd(faulted, spm, steps), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+    done = (lambda: _last_step(faulted) >= kill_after[kills]) if kill_after else (lambda: _rows(faulted) >= target)
+    proc = subprocess.Popen(_cmd(faulted, spm, steps, args.override), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    while proc.poll() is None and _rows(faulted) < target:
+    while proc.poll() is None and not done():
       time.sleep(0.05)
     if proc.poll() is None:
       time.sleep(rng.uniform(0.0, args.max_delay))
@@ -108,7 +131,7 @@ def main() -> int:
     kill_steps.append(max(_last_rows(faulted), default=0))
     print(f"kill {kills}/{args.kills}: after step {kill_steps[-1]}{' (during a checkpoint write)' if saving else ''}",
           flush=True)
-  final = subprocess.run(_cmd(faulted, spm, steps), cwd=ROOT, env=_env(), capture_output=True, text=True)
+  final = subprocess.run(_cmd(faulted, spm, steps, args.override), cwd=ROOT, env=_env(), capture_output=True, text=True)
   if final.returncode != 0:
     print(f"fault_inject: the last resume failed ({final.returncode}):\n{final.stderr[-3000:]}")
     return 1

@@ -7,6 +7,7 @@ keys as attributes and never supplies a default of its own (no `config.get(key, 
 import ml_collections
 
 from crossbert_jax.core import mixture
+from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 
 OBJECTIVES = ("crossbert", "mlm")
@@ -129,6 +130,19 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.train.b2 = 0.98
   c.train.eps = 1e-6
   c.train.clip_norm = 1.0  # Global-norm gradient clipping (0: off).
+  # Training phases (core/phases.py): an ordered tuple of dicts {"steps": N, "data.seq_len": L, ...}, each
+  # setting keys of phases.OVERRIDABLE (seq_len, batch_size, rope thetas, data path / mixture / shuffle seed,
+  # the lr peak and schedule keys) for its N steps. Checked, not derived: the steps must sum to train.steps
+  # (the last phase may omit "steps": it runs to train.steps). (): one phase with the keys above.
+  c.train.phases = ()
+  # Batch-size ramp (ModernBERT's batch warmup): the first phase's first steps as `stages` stairs whose
+  # batch grows in multiples of `start` up to the phase's batch size, over `steps` steps or `tokens`
+  # tokens (exactly one of the two); each stair is a phase of its own. start=0: off.
+  c.train.batch_ramp = ml_collections.ConfigDict()
+  c.train.batch_ramp.start = 0  # Batch size of the first stair (divides the phase's batch size).
+  c.train.batch_ramp.steps = 0  # Steps the whole ramp takes, split evenly over the stairs.
+  c.train.batch_ramp.tokens = 0  # Or: tokens the ramp takes, split evenly over the stairs.
+  c.train.batch_ramp.stages = 4  # Number of stairs below the full batch size.
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = ckpt_every
@@ -285,6 +299,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise _err("metrics.log_every", f"must be >= 1, got {c.metrics.log_every}")
   if c.metrics.cpu_peak_tflops <= 0:
     raise _err("metrics.cpu_peak_tflops", f"must be positive, got {c.metrics.cpu_peak_tflops}")
+  if phases_lib.has_phases(c):
+    for phase in phases_lib.expand(c):
+      try:
+        validate(phase.config)
+      except UserError as e:
+        raise UserError(f"{e} (in {phase.describe()})") from None
 
 
 def from_flag(value) -> ml_collections.ConfigDict:
@@ -330,6 +350,7 @@ def from_dict(saved: dict) -> ml_collections.ConfigDict:
   _merge(c, saved)
   c.mesh.rules = tuple(tuple(r) for r in c.mesh.rules)
   c.checkpoint.keep_steps = tuple(c.checkpoint.keep_steps)
+  c.train.phases = tuple(dict(p) for p in c.train.phases)
   c.lock()
   return c
 

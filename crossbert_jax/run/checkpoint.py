@@ -128,11 +128,13 @@ class Checkpointer:
     return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
   def restore_latest(self, accept: Callable[[int, dict, dict | None], bool], abstract_state: Any, shardings: Any,
-                     data_iter: Any, warn: Callable[[str], None], primary: bool) -> tuple[int, Any, dict | None] | None:
+                     data_for: Callable[[int], Any], warn: Callable[[str], None],
+                     primary: bool) -> tuple[int, Any, dict | None] | None:
     """(step, state, meta) of the newest complete checkpoint, or None if there is none.
 
     `accept(step, config, meta)` vets a step before its state is read (it raises UserError to
-    refuse the run) and says whether the data iterator is restored too. A step whose items
+    refuse the run) and says whether the data iterator is restored too: `data_for(step)`, the
+    iterator of that step's phase (a run with phases reads one stream per phase). A step whose items
     cannot be read, by any process, is renamed aside (by process 0) with a one-line warning, and
     every process tries the next older one.
     """
@@ -144,7 +146,7 @@ class Checkpointer:
       config, meta = read
       restore_data = accept(step, config, meta)
       state, reason = _on_every_process(
-          step, lambda: self.restore(step, abstract_state, shardings, data_iter if restore_data else None))
+          step, lambda: self.restore(step, abstract_state, shardings, data_for(step) if restore_data else None))
       if reason is not None:
         self._set_aside(step, reason, warn, primary)
         continue

@@ -51,8 +51,10 @@ def _same_place(a: str, b: str) -> bool:
 
 
 def restore(c: ml_collections.ConfigDict, workdir: epath.Path, tokenizer: dict[str, Any], abstract_state: Any,
-            shardings: Any, data_iter: Any, warn: Callable[[str], None]) -> tuple[int, Any, dict[str, Any]]:
-  """(step, state, meta) of the fork's source checkpoint, restored into `shardings` and `data_iter`.
+            shardings: Any, data_for: Callable[[int], Any],
+            warn: Callable[[str], None]) -> tuple[int, Any, dict[str, Any]]:
+  """(step, state, meta) of the fork's source checkpoint, restored into `shardings` and `data_for(step)`
+  (the data iterator of the step's phase).
 
   `meta["tokens_seen"]` is always set. `c.train.fork_from` is rewritten to the resolved
   "SOURCE:STEP", so the fork's config.json and checkpoints record exactly where it came from.
@@ -94,7 +96,8 @@ def restore(c: ml_collections.ConfigDict, workdir: epath.Path, tokenizer: dict[s
                                          old_count)
     except UserError as e:
       raise UserError(f"{key}: {e}".replace("use a new --workdir", "fork from a compatible run")) from None
-    resharded = elastic.reshard(source, step, old_count, saved_config, c, jax.process_count()) if restore_data else None
+    resharded = (elastic.reshard(source, step, old_count, resume.stream_view(saved_config, step), c,
+                                 jax.process_count()) if restore_data else None)
     if resharded is not None:
       lines.append(resharded[0])
       restore_data = False
@@ -104,12 +107,12 @@ def restore(c: ml_collections.ConfigDict, workdir: epath.Path, tokenizer: dict[s
                               "warning: resuming with checkpoint.")) and "learning-rate schedule" not in line:
         warn(line.replace("resuming with", "forking with"))
     try:
-      state = reader.restore(step, abstract_state, shardings, data_iter if restore_data else None)
+      state = reader.restore(step, abstract_state, shardings, data_for(step) if restore_data else None)
     except Exception as e:  # noqa: BLE001
       raise UserError(f"{key}: checkpoint step {step} in {source} is unreadable "
                       f"({' '.join(f'{type(e).__name__}: {e}'.split())[:200]}); fork from another step") from None
     if resharded is not None and resharded[1] is not None:
-      data_iter.set_state(resharded[1])
+      data_for(step).set_state(resharded[1])
   finally:
     reader.close()
   meta = dict(meta or {})

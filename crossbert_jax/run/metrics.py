@@ -52,7 +52,8 @@ class MetricsLogger:
   """Appends metrics to workdir/metrics.jsonl, TensorBoard and a progress bar (process 0 only)."""
 
   def __init__(self, workdir: str, *, total_steps: int, start_step: int, enabled: bool,
-               tensorboard: bool, progress_bar: bool):
+               tensorboard: bool, progress_bar: bool, eta_by_work: bool = False):
+    """`eta_by_work`: the bar shows the ETA `log` is given (steps of unequal cost: a run's phases)."""
     self._enabled = enabled
     self._file = None
     self._writer = None
@@ -74,10 +75,11 @@ class MetricsLogger:
       self._writer = tensorboardX.SummaryWriter(str(workdir / TENSORBOARD_DIR),
                                                 flush_secs=REMOTE_FLUSH_SECONDS if remote else 30)
     if progress_bar:
-      self._bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+      fmt = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]" if eta_by_work else None
+      self._bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, bar_format=fmt)
 
-  def log(self, step: int, scalars: Mapping[str, Any]) -> None:
-    """Records `scalars` at `step` in metrics.jsonl, TensorBoard and the progress bar."""
+  def log(self, step: int, scalars: Mapping[str, Any], eta_s: float | None = None) -> None:
+    """Records `scalars` at `step` in metrics.jsonl, TensorBoard and the progress bar (`eta_s`: its ETA)."""
     if not self._enabled:
       return
     if "step" in scalars:
@@ -94,7 +96,7 @@ class MetricsLogger:
     if self._bar is not None:
       if step > self._bar.n:
         self._bar.update(step - self._bar.n)
-      postfix = {}
+      postfix = {} if eta_s is None else {"eta": tqdm.tqdm.format_interval(eta_s)}
       for label, keys in POSTFIX_KEYS.items():
         key = next((k for k in keys if k in scalars), None)
         if key is not None:

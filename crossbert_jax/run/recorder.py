@@ -8,6 +8,11 @@ the step's time), and with data.mixture `tokens_seen/<source>` (data/mixture.py 
 summed over processes); a non-finite loss raises `TrainingDiverged`. When the input takes more than
 `DATA_WAIT_WARN` of the step time over a window of `DATA_WAIT_WINDOW` steps (the first step after
 a start excluded: it includes compilation), one warning line names the fixes.
+
+In a run with phases (`core/phases.py`) each row is computed with its step's phase (tokens per
+step, FLOPs) and carries `phase`, its index; the progress bar's ETA is then the FLOPs of the
+remaining steps, phase by phase, at the rate of the latest steps (a step count alone would
+price an 8,192-token step like a 1,024-token one).
 """
 
 import dataclasses
@@ -19,6 +24,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
+from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.run import metrics
 from crossbert_jax.training import flops
@@ -75,7 +81,7 @@ class StepRecorder:
 
   def __init__(self, c: ml_collections.ConfigDict, num_devices: int, logger: metrics.MetricsLogger,
                tokens_at: Callable[[int], int], progress: Progress, outcome: Outcome, where: str,
-               warn: Callable[[str], None]):
+               warn: Callable[[str], None], phases: list[phases_lib.Phase] | None = None):
     self._c = c
     self._logger = logger
     self._tokens_at = tokens_at
@@ -83,8 +89,9 @@ class StepRecorder:
     self._outcome = outcome
     self._where = where
     self._warn = warn
-    self._tokens_per_step = c.train.batch_size * c.data.seq_len
-    self._flops_per_step = flops.train_flops_per_step(c)
+    self._phases = phases if phases is not None else phases_lib.expand(c)
+    self._flops = [flops.train_flops_per_step(p.config) for p in self._phases]  # Per phase.
+    self._seconds_per_flop: float | None = None  # Smoothed over the latest steps (the ETA's rate).
     t = c.train
     self._last_step = min(t.steps, t.stop_at_step or t.steps)  # Always logged: the end of this run (or its stop).
     self._num_devices = num_devices
@@ -101,6 +108,12 @@ class StepRecorder:
     self.flush()
     self._pending = _Pending(step_num, device_metrics, dispatched_at, data_wait_s, source_tokens)
 
+  def new_phase(self) -> None:
+    """Before a phase's program is built: logs the pending step now, so its time holds no compile of the
+    next phase's, whose first step is then timed from its dispatch (as a start's)."""
+    self.flush()
+    self._last_time = None
+
   def flush(self, probes: Callable[[], dict[str, float]] | None = None) -> None:
     """Fetches and logs the pending step (blocking until it is done); `probes()` adds frozen probe scores."""
     p, self._pending = self._pending, None
@@ -116,7 +129,7 @@ class StepRecorder:
     if p.step % self._c.metrics.log_every == 0 or p.step == self._last_step or probes is not None:
       if p.source_tokens is not None:  # Every process logs at the same steps: the collective matches up.
         scalars.update(_summed_over_processes(p.source_tokens))
-      self._logger.log(p.step, scalars)
+      self._logger.log(p.step, scalars, eta_s=self._eta(p.step, scalars))
     out = self._outcome
     out.step, out.scalars = p.step, scalars
     out.first_loss = scalars["loss"] if out.first_loss is None else out.first_loss
@@ -129,17 +142,32 @@ class StepRecorder:
     dt = now - (p.dispatched_at if first else self._last_time)
     self._last_time = now
     out = {k: float(np.asarray(v)) for k, v in host.items()}
+    phase = phases_lib.phase_at(self._phases, p.step)
+    per_step = self._flops[phase.index]
     out.update(
+        phase=phase.index,
         step_time=dt,
-        tokens_per_second=self._tokens_per_step / dt,
-        flops_per_step=self._flops_per_step,
-        tflops_per_device=flops.achieved_tflops_per_device(self._flops_per_step, dt, self._num_devices),
-        mfu=flops.mfu(self._flops_per_step, dt, self._num_devices, self._peak),
+        tokens_per_second=phase.tokens_per_step / dt,
+        flops_per_step=per_step,
+        tflops_per_device=flops.achieved_tflops_per_device(per_step, dt, self._num_devices),
+        mfu=flops.mfu(per_step, dt, self._num_devices, self._peak),
         tokens_seen=float(self._tokens_at(p.step)),
         data_wait_s=p.data_wait_s,
         data_wait_fraction=min(1.0, p.data_wait_s / dt) if dt > 0 else 0.0,
     )
     return out
+
+  def _eta(self, step: int, scalars: dict[str, float]) -> float | None:
+    """Seconds left for steps step + 1 .. train.steps at the recent FLOP rate (None: one phase, tqdm's own)."""
+    if len(self._phases) == 1 or self._fetched == 0:  # The first step's time is mostly compilation.
+      return None
+    if step != phases_lib.phase_at(self._phases, step).start + 1:  # A phase's first step compiles its program.
+      rate = scalars["step_time"] / scalars["flops_per_step"]
+      self._seconds_per_flop = rate if self._seconds_per_flop is None else 0.9 * self._seconds_per_flop + 0.1 * rate
+    if self._seconds_per_flop is None:
+      return None
+    left = sum(max(0, p.end - max(step, p.start)) * f for p, f in zip(self._phases, self._flops))
+    return left * self._seconds_per_flop
 
   def _watch_data_wait(self, p: _Pending, step_time: float) -> None:
     self._fetched += 1

@@ -11,6 +11,14 @@ Allowed with a one-line warning: every other key (runtime keys such as `model.re
 optimizer). A change of the learning-rate schedule (`train.steps`, `learning_rate`,
 `warmup_steps`, `decay`, `decay_fraction`, `decay_shape`, `final_lr_ratio`) names the jump: the lr of the next step before and
 after. Silent: `train.stop_at_step`, `train.fork_from`, `metrics.progress_bar`.
+
+A run with phases (`core/phases.py`, in the checkpoint's config or the new one): the keys a phase
+may set are compared per trained step instead, through the phases: a change of what steps
+1 .. STEP trained on (a phase boundary, or its sequence length, batch size, data or RoPE
+thetas: `phases.TRAINED_KEYS`) is refused, naming the steps and the key; later phases may
+change freely (so a finished run can be extended by a context-extension phase). The lr jump
+is the phases' schedule before and after. A change of the gcd batch a stream is read in
+(`Phase.read_batch`) starts the stream of the checkpoint's phase over, with a warning.
 """
 
 import hashlib
@@ -20,6 +28,8 @@ from typing import Any
 import ml_collections
 from etils import epath
 
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import pipeline
 from crossbert_jax.training import optimizer
@@ -59,6 +69,42 @@ def _lr(train: dict, step: int) -> float:
   return float(optimizer.learning_rate_schedule(ml_collections.ConfigDict(train))(step))
 
 
+def stream_view(saved: dict, step: int) -> dict:
+  """The saved config as the data stream of `step`'s phase saw it (its keys, the batch it is read in)."""
+  c = config_lib.from_dict(saved)
+  if not phases_lib.has_phases(c):
+    return saved
+  phase = phases_lib.phase_at(phases_lib.expand(c), step)
+  view = json.loads(json.dumps(phase.config.to_dict()))
+  view["train"]["batch_size"] = phase.read_batch
+  return view
+
+
+def _check_phases(where: str, step: int, saved: dict, now: ml_collections.ConfigDict) -> tuple[list[str], bool]:
+  """Refuses a change of the trained steps' phases; (warnings, whether the saved data state applies)."""
+  old, new = phases_lib.expand(config_lib.from_dict(saved)), phases_lib.expand(now)
+  a, b = phases_lib.trained(old, step), phases_lib.trained(new, step)
+  for (a0, a1, av), (b0, b1, bv) in zip(a, b):
+    if (a0, a1) != (b0, b1):
+      raise UserError(f"{where} trained steps {a0}-{a1} as one phase, but the config's phases make steps {b0}-{b1} "
+                      "one; the phases of steps already trained cannot change: keep their steps, change later ones")
+    diff = [k for k in av if av[k] != bv.get(k)]
+    if diff:
+      k = diff[0]
+      raise UserError(f"{where} trained steps {a0}-{a1} with {k}={av[k]!r}, but the config's phases give them "
+                      f"{bv.get(k)!r}; the phases of steps already trained cannot change: keep their keys, change "
+                      "later phases")
+  if len(a) != len(b):
+    raise UserError(f"{where} trained {len(a)} phase(s) up to it, but the config's phases make it {len(b)}; the "
+                    "phases of steps already trained cannot change")
+  was, now_phase = phases_lib.phase_at(old, step), phases_lib.phase_at(new, step)
+  if was.read_batch != now_phase.read_batch:
+    return [f"warning: the phases' batch sizes change how the stream of {now_phase.describe()} is read "
+            f"({was.read_batch} -> {now_phase.read_batch} rows at a time), so that stream starts over from its first "
+            "batch"], False
+  return [], True
+
+
 def check(workdir: str, step: int, saved: dict, meta: dict | None, now: ml_collections.ConfigDict,
           tokenizer: dict[str, Any], process_count: int,
           saved_process_count: int | None = None) -> tuple[list[str], bool]:
@@ -78,17 +124,25 @@ def check(workdir: str, step: int, saved: dict, meta: dict | None, now: ml_colle
           f"{tokenizer['vocab_size']} pieces); resume with the run's tokenizer or use a new --workdir")
   a, b = _flat(saved), _flat(json.loads(json.dumps(now.to_dict())))  # As saved: tuples become lists.
   changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
-  refused = [k for k in changed if _refused(k)]
+  phased = phases_lib.has_phases(now) or phases_lib.has_phases(config_lib.from_dict(saved))
+  phase_lines, phase_data = _check_phases(where, step, saved, now) if phased else ([], True)
+  refused = [k for k in changed if _refused(k) and not (phased and k in phases_lib.OVERRIDABLE)]
   if refused:
     diffs = ", ".join(f"{k}={a[k]!r} (config: {b[k]!r})" for k in refused)
     raise UserError(f"{where} made with {diffs}; these cannot change on resume: use the checkpoint's values "
                     "or a new --workdir")
-  warnings, restore_data = [], True
+  warnings, restore_data = phase_lines, phase_data
   for k in changed:
     warnings.append(f"warning: resuming with {k}={b[k]!r} (checkpoint: {a[k]!r})")
   schedule_changed = [k for k in _SCHEDULE if f"train.{k}" in changed]
+  if phased and any(k == "train.phases" or k.startswith("train.batch_ramp.") for k in changed):
+    schedule_changed.append("phases")
   if schedule_changed:
-    before, after = _lr(saved["train"], step), _lr(now.train.to_dict(), step)
+    if phased:
+      before = float(optimizer.run_schedule(config_lib.from_dict(saved))(step))
+      after = float(optimizer.run_schedule(now)(step))
+    else:
+      before, after = _lr(saved["train"], step), _lr(now.train.to_dict(), step)
     jump = (f"step {step + 1} runs at lr {after:.4g} instead of {before:.4g}" if f"{after:.4g}" != f"{before:.4g}"
             else f"step {step + 1} keeps lr {after:.4g}, later steps differ")
     warnings.append(f"warning: {', '.join('train.' + k for k in schedule_changed)} changed the learning-rate "
@@ -98,7 +152,7 @@ def check(workdir: str, step: int, saved: dict, meta: dict | None, now: ml_colle
     warnings.append(f"warning: data.worker_count {a['data.worker_count']} -> {b['data.worker_count']}: Grain's "
                     "multiprocess order depends on the worker count, so the data stream starts over from its "
                     "first batch (documents read before this step are read again)")
-  if "train.batch_size" in changed and saved_process_count in (None, process_count):
+  if "train.batch_size" in changed and saved_process_count in (None, process_count) and not phased:
     bins = lambda batch: pipeline.packing_bins(batch // process_count)
     if bins(a["train.batch_size"]) != bins(b["train.batch_size"]):
       restore_data = False

@@ -9,6 +9,12 @@ the final save. Only params whose next loss was checked finite are saved
 saved (`preemption`); the status is then "stopped" (exit code EXIT_STOPPED). Metrics are
 fetched one step late, so the host never blocks the device (`recorder`). The CLI is
 `crossbert_jax.train`.
+
+A run with phases (`core/phases.py`) trains each phase under its own config: at its first step
+the loop makes it current (`_enter`), rebuilding the TrainProgram for its config and, when it
+reads another data stream, the iterator (`feed`). A checkpoint's data state is that of its
+step's phase, so a restore first enters that phase. The state, its shardings and the optimizer
+state are the same in every phase.
 """
 
 import sys
@@ -22,10 +28,11 @@ import numpy as np
 from etils import epath
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.data import mixture, pipeline, tokenizer as tokenizer_lib
-from crossbert_jax.run import (checkpoint, elastic, environment, fork, lock, metrics, preemption, recorder,
-                               resume, warm_start)
+from crossbert_jax.data import mixture, tokenizer as tokenizer_lib
+from crossbert_jax.run import (checkpoint, elastic, environment, feed as feed_lib, fork, lock, metrics, preemption,
+                               recorder, resume, warm_start)
 from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # noqa: F401 - re-exported.
 from crossbert_jax.training import objectives, program as program_lib, sharding
 
@@ -50,7 +57,15 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
   config_lib.validate(c)
   workdir = epath.Path(workdir)
   mesh = sharding.make_mesh(c.mesh)
-  sharding.check_batch_divisible(c.train.batch_size, c.train.grad_accum, mesh)
+  for phase in phases_lib.expand(c):
+    try:
+      sharding.check_batch_divisible(phase.config.train.batch_size, c.train.grad_accum, mesh)
+      if phase.read_batch % jax.process_count():
+        raise UserError(f"config train.batch_size: the phases' data stream is read {phase.read_batch} rows at a "
+                        f"time, which {jax.process_count()} processes cannot split; make the batch sizes of "
+                        "consecutive phases multiples of the process count")
+    except UserError as e:
+      raise UserError(f"{e} (in {phase.describe()})" if phases_lib.has_phases(c) else str(e)) from None
   tok = load_tokenizer(c)
   progress = Progress(doing=f"creating {workdir}")
   environment.install_log_filter()
@@ -80,19 +95,21 @@ class Trainer:
     self.c, self.workdir, self.tok, self.stop, self.progress, self.warn = c, workdir, tok, stop, progress, warn
     self.primary = jax.process_index() == 0
     self.tok_id = resume.tokenizer_identity(c.data.tokenizer, tok.vocab_size)
-    self.program = program_lib.TrainProgram(
-        c, mesh, replacement_vocab=objectives.replacement_vocab_size(c, tok.vocab_size))
-    self.data = pipeline.make_iterator(c.data, tok, batch_size=c.train.batch_size // jax.process_count(),
-                                       seed=c.train.seed, process_index=jax.process_index(),
-                                       process_count=jax.process_count())
+    self.mesh, self.phases = mesh, phases_lib.expand(c)
+    self._replacement_vocab = objectives.replacement_vocab_size(c, tok.vocab_size)
+    self.phase = self.phases[0]
+    self.program = program_lib.TrainProgram(self.phase.config, mesh, replacement_vocab=self._replacement_vocab)
+    self.data = feed_lib.PhaseFeed(tok, seed=c.train.seed, process_index=jax.process_index(),
+                                   process_count=jax.process_count())
+    self.data.enter(self.phase)  # A restore into a later phase's stream replaces it (`_data_for`).
     progress.doing = f"reading the checkpoints in {workdir}"
     self.ckpt = checkpoint.Checkpointer(workdir, c.checkpoint)
     self.outcome = Outcome()
-    self.tokens_per_step = c.train.batch_size * c.data.seq_len
     self._resharded_data: dict | None = None  # The data state of a checkpoint saved on another process count.
     self._next_batch = None  # The batch a checked save already read for the next step.
     self._data_wait = 0.0  # Seconds blocked on input since the last dispatched step.
     self._forked = False  # Started from train.fork_from's checkpoint (this process start).
+    self.logger: metrics.MetricsLogger | None = None
 
   def train(self) -> dict[str, Any]:
     """The run, top to bottom; its outcome (`Outcome.as_dict`)."""
@@ -105,6 +122,7 @@ class Trainer:
     finished = False
     try:
       for step_num in range(start + 1, end + 1):
+        self._enter(phases_lib.phase_at(self.phases, step_num))
         state, stopping = self._step(state, step_num)
         if stopping:
           self._log_stop(step_num)
@@ -118,22 +136,40 @@ class Trainer:
       self._close(finished)
     return self.outcome.as_dict()
 
+  # -- Phases -----------------------------------------------------------------------------------
+
+  def _enter(self, phase: phases_lib.Phase) -> None:
+    """Makes `phase` current: its TrainProgram (same state shardings, its own jit) and its data stream."""
+    if phase.index != self.phase.index:
+      if self.logger is not None:  # Not while restoring: the log starts with `_begin`.
+        self.recorder.new_phase()
+        changed = phases_lib.changes(self.phase, phase)
+        self.logger.log_text(f"{phase.describe()}: {', '.join(f'{k}={v!r}' for k, v in changed.items())}")
+      self.program = program_lib.TrainProgram(phase.config, self.mesh, replacement_vocab=self._replacement_vocab)
+    self.phase = phase
+    self.data.enter(phase)
+
+  def _data_for(self, step: int):
+    """The iterator a checkpoint of `step` restores: that of its step's phase."""
+    self._enter(phases_lib.phase_at(self.phases, step))
+    return self.data.iterator
+
   # -- Restore or init --------------------------------------------------------------------------
 
   def _restore_or_init(self) -> tuple[program_lib.TrainState, int, bool]:
     """(state, its step, whether it came from a checkpoint); sets `tokens_at_start`."""
     p = self.program
-    found = self.ckpt.restore_latest(self._accept, p.abstract, p.shardings, self.data, self.warn, self.primary)
+    found = self.ckpt.restore_latest(self._accept, p.abstract, p.shardings, self._data_for, self.warn, self.primary)
     if found is not None:
       start, state, meta = found
       if self._resharded_data is not None:
-        self.data.set_state(self._resharded_data)
+        self._data_for(start).set_state(self._resharded_data)
       self.tokens_at_start = resume.saved_tokens_seen(start, self.ckpt.saved_config(start), meta)
       self.progress.last_good = start
       return state, start, True
     if self.c.train.fork_from:  # A fork's first start: its source's checkpoint, read only.
-      start, state, meta = fork.restore(self.c, self.workdir, self.tok_id, p.abstract, p.shardings, self.data,
-                                        self.warn)
+      start, state, meta = fork.restore(self.c, self.workdir, self.tok_id, p.abstract, p.shardings,
+                                        self._data_for, self.warn)
       self.tokens_at_start = meta["tokens_seen"]
       self._forked = True
       return state, start, True
@@ -147,7 +183,8 @@ class Trainer:
     old_count = written_by[1] if written_by else None
     lines, restore_data = resume.check(str(self.workdir), saved_step, saved_config, saved_meta, self.c,
                                        self.tok_id, jax.process_count(), old_count)
-    if restore_data and (other := elastic.reshard(self.workdir, saved_step, old_count, saved_config, self.c,
+    if restore_data and (other := elastic.reshard(self.workdir, saved_step, old_count,
+                                                  resume.stream_view(saved_config, saved_step), self.c,
                                                   jax.process_count())):
       lines.append(other[0])
       self._resharded_data, restore_data = other[1], False
@@ -173,15 +210,15 @@ class Trainer:
     self.sync = preemption.StopSync(mesh)
     self.logger = metrics.MetricsLogger(str(self.workdir), total_steps=c.train.steps, start_step=start,
                                         enabled=self.primary, tensorboard=c.metrics.tensorboard,
-                                        progress_bar=c.metrics.progress_bar)
+                                        progress_bar=c.metrics.progress_bar, eta_by_work=len(self.phases) > 1)
     self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress,
-                                          self.outcome, str(self.workdir), self.warn)
+                                          self.outcome, str(self.workdir), self.warn, phases=self.phases)
     how = (f"forked from {c.train.fork_from}" if self._forked else f"resuming from step {start}" if restored
            else "starting")
     self.logger.log_text(f"{c.objective}: {how} in {self.workdir} on {mesh.size} device(s), mesh {dict(mesh.shape)}")
 
   def _tokens_at(self, step_num: int) -> int:
-    return self.tokens_at_start + (step_num - self.start) * self.tokens_per_step
+    return self.tokens_at_start + phases_lib.tokens_between(self.phases, self.start, step_num)
 
   # -- The steps --------------------------------------------------------------------------------
 
@@ -200,7 +237,7 @@ class Trainer:
     state, device_metrics = self.program.step(state, batch)
     stopping = self.sync.agreed(self.stop.signal_name is not None)
     self.recorder.dispatched(step_num, device_metrics, dispatched_at, self._data_wait,
-                             mixture.source_tokens(self.data) if self.c.data.mixture else None)
+                             mixture.source_tokens(self.data.iterator) if self.phase.config.data.mixture else None)
     self._data_wait = 0.0
     if self.c.eval.every_steps and step_num % self.c.eval.every_steps == 0:
       self.recorder.flush(probes=lambda: self._probe_scores(state))  # In this step's metrics row.
@@ -222,7 +259,8 @@ class Trainer:
 
   def _checked_save(self, step_num: int, state: program_lib.TrainState) -> None:
     """Saves `state` once the loss of its params on the next batch is finite; keeps that batch for the next step."""
-    position = self.data.get_state()
+    position = self.data.get_state()  # The stream of step_num's phase.
+    self._enter(phases_lib.phase_at(self.phases, step_num + 1))  # Step N + 1 runs in its own phase.
     self._next_batch = self._read_batch()
     loss = float(np.asarray(self.program.check_loss(state, self._next_batch).addressable_data(0)))
     if not np.isfinite(loss):
@@ -249,8 +287,7 @@ class Trainer:
 
   def _close(self, finished: bool) -> None:
     self.logger.close()
-    if hasattr(self.data, "close"):
-      self.data.close()  # Stops Grain's worker processes now rather than at interpreter exit.
+    self.data.close()
     if finished:
       self.ckpt.close()
     else:  # Already failing: keep the first error; Orbax's writer threads would repeat a disk error raw.

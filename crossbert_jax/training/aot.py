@@ -6,6 +6,11 @@ over the topology's compile-only devices (`jax.experimental.topologies`, needs l
 TPU), and `lower().compile()` runs the same SPMD partitioner and memory planner as the pod.
 What fails on the pod fails here: out of memory, a mesh that does not divide the chips, a
 batch that does not shard. The command is `crossbert_jax.compile`.
+
+A config with phases (`core/phases.py`) compiles every phase's step (one compile per distinct
+batch x length; the phases of one shape share it): the report is that of the phase needing the
+most memory, plus `phases`, one row per phase. A phase that does not fit (the 8,192-token
+context extension, typically) is a row marked so, and `check_fits` names it.
 """
 
 import math
@@ -20,6 +25,7 @@ import ml_collections
 from jax.experimental import topologies
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.training import flops, objectives, program as program_lib, sharding
 
@@ -150,10 +156,40 @@ def _hints(c: ml_collections.ConfigDict) -> str:
 
 
 def compile_train_step(c: ml_collections.ConfigDict, topology: str = "") -> dict[str, Any]:
-  """Lowers and compiles the real train step; the report. UserError when it cannot run there."""
+  """Lowers and compiles the real train step (every phase's); the report. UserError when it cannot run there."""
   config_lib.validate(c)
   devices = topology_devices(topology) if topology else None
   mesh = make_mesh(c, devices)
+  if not phases_lib.has_phases(c):
+    return _compile_one(c, mesh, topology)
+  by_shape: dict[tuple[int, int], dict[str, Any]] = {}
+  rows = []
+  for phase in phases_lib.expand(c):
+    pc = phase.config
+    shape = (pc.train.batch_size, pc.data.seq_len)
+    if shape not in by_shape:
+      try:
+        by_shape[shape] = _compile_one(pc, mesh, topology)
+      except UserError as e:
+        if "does not fit" not in str(e):
+          raise UserError(f"{e} (in {phase.describe()})") from None
+        by_shape[shape] = {"error": str(e)}
+    one = by_shape[shape]
+    m = one.get("memory", {})
+    rows.append({"phase": phase.index, "first_step": phase.start + 1, "last_step": phase.end,
+                 "batch_size": shape[0], "seq_len": shape[1], "total_bytes": m.get("total_bytes"),
+                 "temp_bytes": m.get("temp_bytes"), "fits": m.get("fits", False if "error" in one else None),
+                 "analytic_flops_per_device": one.get("flops", {}).get("analytic_per_device"),
+                 "compile_seconds": one.get("compile_seconds"), "error": one.get("error")})
+  compiled = [r for r in by_shape.values() if "error" not in r]
+  if not compiled:
+    raise UserError(next(iter(by_shape.values()))["error"] + " (every phase)")
+  report = max(compiled, key=lambda r: r["memory"]["total_bytes"])
+  return {**report, "phases": rows}
+
+
+def _compile_one(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, topology: str) -> dict[str, Any]:
+  """The report of one (single-phase) config's train step on `mesh`."""
   sharding.check_batch_divisible(c.train.batch_size, c.train.grad_accum, mesh)
   train_program = program_lib.TrainProgram(c, mesh)
   state, batch = train_program.shaped_inputs()
@@ -204,6 +240,12 @@ def compile_train_step(c: ml_collections.ConfigDict, topology: str = "") -> dict
 
 def check_fits(report: dict[str, Any], c: ml_collections.ConfigDict) -> None:
   """UserError (one line) when the compiled step needs more memory than the device has."""
+  for row in report.get("phases", []):
+    if row["fits"] is False:
+      what = (row["error"] if row["error"] else f"the train step needs {row['total_bytes'] / GIB:.2f} GiB per "
+              f"device but a {report['device_kind']} has {report['memory']['hbm_bytes'] / GIB:.1f} GiB; try {_hints(c)}")
+      raise UserError(f"phase {row['phase']} (steps {row['first_step']}-{row['last_step']}, batch "
+                      f"{row['batch_size']} x L={row['seq_len']}): {what}")
   m = report["memory"]
   if m["fits"] is False:
     where = report["topology"] or report["device_kind"]
@@ -243,19 +285,32 @@ def format_report(report: dict[str, Any], params: bool = True) -> str:
          if f["xla_per_device"] is not None and (report["scan_layers"] or report["grad_accum"] > 1) else ""),
       f"params: {report['params']['total'] / 1e6:.1f} M ({report['params']['non_embedding'] / 1e6:.1f} M non-embedding)",
   ]
+  if report.get("phases"):
+    lines += ["", "phases (the details above: the phase needing the most memory):"]
+    lines += _table(("phase", "steps", "batch x L", "total GiB", "temp GiB", "fits"),
+                    [(str(r["phase"]), f"{r['first_step']}-{r['last_step']}", f"{r['batch_size']} x {r['seq_len']}",
+                      _gib(r["total_bytes"]), _gib(r["temp_bytes"]),
+                      {True: "fits", False: "DOES NOT FIT", None: "not checked"}[r["fits"]]) for r in report["phases"]])
   if not params:
     return "\n".join(lines)
   lines.append("")
-  header = ("param", "shape", "logical axes", "mesh spec", "per-device shard")
-  rows = [header] + [(r["path"], "x".join(map(str, r["shape"])), ",".join(str(n) for n in r["logical"]),
-                      ",".join(str(s) for s in r["spec"]), "x".join(map(str, r["shard_shape"])))
-                     for r in report["params"]["table"]]
-  widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-  for j, row in enumerate(rows):
-    lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    if j == 0:
-      lines.append("  ".join("-" * w for w in widths))
+  lines += _table(("param", "shape", "logical axes", "mesh spec", "per-device shard"),
+                  [(r["path"], "x".join(map(str, r["shape"])), ",".join(str(n) for n in r["logical"]),
+                    ",".join(str(s) for s in r["spec"]), "x".join(map(str, r["shard_shape"])))
+                   for r in report["params"]["table"]])
   return "\n".join(lines)
+
+
+def _table(header: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
+  """Aligned lines: the header, a rule, the rows."""
+  rows = [header] + body
+  widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+  out = []
+  for j, row in enumerate(rows):
+    out.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    if j == 0:
+      out.append("  ".join("-" * w for w in widths))
+  return out
 
 
 def shard_bytes(report: dict[str, Any]) -> int:

@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from crossbert_jax.core import phases as phases_lib
+
 
 def wsd_decay_start(steps: int, decay_fraction: float) -> int:
   """The first step count of a WSD run's decay: the last round(fraction * steps) steps decay.
@@ -56,6 +58,27 @@ def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
   warmup_steps = max(1, t.warmup_steps)
   warmup = lambda count: peak * (count + 1) / warmup_steps
   return optax.join_schedules([warmup, decay], [t.warmup_steps])
+
+
+def run_schedule(c: ml_collections.ConfigDict) -> optax.Schedule:
+  """The lr of every step of the run across its phases (`core/phases.py`).
+
+  Count i (step i + 1) runs at `learning_rate_schedule` of its phase's train config, evaluated at
+  i over the whole run's train.steps: the schedule keys a phase sets shape its own steps only
+  (its warmup_steps still count from the run's step 0). Without phases: `learning_rate_schedule`.
+  Each phase's TrainProgram uses its phase's schedule, which equals this one on its steps.
+  """
+  phases = phases_lib.expand(c)
+  if len(phases) == 1:
+    return learning_rate_schedule(phases[0].config.train)
+  fns = [learning_rate_schedule(p.config.train) for p in phases]
+
+  def schedule(count):
+    count = jnp.asarray(count)
+    index = sum((count >= p.end).astype(jnp.int32) for p in phases[:-1])
+    return jnp.select([index == i for i in range(len(fns))], [f(count) for f in fns])
+
+  return schedule
 
 
 def decay_mask(params):

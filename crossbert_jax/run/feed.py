@@ -1,0 +1,54 @@
+"""The run's input across its phases: one Grain iterator per data stream, a phase's batch from its reads.
+
+`PhaseFeed.enter(phase)` makes `phase` current: a phase reading the same stream as the current
+one keeps its iterator (a batch ramp continues the stream); another stream's iterator is built
+fresh, from the start of its source, packed at its phase's length (`core/phases.py`). `next`
+returns this process's rows of the current phase's batch: `reads_per_step` reads of
+`read_batch / process_count` rows, concatenated. `get_state` / `set_state` are the current
+stream's iterator position: what a checkpoint of a step in this phase saves and restores.
+"""
+
+from typing import Any
+
+import numpy as np
+
+from crossbert_jax.core import phases as phases_lib
+from crossbert_jax.data import pipeline, tokenizer as tokenizer_lib
+
+
+class PhaseFeed:
+  """This process's batches of the current phase."""
+
+  def __init__(self, tok: tokenizer_lib.Tokenizer, *, seed: int, process_index: int, process_count: int):
+    self._tok, self._seed = tok, seed
+    self._process_index, self._process_count = process_index, process_count
+    self.phase: phases_lib.Phase | None = None
+    self.iterator: Any = None
+
+  def enter(self, phase: phases_lib.Phase) -> Any:
+    """Makes `phase` current (building its stream's iterator unless already reading it); the iterator."""
+    if self.phase is None or self.phase.stream != phase.stream:
+      self.close()
+      self.iterator = pipeline.make_iterator(phase.config.data, self._tok,
+                                             batch_size=phase.read_batch // self._process_count, seed=self._seed,
+                                             process_index=self._process_index, process_count=self._process_count)
+    self.phase = phase
+    return self.iterator
+
+  def __next__(self) -> dict[str, Any]:
+    reads = self.phase.reads_per_step
+    if reads == 1:
+      return next(self.iterator)
+    parts = [next(self.iterator) for _ in range(reads)]
+    return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+
+  def get_state(self) -> dict[str, Any]:
+    return self.iterator.get_state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self.iterator.set_state(state)
+
+  def close(self) -> None:
+    if hasattr(self.iterator, "close"):
+      self.iterator.close()  # Stops Grain's worker processes now rather than at interpreter exit.
+    self.iterator = None
