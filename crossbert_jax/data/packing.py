@@ -96,21 +96,20 @@ class _FirstFit:
     if tree[1] < n:
       return -1
     while node < self.size:
-      node *= 2
+      node += node
       if tree[node] < n:
         node += 1
-    tree[node] -= n
-    leaf = node
-    while node > 1:
-      node //= 2
-      top = max(tree[2 * node], tree[2 * node + 1])
+    leaf, top = node, tree[node] - n
+    tree[node] = top
+    while node > 1:  # Each parent: the larger of its two children.
+      sibling = tree[node ^ 1]
+      if sibling > top:
+        top = sibling
+      node >>= 1
       if tree[node] == top:
         break
       tree[node] = top
     return leaf - self.size
-
-  def free(self, b: int) -> int:
-    return self.tree[self.size + b]
 
 
 class PackIterator(grain.DatasetIterator):
@@ -164,8 +163,8 @@ class PackIterator(grain.DatasetIterator):
     """Packs the round that starts at `self._start` into `self._rows`; returns where the next starts."""
     L = self._seq_len
     fit = _FirstFit(self._bins, L)
-    seg_count = [0] * self._bins
-    starts_P, lens_P, bins_P, cols_P, segs_P = [], [], [], [], []
+    place = fit.place
+    starts_P, lens_P, bins_P = [], [], []
     first_doc = i = self._start[0]
     c = self._start[1]
     # The (document, chunk) a state would name for the next read: Grain's chunker names the last
@@ -188,35 +187,42 @@ class PackIterator(grain.DatasetIterator):
       if c * L >= size:  # Document done (or empty): the next one.
         i, c, k = i + 1, 0, k + 1
         continue
-      n = min(L, size - c * L)
-      b = fit.place(n)
+      n = size - c * L
+      if n > L:
+        n = L
+      b = place(n)
       if b < 0:
         break  # Fits nowhere: it opens the next round.
       starts_P.append(offsets[k] + c * L)
       lens_P.append(n)
       bins_P.append(b)
-      cols_P.append(L - fit.free(b) - n)
-      seg_count[b] += 1
-      segs_P.append(seg_count[b])
       c += 1
       at = (i, c)
     if not starts_P:
       raise StopIteration
     rows = max(bins_P) + 1  # First-fit fills rows in order.
-    self._rows = self._scatter(starts_P, lens_P, bins_P, cols_P, segs_P, rows)
+    self._rows = self._scatter(starts_P, lens_P, bins_P, rows)
     self._order = np.random.default_rng(self._seed + self._counter - self._next_row).permuted(range(rows))
     return at
 
-  def _scatter(self, starts_P: list[int], lens_P: list[int], bins_P: list[int], cols_P: list[int],
-               segs_P: list[int], rows: int) -> Row:
-    """The round's rows from its placed chunks: one gather from the token buffer, three scatters."""
-    lens = np.asarray(lens_P, np.int64)
-    offset_T = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-    dest_T = np.repeat(np.asarray(bins_P, np.int64) * self._seq_len + np.asarray(cols_P, np.int64), lens) + offset_T
-    src_T = np.repeat(np.asarray(starts_P, np.int64) - self._base, lens) + offset_T
+  def _scatter(self, starts_P: list[int], lens_P: list[int], bins_P: list[int], rows: int) -> Row:
+    """The round's rows from its placed chunks (global buffer offset, length, row): a row holds its
+    chunks in placement order from column 0, so ordering the chunks by row (stably) lays each row's
+    tokens out contiguously; one gather from the token buffer and three scatters fill the rows."""
+    order_P = np.argsort(np.asarray(bins_P, np.int64), kind="stable")
+    bins = np.asarray(bins_P, np.int64)[order_P]
+    lens = np.asarray(lens_P, np.int64)[order_P]
+    new_row = np.ones(len(bins), bool)
+    new_row[1:] = bins[1:] != bins[:-1]
+    first_P = np.maximum.accumulate(np.where(new_row, np.arange(len(bins)), 0))  # The row's first chunk.
+    seg_P = np.arange(len(bins)) - first_P + 1
+    piece_start_P = np.cumsum(lens) - lens  # Where each chunk starts among the round's T tokens.
+    offset_T = np.arange(int(lens.sum())) - np.repeat(piece_start_P, lens)
+    dest_T = np.arange(len(offset_T)) - np.repeat(piece_start_P[first_P] - bins * self._seq_len, lens)
+    src_T = np.repeat(np.asarray(starts_P, np.int64)[order_P] - self._base, lens) + offset_T
     out = {k: np.zeros(rows * self._seq_len, np.int32) for k in ("tokens", "segment_ids", "positions")}
     out["tokens"][dest_T] = self._tokens[src_T]
-    out["segment_ids"][dest_T] = np.repeat(np.asarray(segs_P, np.int32), lens)
+    out["segment_ids"][dest_T] = np.repeat(seg_P, lens)
     out["positions"][dest_T] = offset_T
     return {k: v.reshape(rows, self._seq_len) for k, v in out.items()}
 
