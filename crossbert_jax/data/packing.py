@@ -10,7 +10,9 @@ get their [CLS]/[SEP] in one vectorised copy, and are kept as one token buffer. 
 the first-fit placement is Python: a max-tree over the bins' free space finds the first bin that
 fits in O(log bins) list operations. A round's rows are then built by one gather from the buffer.
 A fetch asks for about `FETCH_ROUNDS` rounds' worth of documents (64 to `FETCH_MAX`), since a
-batched read costs about a millisecond per call whatever its size.
+batched read costs about a millisecond per call whatever its size, and an endless stream reads
+its next fetch ahead in a thread while it packs (ArrayRecord reads and SentencePiece encodes
+release the GIL), so `fetch` must be thread-safe. The stream does not depend on either.
 
 A round: chunks are placed first-fit into `bins` rows of L until one fits nowhere (or the
 documents end); the round's rows are then emitted in the order of
@@ -23,6 +25,7 @@ placed in a round, D = documents in a fetch, N = tokens in a fetch.
 """
 
 from collections.abc import Callable, Sequence
+import concurrent.futures
 from typing import Any, NamedTuple
 
 import grain
@@ -75,6 +78,17 @@ def _with_specials(docs: Documents) -> tuple[np.ndarray, np.ndarray]:
   shift_N = np.repeat(starts_D + 1 - (np.cumsum(lengths_D) - lengths_D), lengths_D)
   out_N[np.arange(len(docs.ids_N)) + shift_N] = docs.ids_N
   return out_N, sizes_D
+
+
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _read_ahead_pool() -> concurrent.futures.ThreadPoolExecutor:
+  """One thread per process reads the packers' next documents while they pack (made on first use)."""
+  global _POOL
+  if _POOL is None:
+    _POOL = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="crossbert-read-ahead")
+  return _POOL
 
 
 class _FirstFit:
@@ -134,7 +148,14 @@ class PackIterator(grain.DatasetIterator):
     self._offsets: list[int] = []
     self._sizes: list[int] = []
     self._firsts: list[int] = []
-    self._fetch_size = FETCH_FIRST
+    self._fetch_size, self._fetches = FETCH_FIRST, 0
+    self._ahead: tuple[tuple[int, int], concurrent.futures.Future] | None = None  # ((lo, hi), its read).
+
+  def _read(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Stream documents [lo, hi) with specials: (tokens_N, sizes_D, first chunks or None)."""
+    start, step = self._window  # Stream index j is document start + j * step (a Grain worker's slice).
+    docs = flatten(self._fetch(list(range(start + lo * step, start + hi * step, step))))
+    return (*_with_specials(docs), docs.first_D)
 
   def _extend(self, keep_from: int) -> bool:
     """Fetches the documents after the buffer's, keeping those from document `keep_from` on; False at the end."""
@@ -142,9 +163,8 @@ class PackIterator(grain.DatasetIterator):
     hi = lo + self._fetch_size if self._length is None else min(lo + self._fetch_size, self._length)
     if hi <= lo:
       return False
-    start, step = self._window  # Stream index j is document start + j * step (a Grain worker's slice).
-    docs = flatten(self._fetch(list(range(start + lo * step, start + hi * step, step))))
-    new_N, sizes_D = _with_specials(docs)
+    ahead, self._ahead = self._ahead, None
+    new_N, sizes_D, first_D = ahead[1].result() if ahead and ahead[0] == (lo, hi) else self._read(lo, hi)
     drop = keep_from - self._buffer_start
     end = self._offsets[-1] + self._sizes[-1] if self._sizes else self._base
     keep = self._offsets[drop] if drop < len(self._offsets) else end
@@ -152,11 +172,17 @@ class PackIterator(grain.DatasetIterator):
     self._base = keep
     self._offsets = self._offsets[drop:] + (end + np.cumsum(sizes_D) - sizes_D).tolist()
     self._sizes = self._sizes[drop:] + sizes_D.tolist()
-    self._firsts = self._firsts[drop:] + ([0] * len(sizes_D) if docs.first_D is None else docs.first_D.tolist())
+    self._firsts = self._firsts[drop:] + ([0] * len(sizes_D) if first_D is None else first_D.tolist())
     self._buffer_start = keep_from
     tokens = max(int(sizes_D.sum()), 1)
     self._fetch_size = int(np.clip(FETCH_ROUNDS * self._bins * self._seq_len * len(sizes_D) // tokens,
                                    64, FETCH_MAX))
+    self._fetches += 1
+    # Read ahead (the read and the encode release the GIL) once an endless stream is read on: not
+    # on the first fetch, which is often a restore's re-pack of one round (data/elastic.py).
+    if self._length is None and self._fetches > 1:
+      nxt = (hi, hi + self._fetch_size)
+      self._ahead = (nxt, _read_ahead_pool().submit(self._read, *nxt))
     return True
 
   def _pack_round(self) -> tuple[int, int]:

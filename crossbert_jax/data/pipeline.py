@@ -19,6 +19,8 @@ through `grain.checkpoint.CheckpointSave(iterator)` / `CheckpointRestore(iterato
 
 from collections.abc import Sequence
 import itertools
+import threading
+from typing import Any
 
 import grain
 import ml_collections
@@ -60,12 +62,20 @@ class _Fetch:
 
   def __init__(self, order: "_Order", tokenizer: tokenizer_lib.Tokenizer | None):
     self._order, self._tokenizer = order, tokenizer
+    self._lock = threading.Lock()  # Packers read ahead in a thread; one read of the source at a time.
+
+  def __getstate__(self) -> dict[str, Any]:  # Grain workers unpickle their own.
+    return {**self.__dict__, "_lock": None}
+
+  def __setstate__(self, state: dict[str, Any]) -> None:
+    self.__dict__.update(state, _lock=threading.Lock())
 
   def __call__(self, indices: list[int]) -> packing.Documents:
-    source, keys = self._order.source, self._order.source_indices(indices).tolist()
-    if self._tokenizer is None:  # Pre-tokenized shards.
-      return packing.Documents(*source.read_tokens(keys))
-    ids = self._tokenizer.encode_batch(source._getitems(keys))  # pylint: disable=protected-access
+    with self._lock:
+      source, keys = self._order.source, self._order.source_indices(indices).tolist()
+      if self._tokenizer is None:  # Pre-tokenized shards.
+        return packing.Documents(*source.read_tokens(keys))
+      ids = self._tokenizer.encode_batch(source._getitems(keys))  # pylint: disable=protected-access
     lengths_D = np.fromiter(map(len, ids), np.int64, len(ids))
     return packing.Documents(np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths_D.sum())),
                              lengths_D)
