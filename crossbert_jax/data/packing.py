@@ -9,7 +9,7 @@ batched, multi-threaded encode): the documents arrive flat (`Documents`: all ids
 get their [CLS]/[SEP] in one vectorised copy, and are kept as one token buffer. Per chunk, only
 the first-fit placement is Python: a max-tree over the bins' free space finds the first bin that
 fits in O(log bins) list operations. A round's rows are then built by one gather from the buffer.
-A fetch asks for about `FETCH_ROUNDS` rounds' worth of documents (64 to `FETCH_MAX`), since a
+A fetch asks for about `FETCH_ROUNDS` rounds' worth of documents (`FETCH_MIN` to `FETCH_MAX`), since a
 batched read costs about a millisecond per call whatever its size, and an endless stream reads
 its next fetch ahead in a thread while it packs (ArrayRecord reads and SentencePiece encodes
 release the GIL), so `fetch` must be thread-safe. The stream does not depend on either.
@@ -35,7 +35,7 @@ from crossbert_jax.data import tokenizer as tokenizer_lib
 
 Row = dict[str, np.ndarray]
 FETCH_FIRST = 256  # Documents in the first fetch (after a start or a restore), before their size is known.
-FETCH_MAX = 8192  # Documents fetched at most at once.
+FETCH_MIN, FETCH_MAX = 64, 8192  # Documents fetched at least and at most at once (after the first).
 FETCH_ROUNDS = 4  # A fetch aims at this many rounds' tokens (bins x L each).
 
 
@@ -176,7 +176,7 @@ class PackIterator(grain.DatasetIterator):
     self._buffer_start = keep_from
     tokens = max(int(sizes_D.sum()), 1)
     self._fetch_size = int(np.clip(FETCH_ROUNDS * self._bins * self._seq_len * len(sizes_D) // tokens,
-                                   64, FETCH_MAX))
+                                   FETCH_MIN, FETCH_MAX))
     self._fetches += 1
     # Read ahead (the read and the encode release the GIL) once an endless stream is read on: not
     # on the first fetch, which is often a restore's re-pack of one round (data/elastic.py).
