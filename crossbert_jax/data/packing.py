@@ -253,15 +253,22 @@ class PackIterator(grain.DatasetIterator):
     return {k: v.reshape(rows, self._seq_len) for k, v in out.items()}
 
   def __next__(self) -> Row:
-    if self._rows is None:
-      self._next_start = self._pack_round()
-    r = int(self._order[self._next_row])
-    row = {k: v[r] for k, v in self._rows.items()}
-    self._next_row += 1
-    self._counter += 1
-    if self._next_row >= len(self._order):  # The next round starts where this one stopped.
-      self._start, self._next_row, self._rows, self._order = self._next_start, 0, None, None
-    return row
+    return {k: v[0] for k, v in self.next_rows(1).items()}
+
+  def next_rows(self, count: int) -> Row:
+    """The next `count` rows at once ([count, L] arrays): what `count` `next` calls give, stacked."""
+    parts = []
+    while count > 0:
+      if self._rows is None:
+        self._next_start = self._pack_round()
+      take_K = self._order[self._next_row:self._next_row + count]
+      parts.append({k: v[take_K] for k, v in self._rows.items()})
+      self._next_row += len(take_K)
+      self._counter += len(take_K)
+      count -= len(take_K)
+      if self._next_row >= len(self._order):  # The next round starts where this one stopped.
+        self._start, self._next_row, self._rows, self._order = self._next_start, 0, None, None
+    return parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
   def get_state(self) -> dict[str, Any]:
     return {"parent": {"parent": {"next_index": self._start[0]}, "chunk": self._start[1]},
@@ -297,3 +304,38 @@ class PackDataset(grain.IterDataset):
 
   def __str__(self) -> str:
     return f"PackDataset({self._kwargs})"
+
+
+class BatchRows(grain.IterDataset):
+  """Batches of `batch_size` rows (a remainder is dropped), as Grain's `batch` makes them and with
+  its state (the parent's); a parent iterator with `next_rows` gives each batch in one call."""
+
+  def __init__(self, parent: grain.IterDataset, batch_size: int):
+    super().__init__(parent)
+    self._batch_size = batch_size
+
+  def __iter__(self) -> "_BatchRowsIterator":
+    return _BatchRowsIterator(self._parent.__iter__(), self._batch_size)
+
+  def __str__(self) -> str:
+    return f"BatchRows(batch_size={self._batch_size})"
+
+
+class _BatchRowsIterator(grain.DatasetIterator):
+  """See `BatchRows`."""
+
+  def __init__(self, parent: grain.DatasetIterator, batch_size: int):
+    super().__init__(parent)
+    self._batch_size = batch_size
+
+  def __next__(self) -> Row:
+    if hasattr(self._parent, "next_rows"):
+      return self._parent.next_rows(self._batch_size)
+    rows = [next(self._parent) for _ in range(self._batch_size)]
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+  def get_state(self) -> dict[str, Any]:
+    return self._parent.get_state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._parent.set_state(state)

@@ -270,7 +270,7 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.T
     raise UserError(f"per-process batch size must be >= 1, got {batch_size}")
   layout = Layout(data_cfg, tokenizer, bins=packing_bins(batch_size), seed=seed, process_index=process_index,
                   process_count=process_count)
-  it_ds = elastic.ElasticRows(layout).batch(batch_size, drop_remainder=True)
+  it_ds = packing.BatchRows(elastic.ElasticRows(layout), batch_size)
   if data_cfg.worker_count > 0:
     it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(
         num_workers=data_cfg.worker_count, per_worker_buffer_size=data_cfg.worker_buffer_size),
