@@ -232,25 +232,28 @@ class PackIterator(grain.DatasetIterator):
     return at
 
   def _scatter(self, starts_P: list[int], lens_P: list[int], bins_P: list[int], rows: int) -> Row:
-    """The round's rows from its placed chunks (global buffer offset, length, row): a row holds its
-    chunks in placement order from column 0, so ordering the chunks by row (stably) lays each row's
-    tokens out contiguously; one gather from the token buffer and three scatters fill the rows."""
+    """The round's rows from its placed chunks (global buffer offset, length, row).
+
+    A row holds its chunks in placement order from column 0, so with the chunks ordered by row
+    (stably) the round's T tokens fill the rows' used slots in row-major order: one gather from
+    the token buffer, then one masked store per output.
+    """
     order_P = np.argsort(np.asarray(bins_P, np.int64), kind="stable")
     bins = np.asarray(bins_P, np.int64)[order_P]
     lens = np.asarray(lens_P, np.int64)[order_P]
     new_row = np.ones(len(bins), bool)
     new_row[1:] = bins[1:] != bins[:-1]
     first_P = np.maximum.accumulate(np.where(new_row, np.arange(len(bins)), 0))  # The row's first chunk.
-    seg_P = np.arange(len(bins)) - first_P + 1
     piece_start_P = np.cumsum(lens) - lens  # Where each chunk starts among the round's T tokens.
-    offset_T = np.arange(int(lens.sum())) - np.repeat(piece_start_P, lens)
-    dest_T = np.arange(len(offset_T)) - np.repeat(piece_start_P[first_P] - bins * self._seq_len, lens)
-    src_T = np.repeat(np.asarray(starts_P, np.int64)[order_P] - self._base, lens) + offset_T
-    out = {k: np.zeros(rows * self._seq_len, np.int32) for k in ("tokens", "segment_ids", "positions")}
-    out["tokens"][dest_T] = self._tokens[src_T]
-    out["segment_ids"][dest_T] = np.repeat(seg_P, lens)
-    out["positions"][dest_T] = offset_T
-    return {k: v.reshape(rows, self._seq_len) for k, v in out.items()}
+    arange_T = np.arange(int(piece_start_P[-1] + lens[-1]))
+    src_T = arange_T + np.repeat(np.asarray(starts_P, np.int64)[order_P] - self._base - piece_start_P, lens)
+    used_R = np.bincount(bins, weights=lens, minlength=rows)
+    used_RxL = np.arange(self._seq_len) < used_R[:, None]
+    out = {k: np.zeros((rows, self._seq_len), np.int32) for k in ("tokens", "segment_ids", "positions")}
+    out["tokens"][used_RxL] = self._tokens[src_T]
+    out["segment_ids"][used_RxL] = np.repeat((np.arange(len(bins)) - first_P + 1).astype(np.int32), lens)
+    out["positions"][used_RxL] = arange_T - np.repeat(piece_start_P, lens)
+    return out
 
   def __next__(self) -> Row:
     return {k: v[0] for k, v in self.next_rows(1).items()}
