@@ -234,26 +234,37 @@ class PackIterator(grain.DatasetIterator):
   def _scatter(self, starts_P: list[int], lens_P: list[int], bins_P: list[int], rows: int) -> Row:
     """The round's rows from its placed chunks (global buffer offset, length, row).
 
-    A row holds its chunks in placement order from column 0, so with the chunks ordered by row
-    (stably) the round's T tokens fill the rows' used slots in row-major order: one gather from
-    the token buffer, then one masked store per output.
+    A row holds its chunks in placement order from column 0, then padding. So with the chunks
+    ordered by row (stably) and each row's padding as one more piece after them (Q = P + R pieces),
+    the pieces tile the R x L slots in order, and every output is one `np.repeat` over the pieces
+    (the tokens one gather from the buffer); padding is then zeroed.
     """
-    order_P = np.argsort(np.asarray(bins_P, np.int64), kind="stable")
-    bins = np.asarray(bins_P, np.int64)[order_P]
-    lens = np.asarray(lens_P, np.int64)[order_P]
-    new_row = np.ones(len(bins), bool)
-    new_row[1:] = bins[1:] != bins[:-1]
-    first_P = np.maximum.accumulate(np.where(new_row, np.arange(len(bins)), 0))  # The row's first chunk.
-    piece_start_P = np.cumsum(lens) - lens  # Where each chunk starts among the round's T tokens.
-    arange_T = np.arange(int(piece_start_P[-1] + lens[-1]))
-    src_T = arange_T + np.repeat(np.asarray(starts_P, np.int64)[order_P] - self._base - piece_start_P, lens)
-    used_R = np.bincount(bins, weights=lens, minlength=rows)
-    used_RxL = np.arange(self._seq_len) < used_R[:, None]
-    out = {k: np.zeros((rows, self._seq_len), np.int32) for k in ("tokens", "segment_ids", "positions")}
-    out["tokens"][used_RxL] = self._tokens[src_T]
-    out["segment_ids"][used_RxL] = np.repeat((np.arange(len(bins)) - first_P + 1).astype(np.int32), lens)
-    out["positions"][used_RxL] = arange_T - np.repeat(piece_start_P, lens)
-    return out
+    L = self._seq_len
+    order_P = np.argsort(np.asarray(bins_P, np.int32), kind="stable")
+    bins_P = np.asarray(bins_P, np.int32)[order_P]
+    lens_P = np.asarray(lens_P, np.int32)[order_P]
+    count_R = np.bincount(bins_P, minlength=rows)  # First-fit fills rows in order: none is empty.
+    end_R = np.cumsum(count_R)
+    seg_P = np.arange(1, len(bins_P) + 1, dtype=np.int32) - np.repeat((end_R - count_R).astype(np.int32), count_R)
+    piece_P = np.arange(len(bins_P)) + bins_P  # Chunk p is piece p + (rows before its row).
+    pad_R = end_R + np.arange(rows)
+    len_Q = np.empty(len(bins_P) + rows, np.int32)
+    len_Q[piece_P] = lens_P
+    len_Q[pad_R] = L - np.bincount(bins_P, weights=lens_P, minlength=rows).astype(np.int32)
+    start_Q = np.cumsum(len_Q) - len_Q  # The slot each piece starts at.
+    shift_Q = np.zeros(len(len_Q), np.int64)  # Buffer index - slot, along a chunk.
+    shift_Q[piece_P] = np.asarray(starts_P, np.int64)[order_P] - self._base - start_Q[piece_P]
+    seg_Q = np.zeros(len(len_Q), np.int32)
+    seg_Q[piece_P] = seg_P
+    segment_ids = np.repeat(seg_Q, len_Q)
+    padding = segment_ids == 0
+    # Padding reads somewhere in the buffer ("clip": the buffer can be shorter than its slots), then is zeroed.
+    tokens = self._tokens.take(np.arange(rows * L) + np.repeat(shift_Q, len_Q), mode="clip")
+    tokens[padding] = tokenizer_lib.PAD_ID
+    positions = np.arange(rows * L, dtype=np.int32) - np.repeat(start_Q.astype(np.int32), len_Q)
+    positions[padding] = 0
+    return {"tokens": tokens.reshape(rows, L), "segment_ids": segment_ids.reshape(rows, L),
+            "positions": positions.reshape(rows, L)}
 
   def __next__(self) -> Row:
     return {k: v[0] for k, v in self.next_rows(1).items()}
