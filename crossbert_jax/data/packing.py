@@ -8,11 +8,13 @@ Hot path, per fetched batch of documents (`fetch(indices)`: one batched read, an
 batched, multi-threaded encode): the documents arrive flat (`Documents`: all ids in one array),
 get their [CLS]/[SEP] in one vectorised copy, and are kept as one token buffer. Per chunk, only
 the first-fit placement is Python: a max-tree over the bins' free space finds the first bin that
-fits in O(log bins) list operations. A round's rows are then built by one gather from the buffer.
-A fetch asks for about `FETCH_ROUNDS` rounds' worth of documents (`FETCH_MIN` to `FETCH_MAX`), since a
-batched read costs about a millisecond per call whatever its size, and an endless stream reads
-its next fetch ahead in a thread while it packs (ArrayRecord reads and SentencePiece encodes
-release the GIL), so `fetch` must be thread-safe. The stream does not depend on either.
+fits in O(log bins) list operations. A round's rows are then built by a few `np.repeat`s and
+one gather from the buffer, and `next_rows` hands out a whole batch of them per call (`BatchRows`).
+A fetch asks for about `FETCH_ROUNDS` rounds' worth of documents (`FETCH_MIN` to `FETCH_MAX`),
+since a batched ArrayRecord read costs about a millisecond per call whatever its size, and an
+endless stream reads its next fetch ahead in a thread while it packs (ArrayRecord reads and
+SentencePiece encodes release the GIL), so `fetch` must be thread-safe. The stream depends on
+neither.
 
 A round: chunks are placed first-fit into `bins` rows of L until one fits nowhere (or the
 documents end); the round's rows are then emitted in the order of

@@ -168,17 +168,18 @@ class _Order:
     return ds if self._stride == (0, 1) else ds[self._stride[0]::self._stride[1]]
 
   def source_indices(self, indices: Sequence[int]) -> np.ndarray:
-    """The source index that `dataset().repeat(None)[i]` reads, for each i in `indices`."""
+    """The source index that `dataset().repeat(None)[i]` reads, for each i in `indices` (vectorised)."""
     epoch_K, offset_K = np.divmod(np.asarray(indices, np.int64), self.length)
     epoch_K, in_epoch_K = np.divmod(self._stride[0] + offset_K * self._stride[1] + epoch_K * self._n, self._n)
     if not self._small:  # Grain's shuffle: one index_shuffle call per element, as Grain makes them.
-      return np.fromiter((grain.experimental.index_shuffle(int(i), max_index=self._n - 1, seed=(self._seed + int(e)) % 2**32,
-                                                      rounds=4) for i, e in zip(in_epoch_K, epoch_K)),
-                         np.int64, len(in_epoch_K))
+      shuffle = grain.experimental.index_shuffle
+      return np.fromiter((shuffle(i, max_index=self._n - 1, seed=(self._seed + e) % 2**32, rounds=4)
+                          for i, e in zip(in_epoch_K.tolist(), epoch_K.tolist())), np.int64, len(in_epoch_K))
     out_K = np.empty_like(in_epoch_K)
     for epoch in np.unique(epoch_K).tolist():
-      if epoch not in self._perms:
-        self._perms = {**{e: p for e, p in self._perms.items() if e == epoch - 1}, epoch: _permutation(self._seed, epoch, self._n)}
+      if epoch not in self._perms:  # Keeps this epoch's permutation and the one before.
+        kept = {e: p for e, p in self._perms.items() if e == epoch - 1}
+        self._perms = {**kept, epoch: _permutation(self._seed, epoch, self._n)}
       where = epoch_K == epoch
       out_K[where] = self._perms[epoch][in_epoch_K[where]]
     return out_K
