@@ -58,6 +58,10 @@ def flatten(docs: "Documents | Sequence[Document]") -> Documents:
   """`docs` as `Documents` (a list of id arrays or (ids, first chunk) pairs is concatenated)."""
   if isinstance(docs, Documents):
     return docs
+  if not any(isinstance(d, tuple) for d in docs):  # Arrays only (the pipeline's fetches): one concatenate.
+    lengths_D = np.fromiter(map(len, docs), np.int64, len(docs))
+    return Documents(np.concatenate(docs).astype(np.int32, copy=False) if len(docs) else np.zeros(0, np.int32),
+                     lengths_D)
   pairs = [d if isinstance(d, tuple) else (d, 0) for d in docs]
   lengths_D = np.fromiter((len(ids) for ids, _ in pairs), np.int64, len(pairs))
   ids_N = (np.concatenate([np.asarray(ids, np.int32) for ids, _ in pairs]) if pairs and lengths_D.any()

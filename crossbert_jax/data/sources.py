@@ -285,12 +285,6 @@ class _ArrayRecordTokens(_ArrayRecordDocuments):
   def _decode(self, raw: bytes, index: int) -> np.ndarray:
     return np.frombuffer(raw, self._dtype).astype(np.int32)
 
-  def read_tokens(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Documents at `indices` laid end to end, decoded at once: (int32 ids_N, lengths_D)."""
-    raws = self._read(indices)
-    lengths_D = np.fromiter(map(len, raws), np.int64, len(raws)) // self._dtype.itemsize
-    return np.frombuffer(b"".join(raws), self._dtype).astype(np.int32), lengths_D
-
 
 class DocumentSource(grain.sources.RandomAccessDataSource):
   """Random-access documents from all files of a spec, in file order: str, or int32 token ids
@@ -312,11 +306,6 @@ class DocumentSource(grain.sources.RandomAccessDataSource):
     part = int(np.searchsorted(self._ends, index, side="right"))
     start = int(self._ends[part - 1]) if part else 0
     return self._parts[part][index - start]
-
-  def read_tokens(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Pre-tokenized shards (one part): the documents at `indices` laid end to end, (int32 ids_N, lengths_D)."""
-    (part,) = self._parts
-    return part.read_tokens(indices)
 
   def _getitems(self, indices: Sequence[int]) -> list[Any]:
     """Batched read: one batched call per file part that has one (Grain calls this for `_getitems`)."""
