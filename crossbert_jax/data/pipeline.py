@@ -73,8 +73,8 @@ class _Fetch:
   def __call__(self, indices: list[int]) -> packing.Documents:
     with self._lock:
       source, keys = self._order.source, self._order.source_indices(indices).tolist()
-      if self._tokenizer is None:  # Pre-tokenized shards: int32 ids per document.
-        return packing.flatten(source._getitems(keys))  # pylint: disable=protected-access
+      if self._tokenizer is None:  # Pre-tokenized shards.
+        return packing.Documents(*source.read_tokens(keys))
       ids = self._tokenizer.encode_batch(source._getitems(keys))  # pylint: disable=protected-access
     lengths_D = np.fromiter(map(len, ids), np.int64, len(ids))
     return packing.Documents(np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths_D.sum())),
