@@ -11,6 +11,7 @@ import pytest
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import corpus
+from crossbert_jax.data import packing
 from crossbert_jax.data import pipeline as data
 from crossbert_jax.data import sources
 from crossbert_jax.data import tokenizer as tokenizer_lib
@@ -323,3 +324,29 @@ def test_user_errors_name_the_input(tmp_path, tok):
       sources.document_source(data_cfg(latin1))
     except err as e:
       assert "\n" not in str(e)  # One line.
+
+
+@pytest.mark.parametrize("kind", ["text", "arrayrecord"])
+def test_packer_fetch_reads_the_grain_datasets_documents(tmp_path, tok, shuffle_impl, kind):
+  """The packer's batched fetch (vectorised order, one read, one encode) gives, for any stream
+  indices over several epochs and processes, the documents the Grain dataset chain gives."""
+  del shuffle_impl  # Both shuffles run.
+  docs = sentences(37)
+  if kind == "text":
+    path = tmp_path / "d.txt"
+    path.write_text("\n".join(docs) + "\n")
+  else:
+    path = tmp_path / "d.arrayrecord"
+    writer = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
+    for d in docs:
+      writer.write(d.encode())
+    writer.close()
+  rng = np.random.default_rng(0)
+  for p in range(3):
+    layout = data.Layout(data_cfg(path), tok, bins=4, seed=5, process_index=p, process_count=3)
+    grain_docs = layout.documents()  # Shuffle, stride, repeat, tokenize: Grain's MapDatasets.
+    indices = rng.permutation(4 * layout.epoch_length()).tolist()
+    got = layout._fetch(indices)  # pylint: disable=protected-access
+    want = packing.flatten([grain_docs[i] for i in indices])
+    np.testing.assert_array_equal(got.lengths_D, want.lengths_D)
+    np.testing.assert_array_equal(got.ids_N, want.ids_N)

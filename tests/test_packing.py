@@ -128,3 +128,13 @@ def test_two_grain_workers_split_the_documents_and_resume(tmp_path):
     np.testing.assert_array_equal(next(resumed)["tokens"], e["tokens"])
   for i in (it, resumed):
     i.close()
+
+
+def test_rounds_that_span_many_fetches_pack_the_same_rows(monkeypatch):
+  """Fetches of one or two documents (every round spans many, and the buffer is cut mid-round)
+  give Grain's rows and states; so do restores that start a fresh buffer."""
+  monkeypatch.setattr(packing, "FETCH_FIRST", 1)
+  monkeypatch.setattr(packing, "FETCH_MIN", 1)
+  monkeypatch.setattr(packing, "FETCH_MAX", 2)
+  test_rows_and_states_equal_grains(32, 5, False, False)
+  test_rows_and_states_equal_grains(16, 3, True, True)

@@ -198,6 +198,13 @@ class _ElasticRowsIterator(grain.DatasetIterator):
         self._enter("documents" if self._phase == "rows" else "normal", None)
     return next(self._parent)
 
+  def next_rows(self, count: int) -> Row:
+    """The next `count` rows stacked: the packer's whole-batch path unless draining."""
+    if self._reshard is None:
+      return self._parent.next_rows(count)
+    rows = [next(self) for _ in range(count)]
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
   def get_state(self) -> dict[str, Any]:
     if self._reshard is None:
       return self._parent.get_state()

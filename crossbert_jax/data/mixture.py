@@ -107,7 +107,8 @@ class MixedFetch:
     out: list[Any] = [None] * len(indices)
     for k in np.unique(source_K):
       where = np.flatnonzero(source_K == k)
-      for w, ids in zip(where.tolist(), self._fetches[k](local_K[where].tolist())):
+      docs = packing.flatten(self._fetches[k](local_K[where].tolist()))  # A source's fetch: flat documents.
+      for w, ids in zip(where.tolist(), np.split(docs.ids_N, np.cumsum(docs.lengths_D)[:-1])):
         out[w] = ids
         self._record[indices[w]] = (int(k), _packed_length(ids))
     return out

@@ -19,6 +19,11 @@ through `grain.checkpoint.CheckpointSave(iterator)` / `CheckpointRestore(iterato
 """
 
 
+from collections.abc import Sequence
+import itertools
+import threading
+from typing import Any
+
 import grain
 import ml_collections
 import numpy as np
@@ -56,16 +61,28 @@ class _Tokenize:
 
 
 class _Fetch:
-  """Documents at `indices` of a repeated document list as int32 ids: one batched read and encode."""
+  """Documents at stream `indices` as `packing.Documents`: index mapping, one batched read and
+  (text) one batched encode, without Grain's per-element bookkeeping."""
 
-  def __init__(self, documents: grain.MapDataset, tokenizer: tokenizer_lib.Tokenizer | None):
-    self._documents, self._tokenizer = documents, tokenizer
+  def __init__(self, order: "_Order", tokenizer: tokenizer_lib.Tokenizer | None):
+    self._order, self._tokenizer = order, tokenizer
+    self._lock = threading.Lock()  # Packers read ahead in a thread; one read of the source at a time.
 
-  def __call__(self, indices: list[int]) -> list[np.ndarray]:
-    docs = self._documents._getitems(indices)  # pylint: disable=protected-access  (batched reads)
-    if self._tokenizer is None:  # Pre-tokenized shards.
-      return docs
-    return [np.asarray(ids, np.int32) for ids in self._tokenizer.encode_batch(docs)]
+  def __getstate__(self) -> dict[str, Any]:  # Grain workers unpickle their own.
+    return {**self.__dict__, "_lock": None}
+
+  def __setstate__(self, state: dict[str, Any]) -> None:
+    self.__dict__.update(state, _lock=threading.Lock())
+
+  def __call__(self, indices: list[int]) -> packing.Documents:
+    with self._lock:
+      source, keys = self._order.source, self._order.source_indices(indices).tolist()
+      if self._tokenizer is None:  # Pre-tokenized shards.
+        return packing.Documents(*source.read_tokens(keys))
+      ids = self._tokenizer.encode_batch(source._getitems(keys))  # pylint: disable=protected-access
+    lengths_D = np.fromiter(map(len, ids), np.int64, len(ids))
+    return packing.Documents(np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths_D.sum())),
+                             lengths_D)
 
 
 def check_process(process_index: int, process_count: int) -> None:
@@ -114,30 +131,67 @@ class _SmallShuffle(grain.MapDataset):
     n = len(self._parent)
     epoch, i = divmod(index, n)
     if self._perm_epoch is None or self._perm_epoch[0] != epoch:
-      self._perm_epoch = (epoch, np.random.default_rng([self._seed, epoch]).permutation(n))
+      self._perm_epoch = (epoch, _permutation(self._seed, epoch, n))
     return int(self._perm_epoch[1][i]) + epoch * n
 
 
 SMALL_SHUFFLE_MAX = 1 << 16
 
 
+def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+  """`_SmallShuffle`'s order of epoch `epoch`."""
+  return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+class _Order:
+  """Which source document each stream index reads: a per-epoch shuffle, then (sources read whole)
+  this process's stride, repeated; `dataset()` is the same order as a Grain MapDataset.
+
+  Sources read whole (builtin, ArrayRecord) are shuffled before striding, so every process sees
+  a uniform sample; per-host sources (data/splits.py) shuffle this process's share. Both shuffles
+  draw a fresh permutation for each epoch (index // len) once the dataset is repeated.
+  """
+
+  def __init__(self, source: sources.DocumentSource, data_cfg: ml_collections.ConfigDict, seed: int,
+               process_index: int, process_count: int):
+    self.source, self._n = source, len(source)
+    self._seed = _combine_seeds(data_cfg.shuffle_seed, seed)
+    self._small = self._n <= SMALL_SHUFFLE_MAX
+    # Otherwise the source already holds only this process's share.
+    self._stride = (process_index, process_count) if not source.per_process else (0, 1)
+    self.length = len(range(self._stride[0], self._n, self._stride[1]))
+    if self.length == 0:
+      raise UserError(f"data.path={data_cfg.path!r} has fewer documents than the {process_count} "
+                      "processes reading it: add data or use text_unit='line'")
+    self._perms: dict[int, np.ndarray] = {}
+
+  def dataset(self) -> grain.MapDataset:
+    """One epoch of the order (element `i + e * length` is epoch e's i-th element once repeated)."""
+    ds = grain.MapDataset.source(self.source)
+    ds = _SmallShuffle(ds, self._seed) if self._small else ds.shuffle(seed=self._seed)
+    return ds if self._stride == (0, 1) else ds[self._stride[0]::self._stride[1]]
+
+  def source_indices(self, indices: Sequence[int]) -> np.ndarray:
+    """The source index that `dataset().repeat(None)[i]` reads, for each i in `indices` (vectorised)."""
+    epoch_K, offset_K = np.divmod(np.asarray(indices, np.int64), self.length)
+    epoch_K, in_epoch_K = np.divmod(self._stride[0] + offset_K * self._stride[1] + epoch_K * self._n, self._n)
+    if not self._small:  # Grain's shuffle: one index_shuffle call per element, as Grain makes them.
+      shuffle = grain.experimental.index_shuffle
+      return np.fromiter((shuffle(i, max_index=self._n - 1, seed=(self._seed + e) % 2**32, rounds=4)
+                          for i, e in zip(in_epoch_K.tolist(), epoch_K.tolist())), np.int64, len(in_epoch_K))
+    out_K = np.empty_like(in_epoch_K)
+    for epoch in np.unique(epoch_K).tolist():
+      if epoch not in self._perms:  # Keeps this epoch's permutation and the one before.
+        kept = {e: p for e, p in self._perms.items() if e == epoch - 1}
+        self._perms = {**kept, epoch: _permutation(self._seed, epoch, self._n)}
+      where = epoch_K == epoch
+      out_K[where] = self._perms[epoch][in_epoch_K[where]]
+    return out_K
+
+
 def _shard(source: sources.DocumentSource, data_cfg: ml_collections.ConfigDict, seed: int,
            process_index: int, process_count: int) -> grain.MapDataset:
-  ds = grain.MapDataset.source(source)
-  # Sources read whole (builtin, ArrayRecord) are shuffled before striding, so every process sees
-  # a uniform sample; per-host sources (data/splits.py) shuffle this process's share. Both shuffles
-  # draw a fresh permutation for each epoch (index // len) once the dataset is repeated.
-  shuffle_seed = _combine_seeds(data_cfg.shuffle_seed, seed)
-  if len(ds) <= SMALL_SHUFFLE_MAX:
-    ds = _SmallShuffle(ds, shuffle_seed)
-  else:
-    ds = ds.shuffle(seed=shuffle_seed)
-  if not source.per_process:  # Otherwise the source already holds only this process's share.
-    ds = ds[process_index::process_count]
-  if len(ds) == 0:
-    raise UserError(f"data.path={data_cfg.path!r} has fewer documents than the {process_count} "
-                    "processes reading it: add data or use text_unit='line'")
-  return ds
+  return _Order(source, data_cfg, seed, process_index, process_count).dataset()
 
 
 def packing_bins(batch_size: int) -> int:
@@ -187,12 +241,11 @@ class Layout:
     """(the repeated, tokenized documents, their batched fetch, one epoch's length) of one source."""
     source = sources.document_source(data_cfg, self.process_index, self.process_count)
     _check_tokenizer(source, data_cfg, self.tokenizer)
-    ds = _shard(source, data_cfg, seed, self.process_index, self.process_count)
-    epoch_length = len(ds)
-    ds = ds.repeat(None)
+    order = _Order(source, data_cfg, seed, self.process_index, self.process_count)
+    ds = order.dataset().repeat(None)
     pretokenized = source.tokenizer is not None
-    fetch = _Fetch(ds, None if pretokenized else self.tokenizer)
-    return (ds if pretokenized else ds.map(_Tokenize(self.tokenizer))), fetch, epoch_length
+    fetch = _Fetch(order, None if pretokenized else self.tokenizer)
+    return (ds if pretokenized else ds.map(_Tokenize(self.tokenizer))), fetch, order.length
 
   def mixed_fetch(self) -> mixture.MixedFetch:
     """The documents of `data.mixture`'s sources, mixed by weight (data/mixture.py)."""
@@ -246,7 +299,7 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.T
     rows = mixture.CountedRows(layout.pack(fetch, None), fetch, mixture.names(data_cfg), data_cfg.seq_len)
   else:
     rows = elastic.ElasticRows(layout)
-  it_ds = rows.batch(batch_size, drop_remainder=True)
+  it_ds = packing.BatchRows(rows, batch_size)
   if data_cfg.worker_count > 0:
     it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(
         num_workers=data_cfg.worker_count, per_worker_buffer_size=data_cfg.worker_buffer_size),

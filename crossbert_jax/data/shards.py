@@ -40,6 +40,12 @@ def token_dtype(vocab_size: int) -> np.dtype:
   return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
 
 
+def decode_tokens(records: Sequence[bytes], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+  """Records of a tokens-* shard laid end to end, decoded at once: (int32 ids_N, lengths_D)."""
+  ids_N = np.frombuffer(b"".join(records), dtype).astype(np.int32)
+  return ids_N, np.fromiter(map(len, records), np.int64, len(records)) // np.dtype(dtype).itemsize
+
+
 def sha256(data: bytes) -> str:
   return hashlib.sha256(data).hexdigest()
 

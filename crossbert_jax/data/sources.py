@@ -10,6 +10,7 @@ import json
 import os
 from typing import Any
 
+from array_record.python import array_record_module
 from etils import epath
 import grain
 import ml_collections
@@ -239,8 +240,7 @@ class _ArrayRecordDocuments:
   """Random access to the documents of ArrayRecord files, read on demand (not in memory)."""
 
   def __init__(self, paths: Sequence[epath.Path], text_field: str):
-    self._paths = [str(p) for p in paths]
-    self._text_field = text_field
+    self._paths, self._text_field = [str(p) for p in paths], text_field
     try:
       self._source = grain.sources.ArrayRecordDataSource(self._paths)
     except Exception as e:  # pylint: disable=broad-except
@@ -261,8 +261,6 @@ class _ArrayRecordDocuments:
 
   def _read(self, indices: Sequence[int]) -> list[bytes]:
     """Records at `indices`: one read per file, in this thread (Grain's batched read starts threads per call)."""
-    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-
     if getattr(self, "_readers", None) is None:
       self._readers = [array_record_module.ArrayRecordReader(p, "readahead_buffer_size:0") for p in self._paths]
       self._file_ends = np.cumsum([r.num_records() for r in self._readers])
@@ -294,7 +292,6 @@ class DocumentSource(grain.sources.RandomAccessDataSource):
                tokenizer: dict[str, Any] | None = None):
     self._parts = list(parts)
     self._ends = np.cumsum([len(p) for p in self._parts])
-    self.reads_files = any(isinstance(p, _ArrayRecordDocuments) for p in self._parts)
     # True: holds only this process's share (splits.py); False: all documents, to be strided.
     self.per_process = per_process
     self.tokenizer = tokenizer
@@ -306,6 +303,9 @@ class DocumentSource(grain.sources.RandomAccessDataSource):
     part = int(np.searchsorted(self._ends, index, side="right"))
     start = int(self._ends[part - 1]) if part else 0
     return self._parts[part][index - start]
+
+  def read_tokens(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:  # Pre-tokenized: one decode.
+    return shards.decode_tokens(self._parts[0]._read(indices), self._parts[0]._dtype)  # pylint: disable=protected-access
 
   def _getitems(self, indices: Sequence[int]) -> list[Any]:
     """Batched read: one batched call per file part that has one (Grain calls this for `_getitems`)."""
