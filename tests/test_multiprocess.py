@@ -1,8 +1,11 @@
 """Two processes on localhost through jax.distributed: per-process shards, one global batch."""
 
+import pytest
+
 from crossbert_jax.run import metrics
 
 
+@pytest.mark.slow  # Over 75 s on 2 idle cores: `make test-slow` and CI run it.
 def test_two_processes_train_checkpoint_and_agree_on_a_damaged_checkpoint(tmp_path, two_processes):
   """A 2-process run, then its newest step made unreadable for process 1 only (its iterator state
   truncated; process 0 reads the step fine): both processes set the step aside together, one

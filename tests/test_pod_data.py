@@ -136,15 +136,17 @@ def test_prepare_writes_shards_that_hold_every_document_once(tmp_path):
   out = tmp_path / "corpus"
   counts = prepare.prepare(str(tmp_path / "in"), str(out), 3, workers=2, progress=False)
   names = sorted(p.name for p in out.iterdir())
-  assert names == [f"corpus-0000{k}-of-00003.arrayrecord" for k in range(3)], names
+  assert names == [prepare.MARKER] + [f"corpus-0000{k}-of-00003.arrayrecord" for k in range(3)], names
+  assert prepare.finished(str(out)), "the finished record of the set"
   assert sum(counts) == 300 and min(counts) > 0, counts
   # The shards train as they are: read lazily, strided over processes.
   got = [d for k in range(2) for share in [pipeline.document_dataset(_cfg(out), seed=0, process_index=k,
                                                                     process_count=2)]
          for d in (share[i] for i in range(len(share)))]
   assert sorted(got) == sorted(docs)
-  with pytest.raises(UserError, match="already holds 3 shards"):
-    prepare.prepare(str(tmp_path / "in"), str(out), 3, progress=False)
+  assert prepare.prepare(str(tmp_path / "in"), str(out), 3, progress=False) == counts  # Finished: writes nothing.
+  with pytest.raises(UserError, match="holds a finished prepare of other inputs or flags"):
+    prepare.prepare(str(tmp_path / "in"), str(out), 4, progress=False)
 
 
 def test_prepare_cli(tmp_path):

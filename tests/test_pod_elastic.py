@@ -100,6 +100,7 @@ def test_a_change_during_a_drain_nests(corpus_cfg):
   assert seen == expected
 
 
+@pytest.mark.slow  # Over 75 s on 2 idle cores: `make test-slow` and CI run it.
 def test_training_resumes_on_one_process_then_on_two_again(tmp_path, two_processes):
   """2 processes -> 1 -> 2 (the second change while the first drain is still running): the run goes on."""
   spm = tmp_path / "spm.model"

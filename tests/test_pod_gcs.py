@@ -97,6 +97,7 @@ def _saved_steps(url: str) -> set[int]:
   return {int(n.split("/")[2]) for n in names if n.split("/")[2].isdigit() and n.endswith("_CHECKPOINT_METADATA")}
 
 
+@pytest.mark.slow  # Over 75 s on 2 idle cores: `make test-slow` and CI run it.
 def test_gcs_end_to_end(gcs, tmp_path):
   env, url = gcs
   docs = corpus.builtin_documents()[:3000]

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from crossbert_jax.core.errors import EXIT_STOPPED
 from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.run import metrics
@@ -46,6 +48,7 @@ def _losses(workdir) -> dict[int, float]:
   return {r["step"]: r["loss"] for r in metrics.read_metrics(str(workdir))}
 
 
+@pytest.mark.slow  # Over 75 s on 2 idle cores: `make test-slow` and CI run it.
 def test_sigterm_to_one_process_stops_all_at_one_step_and_resumes_exactly(tmp_path):
   spm = tmp_path / "spm.model"
   tokenizer.train_tokenizer(corpus.builtin_documents()[:2000], 400, spm)
