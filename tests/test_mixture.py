@@ -49,7 +49,8 @@ def _cfg(root, weights=(5, 3, 2), **overrides):
 def _mixed(cfg, tok, n, process_index=0, process_count=1):
   """The first n documents of the mixed stream, as token-id tuples."""
   layout = pipeline.Layout(cfg, tok, bins=64, seed=0, process_index=process_index, process_count=process_count)
-  return [tuple(d.tolist()) for d in layout.mixed_fetch()(list(range(n)))]
+  docs = layout.mixed_fetch()(list(range(n)))
+  return [tuple(d.tolist()) for d in np.split(docs.ids_N, np.cumsum(docs.lengths_D)[:-1])]
 
 
 def _source_of(docs, tok):

@@ -91,10 +91,6 @@ class Selection:
     return source_K, local_K
 
 
-def _packed_length(ids: np.ndarray) -> int:
-  return len(ids) + 2 if len(ids) else 0  # [CLS] ids [SEP]; an empty document is dropped.
-
-
 class MixedFetch:
   """`packing.Fetch` of the mixed stream: one batched fetch per source; records what it read."""
 
@@ -102,16 +98,25 @@ class MixedFetch:
     self._fetches, self._selection = list(fetches), selection
     self._record: dict[int, tuple[int, int]] = {}  # Mixed index -> (source, packed length).
 
-  def __call__(self, indices: list[int]) -> list[np.ndarray]:
+  def __call__(self, indices: list[int]) -> packing.Documents:
     source_K, local_K = self._selection.locate(indices)
-    out: list[Any] = [None] * len(indices)
+    lengths_D = np.zeros(len(indices), np.int64)
+    starts_D = np.zeros(len(indices), np.int64)  # Where each document's ids start in `flat` below.
+    flat, base = [], 0
     for k in np.unique(source_K):
       where = np.flatnonzero(source_K == k)
       docs = packing.flatten(self._fetches[k](local_K[where].tolist()))  # A source's fetch: flat documents.
-      for w, ids in zip(where.tolist(), np.split(docs.ids_N, np.cumsum(docs.lengths_D)[:-1])):
-        out[w] = ids
-        self._record[indices[w]] = (int(k), _packed_length(ids))
-    return out
+      lengths_D[where] = docs.lengths_D
+      starts_D[where] = base + np.cumsum(docs.lengths_D) - docs.lengths_D
+      flat.append(docs.ids_N)
+      base += len(docs.ids_N)
+    # The documents in stream order: one gather from the sources' concatenated ids.
+    out_starts_D = np.cumsum(lengths_D) - lengths_D
+    gather_N = np.repeat(starts_D - out_starts_D, lengths_D) + np.arange(int(lengths_D.sum()))
+    ids_N = np.concatenate(flat)[gather_N] if flat else np.zeros(0, np.int32)
+    packed_D = np.where(lengths_D > 0, lengths_D + 2, 0)  # [CLS] ids [SEP]; an empty document is dropped.
+    self._record.update(zip(indices, zip(source_K.tolist(), packed_D.tolist())))
+    return packing.Documents(ids_N.astype(np.int32, copy=False), lengths_D)
 
   def lengths(self, indices: list[int]) -> list[tuple[int, int]]:
     """(source, packed length) of mixed documents `indices` (ascending), from the record (read again if
