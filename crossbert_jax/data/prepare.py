@@ -152,8 +152,8 @@ def _identity(spec: str, files: list[epath.Path], shards: int, fmt: str, text_fi
           "tokenizer_sha256": shards_lib.sha256(tokenizer.serialized_proto) if tokenizer else None}
 
 
-def _start(out: epath.Path, identity: dict[str, Any], kind: str, shards: int) -> list[int]:
-  """Creates or resumes the folder; returns the shard indices still to write (none once it finished)."""
+def _start(out: epath.Path, identity: dict[str, Any], kind: str, shards: int) -> tuple[list[int], bool]:
+  """Creates or resumes the folder: (the shard indices still to write, whether this prepare had finished)."""
   marker = out / MARKER
   existing = sorted(p.name for p in out.glob("*-of-*.arrayrecord")) if out.exists() else []
   if not marker.exists():
@@ -161,7 +161,7 @@ def _start(out: epath.Path, identity: dict[str, Any], kind: str, shards: int) ->
       raise UserError(f"--output {out} already holds {len(existing)} shards ({existing[0]}, ...): choose a new folder")
     out.mkdir(parents=True, exist_ok=True)
     _write_marker(out, identity)
-    return list(range(shards))
+    return list(range(shards)), False
   try:
     old = json.loads(marker.read_text())
   except ValueError:
@@ -176,7 +176,7 @@ def _start(out: epath.Path, identity: dict[str, Any], kind: str, shards: int) ->
   for p in out.glob(".*.tmp-*"):  # Staging files of workers that were killed.
     p.unlink()
   have = {shards_lib.parse_name(n)[1] for n in existing if shards_lib.parse_name(n)[:1] == (kind,)}
-  return [k for k in range(shards) if k not in have]
+  return [k for k in range(shards) if k not in have], bool(old.get("finished"))
 
 
 def _write_marker(out: epath.Path, record: dict[str, Any]) -> None:
@@ -227,13 +227,13 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
   out = epath.Path(output)
   kind = shards_lib.TEXT if tokenizer is None else shards_lib.TOKENS
   identity = _identity(spec, files, shards, fmt, text_field, text_unit, tokenizer)
-  todo = _start(out, identity, kind, shards)
+  todo, done = _start(out, identity, kind, shards)
   proto = tokenizer.serialized_proto if tokenizer is not None else None
   stats = [(0, 0)] * shards
   itemsize = shards_lib.token_dtype(tokenizer.vocab_size).itemsize if tokenizer else 0
   for k in sorted(set(range(shards)) - set(todo)):
     stats[k] = _shard_stats(out / shard_name(k, shards, kind), itemsize)
-  if not todo and finished(output):  # The same command again on a finished set: nothing to write.
+  if not todo and done:  # The same command again on a finished set: nothing to write.
     return [n for n, _ in stats]
   bar = tqdm.tqdm(total=shards, initial=shards - len(todo), unit="shard", disable=not progress, dynamic_ncols=True)
   main_thread = threading.current_thread() is threading.main_thread()  # Only it may set signal handlers.
