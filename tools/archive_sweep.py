@@ -7,14 +7,15 @@ A sweep root holds checkpoints (gigabytes) next to a few kilobytes of results pe
 machine may not have the root, so the results are committed as they land and no finished run is
 trained twice. For every finished run (ROOT/runs/NAME/sweep_done.json) this copies config.json,
 sweep_done.json, sweep_wall.json and the metrics rows, and ROOT/plan.json; WSD stable runs, which
-no curve reads, keep only every `--stable_every`-th step's row and their last. Unfinished runs are
-left out (the report lists them as missing). Idempotent: rerun it whenever more runs finish.
+no curve reads, keep only every `--stable_every`-th step's row and their last. Paths under the root
+(the tokenizer, the runs' workdirs and fork sources) are written relative to it, so the archive
+names no machine's folders. Unfinished runs are left out (the report lists them as missing).
+Idempotent: rerun it whenever more runs finish.
 """
 
 import argparse
 import json
 import pathlib
-import shutil
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -40,7 +41,12 @@ def main() -> int:
     print(f"error: --out={out} is the sweep root: give another folder", file=sys.stderr)
     return 2
   out.mkdir(parents=True, exist_ok=True)
-  shutil.copyfile(root / "plan.json", out / "plan.json")
+  prefix = f"{root.resolve()}/"
+
+  def relative(src: pathlib.Path, dst: pathlib.Path) -> None:
+    dst.write_text(src.read_text().replace(prefix, ""))
+
+  relative(root / "plan.json", out / "plan.json")
   _, runs = plan_lib.load_plan(root)
   copied = 0
   for run in runs:
@@ -54,7 +60,7 @@ def main() -> int:
     dst.mkdir(parents=True, exist_ok=True)
     for name in RESULT_FILES:
       if (src / name).is_file():
-        shutil.copyfile(src / name, dst / name)
+        relative(src / name, dst / name)
     text = "".join(json.dumps(r) + "\n" for r in rows)
     (dst / "metrics.jsonl").write_text(text)
     copied += 1
