@@ -57,6 +57,10 @@ def _is_local(path: epath.Path) -> bool:
   return "://" not in str(path)
 
 
+def _is_gcs(path: epath.Path) -> bool:
+  return str(path).startswith("gs://")
+
+
 def _create_on_gcs(path: epath.Path, text: str) -> bool:
   """Creates the gs:// object `path` holding `text` unless it exists (False then), atomically:
   the upload carries `ifGenerationMatch=0`, which GCS refuses (412) once any generation exists."""
@@ -144,7 +148,7 @@ class WorkdirLock:
       tmp.write_text(text)
       os.replace(tmp, self.path)  # Atomic: readers never see half a heartbeat.
       return True
-    if exclusive and str(self.path).startswith("gs://"):
+    if exclusive and _is_gcs(self.path):
       # A retried upload whose first try landed finds our own lease: ours all the same.
       return _create_on_gcs(self.path, text) or (self._read() or {}).get("token") == self._token
     self.path.write_text(text)
@@ -156,7 +160,7 @@ class WorkdirLock:
   def acquire(self) -> "WorkdirLock":
     """Takes the lease or raises UserError naming its holder."""
     for _ in range(3):  # A lease released or broken between our read and write: try again.
-      generation = _gcs_generation(self.path) if str(self.path).startswith("gs://") else None
+      generation = _gcs_generation(self.path) if _is_gcs(self.path) else None
       held = self._read()
       if held is not None:
         why = self._why_breakable(held)
@@ -178,7 +182,7 @@ class WorkdirLock:
 
   def _remove_if_unchanged(self, held: dict, generation: int | None) -> bool:
     """Removes the lease if it is still `held` (read at `generation` on gs://); False if it changed or is gone."""
-    if str(self.path).startswith("gs://"):
+    if _is_gcs(self.path):
       if generation is None:
         return False
       return _delete_on_gcs(self.path, generation)
