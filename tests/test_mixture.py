@@ -214,19 +214,28 @@ def test_resume_refuses_another_mixture_and_another_process_count(corpus):
     elastic.reshard("w", 5, 2, saved, c, 1)
 
 
-def test_train_logs_tokens_per_source(tmp_path, spm_model, shared_data):
-  """A short `train` on two real sources: metrics.jsonl rows carry tokens_seen/<source>."""
+def test_train_logs_tokens_per_source_over_the_run(tmp_path, spm_model, shared_data):
+  """A short `train` on two real sources, in two phases (L=128 for step 1, then L=64: another stream),
+  stopped after steps 1 and 2 and resumed: metrics.jsonl rows carry tokens_seen/<source>, counted over the run."""
   wiki = shared_data / "wikitext-2" / "valid.txt"
   book = shared_data / "gutenberg" / "Abraham Lincoln___Lincoln Letters.txt"
   mix = ({"path": str(wiki), "weight": 3, "name": "wiki"}, {"path": str(book), "weight": 1, "name": "lincoln"})
   # A batch of 64 rows is one packing round (64 bins): every step's tokens are counted by its row.
-  run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
-              "--config.metrics.progress_bar=False", f"--config.data.tokenizer={spm_model}", "--config.train.steps=2",
-              "--config.train.batch_size=64", "--config.checkpoint.every_steps=100", "--config.data.path=",
-              f"--config.data.mixture={mix!r}"])
+  args = ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
+          "--config.metrics.progress_bar=False", f"--config.data.tokenizer={spm_model}", "--config.train.steps=3",
+          "--config.train.batch_size=64", "--config.checkpoint.every_steps=100", "--config.data.path=",
+          "--config.data.seq_len=128", "--config.train.phases=({'steps': 1}, {'data.seq_len': 64})",
+          f"--config.data.mixture={mix!r}"]
+  run_module([*args, "--config.train.stop_at_step=1"])
+  run_module([*args, "--config.train.stop_at_step=2"])  # Restores step 1 (phase 0's stream), then starts phase 1's.
+  run_module(args)  # Restores step 2: phase 0's counts from the checkpoint's meta.
   rows = metrics.read_metrics(str(tmp_path / "run"))
-  assert [r["step"] for r in rows] == [1, 2]
-  for a, b in zip(rows, rows[1:]):
+  assert [(r["step"], r["phase"]) for r in rows] == [(1, 0), (2, 1), (3, 1)]
+  for a, b in zip(rows, rows[1:]):  # Phase 1's new stream adds to phase 0's counts: no reset.
     assert b["tokens_seen/wiki"] > a["tokens_seen/wiki"] and b["tokens_seen/lincoln"] > a["tokens_seen/lincoln"]
-  for r in rows:  # Non-padding tokens: most of, and at most, the step's B x L.
-    assert 0.8 * r["tokens_seen"] < r["tokens_seen/wiki"] + r["tokens_seen/lincoln"] <= r["tokens_seen"]
+  previous = {"tokens_seen": 0, "tokens_seen/wiki": 0, "tokens_seen/lincoln": 0}
+  for r in rows:  # Each step's non-padding tokens: most of, and at most, its B x L.
+    step_tokens = r["tokens_seen"] - previous["tokens_seen"]
+    counted = sum(r[f"tokens_seen/{n}"] - previous[f"tokens_seen/{n}"] for n in ("wiki", "lincoln"))
+    assert 0.8 * step_tokens < counted <= step_tokens, (r["step"], counted, step_tokens)
+    previous = r

@@ -220,6 +220,18 @@ def test_a_bad_phase_on_the_command_line_is_one_error_line(tmp_path, spm_model):
   assert len(lines) == 1 and lines[0].startswith("error: config train.phases[0] sets 'model.embed_dim'"), lines
 
 
+def test_a_later_phase_whose_data_is_missing_is_refused_before_the_first_step(tmp_path, spm_model):
+  workdir = tmp_path / "w"
+  proc = run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+                     f"--config.data.tokenizer={spm_model}", "--config.train.steps=4",
+                     f"--config.train.phases=({{'steps': 2}}, {{'data.path': '{tmp_path / 'missing.txt'}'}})"],
+                    check=False)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [line for line in proc.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1 and "missing.txt' does not exist" in lines[0] and "(in phase 1 (steps 3-4" in lines[0], lines
+  assert not (workdir / "checkpoints").exists()
+
+
 @pytest.mark.slow
 def test_kill_9_near_a_phase_boundary_resumes_bitwise(tmp_path):
   # Phases: steps 1-6 at L=64, 7-12 at L=128; checkpoints every 2 steps; kills after steps 5, 6 and 7 are logged.

@@ -313,3 +313,20 @@ def make_iterator(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.
   """`iter(make_dataset(...))`: a checkpointable iterator (`get_state` / `set_state`)."""
   return iter(make_dataset(data_cfg, tokenizer, batch_size=batch_size, seed=seed,
                            process_index=process_index, process_count=process_count))
+
+
+def check_paths(data_cfg: ml_collections.ConfigDict) -> None:
+  """UserError naming `data_cfg`'s path (or mixture source) that names no files; reads no file.
+
+  For the data of a later phase, checked before the run starts rather than when the phase does.
+  """
+  named = ([(f"data.mixture[{k}] ({name})", cfg.path)
+            for k, (cfg, name) in enumerate(zip(mixture.source_configs(data_cfg), mixture.names(data_cfg)))]
+           if data_cfg.mixture else [("", data_cfg.path)])
+  for where, spec in named:
+    if spec == "builtin":
+      continue
+    try:
+      sources.resolve_paths(spec)
+    except UserError as e:
+      raise UserError(f"{where}: {e}" if where else str(e)) from None

@@ -5,7 +5,8 @@ first fetches step N-1's (the device is already busy with step N, so the host ne
 A fetched row gets the step's wall time, throughput, analytic FLOPs and MFU, `tokens_seen`, and
 the time the host spent blocked on the step's input (`data_wait_s`, and `data_wait_fraction` of
 the step's time), and with data.mixture `tokens_seen/<source>` (data/mixture.py says what it counts,
-summed over processes); a non-finite loss raises `TrainingDiverged`. When the input takes more than
+summed over processes, and over the run: a phase with another data stream adds its sources' tokens
+to those of the earlier streams); a non-finite loss raises `TrainingDiverged`. When the input takes more than
 `DATA_WAIT_WARN` of the step time over a window of `DATA_WAIT_WINDOW` steps (the first step after
 a start excluded: it includes compilation), one warning line names the fixes.
 
@@ -74,6 +75,7 @@ class _Pending:
   dispatched_at: float
   data_wait_s: float
   source_tokens: dict[str, int] | None = None  # A mixture's per-source tokens as of this step's batch.
+  source_tokens_before: dict[str, float] | None = None  # Those of the run's earlier streams (all processes).
 
 
 class StepRecorder:
@@ -103,10 +105,16 @@ class StepRecorder:
     self._fetched = 0
 
   def dispatched(self, step_num: int, device_metrics: dict, dispatched_at: float, data_wait_s: float,
-                 source_tokens: dict[str, int] | None = None) -> None:
-    """Records step `step_num`, just dispatched; logs the previous one."""
+                 source_tokens: dict[str, int] | None = None,
+                 source_tokens_before: dict[str, float] | None = None) -> None:
+    """Records step `step_num`, just dispatched; logs the previous one.
+
+    `source_tokens`: this process's per-source tokens of the current mixture stream (None: not a
+    mixture); `source_tokens_before`: all processes' per-source tokens of the run's earlier streams.
+    """
     self.flush()
-    self._pending = _Pending(step_num, device_metrics, dispatched_at, data_wait_s, source_tokens)
+    self._pending = _Pending(step_num, device_metrics, dispatched_at, data_wait_s, source_tokens,
+                             source_tokens_before)
 
   def new_phase(self) -> None:
     """Before a phase's program is built: logs the pending step now, so its time holds no compile of the
@@ -127,8 +135,8 @@ class StepRecorder:
       raise TrainingDiverged(f"loss is {scalars['loss']} at step {p.step}; stopping. In {self._where}, "
                              f"{self._progress.kept()}; lower train.learning_rate or raise train.warmup_steps")
     if p.step % self._c.metrics.log_every == 0 or p.step == self._last_step or probes is not None:
-      if p.source_tokens is not None:  # Every process logs at the same steps: the collective matches up.
-        scalars.update(_summed_over_processes(p.source_tokens))
+      if p.source_tokens is not None or p.source_tokens_before:
+        scalars.update(_per_source(p.source_tokens, p.source_tokens_before or {}))
       self._logger.log(p.step, scalars, eta_s=self._eta(p.step, scalars))
     out = self._outcome
     out.step, out.scalars = p.step, scalars
@@ -182,11 +190,23 @@ class StepRecorder:
                  "pre-tokenized shards (`prepare --tokenizer=...`) or raise --config.data.worker_count")
 
 
-def _summed_over_processes(source_tokens: dict[str, int]) -> dict[str, float]:
-  """{"tokens_seen/<source>": tokens of all processes} (each counts its own documents)."""
+def summed_over_processes(source_tokens: dict[str, int]) -> dict[str, float]:
+  """{source: tokens of all processes}: each process counts its own documents. A collective: every
+  process calls it at the same point, with the same sources."""
   n_K = np.asarray(list(source_tokens.values()), np.int64)
-  if jax.process_count() > 1:  # As two int32 halves: JAX moves no int64 by default.
+  if jax.process_count() > 1 and len(n_K):  # As two int32 halves: JAX moves no int64 by default.
     halves = np.stack([n_K >> 31, n_K & (2**31 - 1)]).astype(np.int32)
     summed = np.asarray(multihost_utils.process_allgather(halves)).astype(np.int64).sum(0)
     n_K = (summed[0] << 31) + summed[1]
-  return {f"tokens_seen/{name}": float(n) for name, n in zip(source_tokens, n_K)}
+  return {name: float(n) for name, n in zip(source_tokens, n_K)}
+
+
+def add_tokens(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+  """Per-source token counts a + b (a source in either)."""
+  return {name: a.get(name, 0.0) + b.get(name, 0.0) for name in {**a, **b}}
+
+
+def _per_source(current: dict[str, int] | None, before: dict[str, float]) -> dict[str, float]:
+  """{"tokens_seen/<source>": the run's tokens from it}: the earlier streams' plus the current one's."""
+  now = summed_over_processes(current) if current is not None else {}
+  return {f"tokens_seen/{name}": n for name, n in add_tokens(before, now).items()}

@@ -30,7 +30,7 @@ from etils import epath
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.data import mixture, tokenizer as tokenizer_lib
+from crossbert_jax.data import mixture, pipeline, tokenizer as tokenizer_lib
 from crossbert_jax.run import (checkpoint, elastic, environment, feed as feed_lib, fork, lock, metrics, preemption,
                                recorder, resume, warm_start)
 from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # noqa: F401 - re-exported.
@@ -57,8 +57,11 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
   config_lib.validate(c)
   workdir = epath.Path(workdir)
   mesh = sharding.make_mesh(c.mesh)
-  for phase in phases_lib.expand(c):
+  phases = phases_lib.expand(c)
+  for phase in phases:
     try:
+      if phase.index > 0 and phase.stream != phases[phase.index - 1].stream:
+        pipeline.check_paths(phase.config.data)  # Phase 0's data is read now; a later phase's fails here, not then.
       sharding.check_batch_divisible(phase.config.train.batch_size, c.train.grad_accum, mesh)
       if phase.read_batch % jax.process_count():
         raise UserError(f"config train.batch_size: the phases' data stream is read {phase.read_batch} rows at a "
@@ -109,6 +112,8 @@ class Trainer:
     self._next_batch = None  # The batch a checked save already read for the next step.
     self._data_wait = 0.0  # Seconds blocked on input since the last dispatched step.
     self._forked = False  # Started from train.fork_from's checkpoint (this process start).
+    # Per-source tokens of the run's streams before the current one, all processes (in checkpoint meta).
+    self._source_tokens_before: dict[str, float] = {}
     self.logger: metrics.MetricsLogger | None = None
 
   def train(self) -> dict[str, Any]:
@@ -146,6 +151,10 @@ class Trainer:
         changed = phases_lib.changes(self.phase, phase)
         self.logger.log_text(f"{phase.describe()}: {', '.join(f'{k}={v!r}' for k, v in changed.items())}")
       self.program = program_lib.TrainProgram(phase.config, self.mesh, replacement_vocab=self._replacement_vocab)
+      if self.logger is not None and phase.stream != self.phase.stream and self.phase.config.data.mixture:
+        # The stream ends here: its sources' tokens join the run's count (a restore reads it from meta).
+        self._source_tokens_before = recorder.add_tokens(
+            self._source_tokens_before, recorder.summed_over_processes(mixture.source_tokens(self.data.iterator)))
     self.phase = phase
     self.data.enter(phase)
 
@@ -165,17 +174,19 @@ class Trainer:
       if self._resharded_data is not None:
         self._data_for(start).set_state(self._resharded_data)
       self.tokens_at_start = resume.saved_tokens_seen(start, self.ckpt.saved_config(start), meta)
+      self._source_tokens_before = dict((meta or {}).get("source_tokens_before", {}))
       self.progress.last_good = start
       return state, start, True
     if self.c.train.fork_from:  # A fork's first start: its source's checkpoint, read only.
       start, state, meta = fork.restore(self.c, self.workdir, self.tok_id, p.abstract, p.shardings,
                                         self._data_for, self.warn)
       self.tokens_at_start = meta["tokens_seen"]
+      self._source_tokens_before = dict(meta.get("source_tokens_before", {}))
       self._forked = True
       return state, start, True
     self.tokens_at_start = 0
     state = p.init_state()
-    return (warm_start.from_imported(self.c, state) if self.c.train.init_from else state), 0, False
+    return (warm_start.from_imported(self.phases[0].config, state) if self.c.train.init_from else state), 0, False
 
   def _accept(self, saved_step: int, saved_config: dict, saved_meta: dict | None) -> bool:
     """Vets a checkpoint before its state is read (UserError refuses the run); True to restore its data state."""
@@ -237,7 +248,8 @@ class Trainer:
     state, device_metrics = self.program.step(state, batch)
     stopping = self.sync.agreed(self.stop.signal_name is not None)
     self.recorder.dispatched(step_num, device_metrics, dispatched_at, self._data_wait,
-                             mixture.source_tokens(self.data.iterator) if self.phase.config.data.mixture else None)
+                             mixture.source_tokens(self.data.iterator) if self.phase.config.data.mixture else None,
+                             self._source_tokens_before)
     self._data_wait = 0.0
     if self.c.eval.every_steps and step_num % self.c.eval.every_steps == 0:
       self.recorder.flush(probes=lambda: self._probe_scores(state))  # In this step's metrics row.
@@ -260,6 +272,7 @@ class Trainer:
   def _checked_save(self, step_num: int, state: program_lib.TrainState) -> None:
     """Saves `state` once the loss of its params on the next batch is finite; keeps that batch for the next step."""
     position = self.data.get_state()  # The stream of step_num's phase.
+    source_tokens_before = dict(self._source_tokens_before)  # As of step_num's phase, like the position.
     self._enter(phases_lib.phase_at(self.phases, step_num + 1))  # Step N + 1 runs in its own phase.
     self._next_batch = self._read_batch()
     loss = float(np.asarray(self.program.check_loss(state, self._next_batch).addressable_data(0)))
@@ -269,6 +282,8 @@ class Trainer:
                              "train.learning_rate or raise train.warmup_steps")
     self.progress.doing = f"saving the checkpoint of step {step_num} in {self.workdir}"
     meta = {"tokenizer": self.tok_id, "tokens_seen": self._tokens_at(step_num), "process_count": jax.process_count()}
+    if source_tokens_before:
+      meta["source_tokens_before"] = source_tokens_before
     self.ckpt.save(step_num, state, position, self.c, meta)
     self.progress.last_good = step_num
 
