@@ -232,6 +232,25 @@ def test_a_later_phase_whose_data_is_missing_is_refused_before_the_first_step(tm
   assert not (workdir / "checkpoints").exists()
 
 
+def test_a_checkpoint_is_read_back_with_its_phases_config(tmp_path, spm_model):
+  """Evaluation and export build the model of a checkpoint's phase: its RoPE theta and length."""
+  from crossbert_jax.hf import files as hf_files
+  from crossbert_jax.run import checkpoint
+
+  workdir = tmp_path / "w"
+  run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+              f"--config.data.tokenizer={spm_model}", "--config.metrics.progress_bar=False",
+              "--config.train.steps=4", "--config.train.batch_size=4", "--config.data.seq_len=64",
+              "--config.model.rope_theta=10000.0", "--config.checkpoint.every_steps=2",
+              "--config.train.phases=({'steps': 2}, {'data.seq_len': 128, 'model.rope_theta': 80000.0})"])
+  first, _, step = checkpoint.load_run(workdir, 2)
+  assert (step, first.data.seq_len, first.model.rope_theta) == (2, 64, 10000.0)
+  last, _, step = checkpoint.load_run(workdir)
+  assert (step, last.data.seq_len, last.model.rope_theta) == (4, 128, 80000.0)
+  hf = hf_files.hf_config(last)
+  assert hf["max_position_embeddings"] == 128 and hf["global_rope_theta"] == 80000.0, hf
+
+
 @pytest.mark.slow
 def test_kill_9_near_a_phase_boundary_resumes_bitwise(tmp_path):
   # Phases: steps 1-6 at L=64, 7-12 at L=128; checkpoints every 2 steps; kills after steps 5, 6 and 7 are logged.

@@ -125,6 +125,13 @@ def run_summary(workdir: epath.Path | None, config: ml_collections.ConfigDict, s
   return info
 
 
+def _data(data_cfg: ml_collections.ConfigDict) -> str:
+  """`data.path`, or the mixture's sources with their weights."""
+  if not data_cfg.mixture:
+    return f"`{data_cfg.path}`"
+  return "a mixture of " + ", ".join(f"`{src['path']}` (weight {src['weight']:g})" for src in data_cfg.mixture)
+
+
 def model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | None) -> str:
   m = config.model
   kind = "CrossBERT encoder (reconstructor discarded)" if config.objective == "crossbert" else \
@@ -146,7 +153,7 @@ def model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | Non
       "## Training", "",
       f"- Objective: `{config.objective}`, masking ratio {config.masking.ratio}"
       + (f", {config.masking.views} complementary views" if config.objective == "crossbert" else ""),
-      f"- Data: `{config.data.path}` (tokenizer: SentencePiece, {m.vocab_size} pieces)",
+      f"- Data: {_data(config.data)} (tokenizer: SentencePiece, {m.vocab_size} pieces)",
       f"- Steps: {info['step']}; batch {config.train.batch_size} x {config.data.seq_len}; tokens seen: {tokens}",
   ]
   if info["loss"] is not None:

@@ -25,6 +25,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 
 # Keys whose change makes an old checkpoint unusable for a run (shapes or semantics differ).
@@ -245,6 +246,10 @@ _ONE_DEVICE_FRACTION = 0.5
 def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_collections.ConfigDict, Any, int]:
   """(config, params, step) of a training run's checkpoint (latest if `step` is None).
 
+  The config is that of the step's phase (`core/phases.py`): in a run with phases, the sequence
+  length, RoPE thetas and data the checkpoint was last trained with, which evaluation uses and
+  export writes into the Hugging Face config; a run without phases, its own config.
+
   For evaluation and export: restores only the params item of the state (Orbax partial restore:
   no optimizer is built and its state is never read), onto the first local device, or sharded
   over all local devices when they would not fit on one (`_params_placement`). The params are
@@ -266,7 +271,9 @@ def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_col
     # trainer, not a reader, sets it aside). An explicit --step must be readable.
     for candidate in [step] if step is not None else sorted(steps, reverse=True):
       try:
-        config = config_lib.from_dict(ckpt.saved_config(candidate))
+        # A run with phases: the config its step was trained under (seq_len, RoPE thetas, batch, data).
+        saved = config_lib.from_dict(ckpt.saved_config(candidate))
+        config = phases_lib.phase_at(phases_lib.expand(saved), candidate).config
         abstract = program.abstract_params(config)
         params = ckpt.restore_params(candidate, abstract, _params_placement(config, abstract))
       except UserError:

@@ -260,7 +260,7 @@ class Trainer:
     from crossbert_jax.evaluation import runner  # Local: scikit-learn and the task readers load only when used.
 
     encoder = multihost_utils.process_allgather(state.params["encoder"], tiled=True)
-    return runner.probe_scores(self.c, encoder, self.tok) if self.primary else {}
+    return runner.probe_scores(self.phase.config, encoder, self.tok) if self.primary else {}
 
   def _log_stop(self, step_num: int) -> None:
     self.logger.log_text(f"{self.stop.signal_name or 'a stop signal on another process'} received: saving step "
