@@ -17,22 +17,23 @@ from crossbert_jax.core import config as config_lib
 
 def base_recipe():
   """ModernBERT-base's schedule at our scale (~105B tokens): a long 1,024-token phase whose batch
-  ramps from 128 to 512 sequences over its first 3B tokens, then a 8,192-token context extension
-  with the global RoPE theta raised from 10k to 160k, a lower peak and the WSD decay (its last
-  10k steps), reading other documents (its own shuffle seed)."""
+  ramps from 128 to 512 sequences over its first 3B tokens, then 10k steps of 8,192-token context
+  extension (128 sequences: 1M tokens per step, one per chip of a v5p-256) with the global RoPE
+  theta raised from 10k to 160k, a lower peak and the WSD decay (its last 9,500 steps), reading
+  other documents (its own shuffle seed)."""
   c = config_lib.get_config("crossbert", "base")
   c.model.global_every = 3  # ModernBERT: a global layer every third, the others local (128 tokens).
-  c.train.steps = 200_000
+  c.train.steps = 190_000
   c.train.batch_size = 512
   c.train.warmup_steps = 3000
   c.train.decay = "wsd"
-  c.train.decay_fraction = 0.05  # The last 10,000 steps: inside the context extension.
+  c.train.decay_fraction = 0.05  # The last 9,500 steps: inside the context extension.
   c.train.batch_ramp.start = 128
   c.train.batch_ramp.tokens = 3_000_000_000
   c.train.batch_ramp.stages = 3  # 128, 256, 384 sequences, then 512.
   c.train.phases = (
       {"steps": 180_000, "data.seq_len": 1024, "model.rope_theta": 10_000.0},
-      {"data.seq_len": 8192, "train.batch_size": 64, "model.rope_theta": 160_000.0, "train.learning_rate": 3e-4,
+      {"data.seq_len": 8192, "train.batch_size": 128, "model.rope_theta": 160_000.0, "train.learning_rate": 3e-4,
        "data.shuffle_seed": 1},
   )
   return c

@@ -174,3 +174,22 @@ def test_every_phase_is_compiled_and_reported_one_row_each(tmp_path):
   report["memory"]["hbm_bytes"] = rows[1]["total_bytes"] // 2
   with pytest.raises(UserError, match=r"phase 1 \(steps 161-200, batch 8 x L=128\): the train step needs"):
     aot.check_fits(report, config_lib.get_config("crossbert", "tiny"))
+
+
+def test_a_phase_whose_batch_does_not_shard_is_refused_before_any_compile(monkeypatch):
+  """The 8,192-token phase's batch is checked with the others' before the first (slow) compile."""
+  import importlib.util as util
+  spec = util.spec_from_file_location("recipes", ROOT / "configs" / "crossbert.py")
+  recipes = util.module_from_spec(spec)
+  spec.loader.exec_module(recipes)
+  c = recipes.get_config("tiny_recipe")
+  c.train.phases = (c.train.phases[0], {**c.train.phases[1], "train.batch_size": 4})  # 4 rows on 8 devices.
+
+  def compiled(*args, **kwargs):
+    raise AssertionError("a phase was compiled before every phase's batch was checked")
+
+  monkeypatch.setattr(aot, "_compile_one", compiled)
+  assert len(jax.devices()) == 8
+  with pytest.raises(UserError, match=r"must be divisible by mesh data\*fsdp = 8 \(in phase 2 \(steps 161-200, "
+                     r"batch 4 x L=128\)\)"):
+    aot.compile_train_step(c)

@@ -162,9 +162,15 @@ def compile_train_step(c: ml_collections.ConfigDict, topology: str = "") -> dict
   mesh = make_mesh(c, devices)
   if not phases_lib.has_phases(c):
     return _compile_one(c, mesh, topology)
+  phases = phases_lib.expand(c)
+  for phase in phases:  # Every phase's batch shards on the mesh: checked before the first (slow) compile.
+    try:
+      sharding.check_batch_divisible(phase.config.train.batch_size, c.train.grad_accum, mesh)
+    except UserError as e:
+      raise UserError(f"{e} (in {phase.describe()})") from None
   by_shape: dict[tuple[int, int], dict[str, Any]] = {}
   rows = []
-  for phase in phases_lib.expand(c):
+  for phase in phases:
     pc = phase.config
     shape = (pc.train.batch_size, pc.data.seq_len)
     if shape not in by_shape:
