@@ -1,5 +1,6 @@
 """User-facing errors: one line naming the bad input and the fix, never a traceback."""
 
+import os
 import sys
 from typing import Callable
 
@@ -27,11 +28,28 @@ def exit_on_user_error(fn: Callable[..., object]) -> Callable[..., object]:
       return fn(*args, **kwargs)
     except UserError as e:
       error_line(str(e))
+      _quiet_stderr()
       sys.exit(EXIT_USER_ERROR)
 
   wrapped.__name__ = getattr(fn, "__name__", "main")
   wrapped.__doc__ = fn.__doc__
   return wrapped
+
+
+def _quiet_stderr() -> None:
+  """Sends file descriptor 2 to /dev/null for the rest of the process: the error line stays the last
+  word on stderr, also when a library thread still winding down at exit (Orbax's async checkpoint
+  writer after a failed save on a full disk) would print its own traceback after it. Only where
+  sys.stderr is the process's own descriptor 2 (a command), not a caller's capture of it."""
+  sys.stderr.flush()
+  try:
+    if sys.stderr.fileno() != 2:
+      return
+  except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError.
+    return
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  os.close(devnull)
 
 
 def parse_flags_or_exit(argv: list[str]) -> list[str]:
