@@ -179,7 +179,7 @@ def test_splash_sharded_over_batch_and_heads_matches_dense():
   _check(got, want, "splash sharded over a 2x2x2 mesh")
 
 
-@pytest.mark.parametrize("objective", ["crossbert", "mlm"])
+@pytest.mark.parametrize("objective", [pytest.param("crossbert", marks=pytest.mark.slow), "mlm"])
 def test_model_loss_and_grads_chunked_match_xla(objective):
   """The whole loss (encoder with local layers, reconstructor self/cross-attention) in fp32."""
   from crossbert_jax.core import config as config_lib

@@ -233,6 +233,7 @@ def _digest(folder: pathlib.Path) -> dict[str, str]:
           for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_pooler_cli_export_and_side_by_side(run_dir, shared_data, tmp_path):
   """The pooler CLI trains on SNLI, exports a sentence-transformers folder matching JAX within 1e-4,
   leaves the run's checkpoints bitwise unchanged; evaluate scores the run with and without it."""

@@ -55,6 +55,7 @@ def _rows(workdir) -> dict[int, dict]:
   return {r["step"]: r for r in metrics.read_metrics(str(workdir))}
 
 
+@pytest.mark.slow  # 70 s: make test keeps the gs:// and refusal cases; CI runs it (make test-slow).
 def test_wsd_branch_equals_a_straight_run_and_leaves_its_source_untouched(tmp_path, spm_model):
   tok = f"--config.data.tokenizer={spm_model}"
   # Straight: a 10-step WSD run (stable to step 8, decay over 9-10).
@@ -88,6 +89,7 @@ def test_wsd_branch_equals_a_straight_run_and_leaves_its_source_untouched(tmp_pa
     np.testing.assert_array_equal(a[k], b[k], err_msg=f"param {k}: the branch differs from the straight run")
 
 
+@pytest.mark.slow
 def test_fork_refusals_are_one_line(tmp_path, spm_model):
   tok = f"--config.data.tokenizer={spm_model}"
   src = tmp_path / "src"

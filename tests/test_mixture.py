@@ -214,6 +214,7 @@ def test_resume_refuses_another_mixture_and_another_process_count(corpus):
     elastic.reshard("w", 5, 2, saved, c, 1)
 
 
+@pytest.mark.slow  # Three starts (about 60 s); make test keeps the in-process source-token cases.
 def test_train_logs_tokens_per_source_over_the_run(tmp_path, spm_model, shared_data):
   """A short `train` on two real sources, in two phases (L=128 for step 1, then L=64: another stream),
   stopped after steps 1 and 2 and resumed: metrics.jsonl rows carry tokens_seen/<source>, counted over the run."""

@@ -19,7 +19,8 @@ import pytest
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.run import metrics, resume
+from crossbert_jax.hf import files as hf_files
+from crossbert_jax.run import checkpoint, metrics, resume
 from crossbert_jax.training import optimizer
 from tests.helpers import ROOT, run_module
 
@@ -209,6 +210,14 @@ def test_resume_at_phase_boundaries_is_bitwise_and_rows_carry_the_phase(tmp_path
   assert pa.keys() == pb.keys()
   for k in pa:
     np.testing.assert_array_equal(pa[k], pb[k], err_msg=f"param {k} differs after the resumes")
+  # Evaluation and export build the model of a checkpoint's phase: its length and RoPE theta (the
+  # run's own theta is the tiny default, 160k; the last phase trains at 10k).
+  first, _, step = checkpoint.load_run(split, 4)
+  assert (step, first.data.seq_len, first.model.rope_theta, first.train.batch_size) == (4, 64, 160_000.0, 8)
+  last, _, step = checkpoint.load_run(tmp_path / "straight")
+  assert (step, last.data.seq_len, last.model.rope_theta, last.train.batch_size) == (7, 128, 10_000.0, 4)
+  hf = hf_files.hf_config(last)
+  assert hf["max_position_embeddings"] == 128 and hf["global_rope_theta"] == 10_000.0, hf
 
 
 def test_a_bad_phase_on_the_command_line_is_one_error_line(tmp_path, spm_model):
@@ -230,25 +239,6 @@ def test_a_later_phase_whose_data_is_missing_is_refused_before_the_first_step(tm
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   assert len(lines) == 1 and "missing.txt' does not exist" in lines[0] and "(in phase 1 (steps 3-4" in lines[0], lines
   assert not (workdir / "checkpoints").exists()
-
-
-def test_a_checkpoint_is_read_back_with_its_phases_config(tmp_path, spm_model):
-  """Evaluation and export build the model of a checkpoint's phase: its RoPE theta and length."""
-  from crossbert_jax.hf import files as hf_files
-  from crossbert_jax.run import checkpoint
-
-  workdir = tmp_path / "w"
-  run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-              f"--config.data.tokenizer={spm_model}", "--config.metrics.progress_bar=False",
-              "--config.train.steps=4", "--config.train.batch_size=4", "--config.data.seq_len=64",
-              "--config.model.rope_theta=10000.0", "--config.checkpoint.every_steps=2",
-              "--config.train.phases=({'steps': 2}, {'data.seq_len': 128, 'model.rope_theta': 80000.0})"])
-  first, _, step = checkpoint.load_run(workdir, 2)
-  assert (step, first.data.seq_len, first.model.rope_theta) == (2, 64, 10000.0)
-  last, _, step = checkpoint.load_run(workdir)
-  assert (step, last.data.seq_len, last.model.rope_theta) == (4, 128, 80000.0)
-  hf = hf_files.hf_config(last)
-  assert hf["max_position_embeddings"] == 128 and hf["global_rope_theta"] == 80000.0, hf
 
 
 @pytest.mark.slow

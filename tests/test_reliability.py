@@ -136,6 +136,7 @@ def test_export_and_evaluate_read_the_newest_readable_checkpoint(tmp_path, base_
     checkpoint.load_run(workdir, step=4)
 
 
+@pytest.mark.slow  # make test keeps test_train.py::test_divergence_stops_and_keeps_last_good_checkpoint.
 def test_diverged_run_keeps_only_checkpoints_whose_next_loss_is_finite(tmp_path, spm_model):
   """A warmup towards lr 1e6 (step i runs at 10(i + 1)): the last params before the NaN are finite but diverge."""
   args = [f"--config.data.tokenizer={spm_model}", "--config.train.learning_rate=1e6", "--config.train.warmup_steps=100000",
@@ -242,6 +243,7 @@ def test_data_workers_exit_when_the_trainer_is_killed(tmp_path, spm_model):
   assert not [w for w in workers if workers_lib.alive(w)], "data workers outlived the killed trainer"
 
 
+@pytest.mark.slow
 def test_full_and_read_only_disks_are_one_line_and_keep_checkpoints(tmp_path, spm_model):
   if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
     pytest.skip("needs `unshare -m` (root) to mount a private tmpfs")
