@@ -93,9 +93,12 @@ def check_process(process_index: int, process_count: int) -> None:
 
 def document_dataset(data_cfg: ml_collections.ConfigDict, *, seed: int, process_index: int = 0,
                      process_count: int = 1) -> grain.MapDataset:
-  """One epoch of this process's documents (str, or ids from pre-tokenized shards), shuffled; epoch e of
-  `ds[i]` is `ds[i + e * len]`."""
+  """One epoch of this process's documents of `data.path` (str, or ids from pre-tokenized shards),
+  shuffled; epoch e of `ds[i]` is `ds[i + e * len]`. A mixture has no epoch: `Layout.mixed_fetch`."""
   check_process(process_index, process_count)
+  if data_cfg.mixture:
+    raise UserError("document_dataset reads one source (data.path); a data.mixture stream is read through "
+                    "make_iterator, or give each source's config (mixture.source_configs)")
   return _shard(sources.document_source(data_cfg, process_index, process_count), data_cfg, seed,
                 process_index, process_count)
 
