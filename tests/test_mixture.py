@@ -240,3 +240,8 @@ def test_train_logs_tokens_per_source_over_the_run(tmp_path, spm_model, shared_d
     counted = sum(r[f"tokens_seen/{n}"] - previous[f"tokens_seen/{n}"] for n in ("wiki", "lincoln"))
     assert 0.8 * step_tokens < counted <= step_tokens, (r["step"], counted, step_tokens)
     previous = r
+
+
+def test_document_dataset_refuses_a_mixture(corpus):
+  with pytest.raises(UserError, match=r"document_dataset reads one source \(data\.path\)"):
+    pipeline.document_dataset(_cfg(corpus[0]), seed=0)

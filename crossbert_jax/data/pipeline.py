@@ -96,7 +96,7 @@ def document_dataset(data_cfg: ml_collections.ConfigDict, *, seed: int, process_
   """One epoch of this process's documents of `data.path` (str, or ids from pre-tokenized shards),
   shuffled; epoch e of `ds[i]` is `ds[i + e * len]`. A mixture has no epoch: `Layout.mixed_fetch`."""
   check_process(process_index, process_count)
-  if data_cfg.mixture:
+  if data_cfg.get("mixture"):  # A partial data config (path and format keys only) has no mixture key.
     raise UserError("document_dataset reads one source (data.path); a data.mixture stream is read through "
                     "make_iterator, or give each source's config (mixture.source_configs)")
   return _shard(sources.document_source(data_cfg, process_index, process_count), data_cfg, seed,
