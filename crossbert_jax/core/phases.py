@@ -20,7 +20,7 @@ phases may not change), aot (a compile per phase shape) and optimizer.run_schedu
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 import ml_collections
 
@@ -165,6 +165,16 @@ def expand(c: ml_collections.ConfigDict) -> list[Phase]:
     out.append(Phase(i, start, start + steps, p, streams[i], read[streams[i]]))
     start += steps
   return out
+
+
+def check_each(phases: list[Phase], check: Callable[[Phase], None]) -> None:
+  """Calls `check(phase)` on every phase before any runs; its UserError comes back naming the phase
+  (as is for a run of one phase)."""
+  for phase in phases:
+    try:
+      check(phase)
+    except UserError as e:
+      raise UserError(f"{e} (in {phase.describe()})" if len(phases) > 1 else str(e)) from None
 
 
 def phase_at(phases: list[Phase], step: int) -> Phase:

@@ -58,17 +58,17 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
   workdir = epath.Path(workdir)
   mesh = sharding.make_mesh(c.mesh)
   phases = phases_lib.expand(c)
-  for phase in phases:
-    try:
-      if phase.index > 0 and phase.stream != phases[phase.index - 1].stream:
-        pipeline.check_paths(phase.config.data)  # Phase 0's data is read now; a later phase's fails here, not then.
-      sharding.check_batch_divisible(phase.config.train.batch_size, c.train.grad_accum, mesh)
-      if phase.read_batch % jax.process_count():
-        raise UserError(f"config train.batch_size: the phases' data stream is read {phase.read_batch} rows at a "
-                        f"time, which {jax.process_count()} processes cannot split; make the batch sizes of "
-                        "consecutive phases multiples of the process count")
-    except UserError as e:
-      raise UserError(f"{e} (in {phase.describe()})" if phases_lib.has_phases(c) else str(e)) from None
+
+  def check(phase: phases_lib.Phase) -> None:
+    if phase.index > 0 and phase.stream != phases[phase.index - 1].stream:
+      pipeline.check_paths(phase.config.data)  # Phase 0's data is read now; a later phase's fails here, not then.
+    sharding.check_batch_divisible(phase.config.train.batch_size, c.train.grad_accum, mesh)
+    if phase.read_batch % jax.process_count():
+      raise UserError(f"config train.batch_size: the phases' data stream is read {phase.read_batch} rows at a "
+                      f"time, which {jax.process_count()} processes cannot split; make the batch sizes of "
+                      "consecutive phases multiples of the process count")
+
+  phases_lib.check_each(phases, check)
   tok = load_tokenizer(c)
   progress = Progress(doing=f"creating {workdir}")
   environment.install_log_filter()

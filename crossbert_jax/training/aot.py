@@ -163,11 +163,9 @@ def compile_train_step(c: ml_collections.ConfigDict, topology: str = "") -> dict
   if not phases_lib.has_phases(c):
     return _compile_one(c, mesh, topology)
   phases = phases_lib.expand(c)
-  for phase in phases:  # Every phase's batch shards on the mesh: checked before the first (slow) compile.
-    try:
-      sharding.check_batch_divisible(phase.config.train.batch_size, c.train.grad_accum, mesh)
-    except UserError as e:
-      raise UserError(f"{e} (in {phase.describe()})") from None
+  # Every phase's batch shards on the mesh: checked before the first (slow) compile.
+  phases_lib.check_each(phases, lambda p: sharding.check_batch_divisible(p.config.train.batch_size,
+                                                                        c.train.grad_accum, mesh))
   by_shape: dict[tuple[int, int], dict[str, Any]] = {}
   rows = []
   for phase in phases:
