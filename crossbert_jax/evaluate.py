@@ -5,7 +5,8 @@ r"""Frozen evaluation: probe and retrieval scores of checkpoints or Hugging Face
   python -m crossbert_jax.evaluate --workdir=runs/cb --workdir=runs/bert --data_dir=../shared/data --tasks=sst2,stsb
   python -m crossbert_jax.evaluate --hf=path/to/hf_model --data_dir=../shared/data --tasks=stsb
 
-Writes JSON (--output) and a markdown table next to it (same name, .md), and prints the table.
+Writes JSON (--output) and a markdown table next to it (same name, .md), and prints the table; existing
+results there are refused before any work unless --force.
 During pretraining, `probe_scores` gives the same probes on a small fixed subset.
 """
 
@@ -22,6 +23,7 @@ from absl import flags
 from absl import logging
 from etils import epath
 
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.evaluation import embedder as embedder_lib
@@ -89,6 +91,7 @@ def _define_flags() -> None:
   flags.DEFINE_string("tasks", None, f"Comma-separated tasks ({','.join(eval_tasks.ALL_TASKS)}) or 'all' "
                       "(default: all, or none when --generic_train, --task_file or --retrieval is given).")
   flags.DEFINE_string("output", "", "JSON output path; the markdown table goes next to it as .md.")
+  flags.DEFINE_bool("force", False, "Replace an existing --output (and its .md) instead of refusing.")
   flags.DEFINE_string("layers", "-1", "Layer(s) to pool: -1 final, 0 embeddings; several are averaged.")
   flags.DEFINE_enum("pooling", "mean", list(embedder_lib.POOLINGS), "Pooling over tokens.")
   flags.DEFINE_enum("pair_mode", "joint", list(embedder_lib.PAIR_MODES),
@@ -160,6 +163,22 @@ def _retrieval_dirs(f) -> list[str]:
   return out
 
 
+def _check_output(f) -> epath.Path | None:
+  """--output, refused before any slow work: a folder, an unwritable path, the .md table's own name,
+  or (without --force) results an earlier evaluation wrote."""
+  if not f.output:
+    return None
+  out = outputs.check_output_file(f.output, "--output")
+  if out.suffix == ".md":
+    raise UserError(f"--output {f.output} ends in .md, the name of the table written next to the JSON: "
+                    "give a .json path")
+  existing = [p for p in (out, out.with_suffix(".md")) if p.exists()]
+  if existing and not f.force:
+    raise UserError(f"--output {f.output}: {existing[0]} exists (earlier results): choose a new path, "
+                    "or pass --force to replace it")
+  return out
+
+
 def main(argv: Sequence[str]) -> None:
   """CLI entry point."""
   if len(argv) > 1:
@@ -169,6 +188,7 @@ def main(argv: Sequence[str]) -> None:
   if not f.workdir and not f.hf:
     raise UserError("nothing to evaluate: pass --workdir=RUN (a training run) and/or --hf=DIR")
   options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), f.pooling, f.max_length, f.pair_mode)
+  out = _check_output(f)
   tasks, retrieval_dirs = _load_tasks(f), _retrieval_dirs(f)
   if f.cache and f.cache_dir and (error := _writable(epath.Path(f.cache_dir))) is not None:
     raise UserError(f"--cache_dir {f.cache_dir} is not writable ({error.strerror or error}): choose another "
@@ -199,13 +219,12 @@ def main(argv: Sequence[str]) -> None:
     results[label]["source"] = {"kind": kind, "path": absolute(source)}
   table = markdown_table(results)
   print(table, flush=True)
-  if f.output:
+  if out is not None:
     settings = {"tasks": [t.name for t in tasks], "task_files": f.task_file, "poolers": f.pooler,
                 "retrieval": f.retrieval, "layers": list(options.layers),
                 "pooling": f.pooling, "pair_mode": f.pair_mode, "max_length": f.max_length,
                 "max_examples": f.max_examples, "seed": f.seed, "step": f.step,
                 "retrieval_max_docs": f.retrieval_max_docs}
-    out = epath.Path(f.output)
     try:
       out.parent.mkdir(parents=True, exist_ok=True)
       out.write_text(json.dumps({"settings": settings, "models": results}, indent=1, default=_json_default))

@@ -253,7 +253,13 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
   (report_out / "report.md").write_text("the earlier report")
   a_file = tmp_path / "a_file"
   a_file.write_text("x")
+  earlier = tmp_path / "eval" / "results.json"
+  earlier.parent.mkdir()
+  earlier.write_text("earlier results")
+  evaluate = ["crossbert_jax.evaluate", f"--workdir={run}", f"--data_dir={shared_data}", "--tasks=stsb"]
   cases = {
+      "evaluate_exists": [*evaluate, f"--output={earlier}"],
+      "evaluate_md": [*evaluate, f"--output={tmp_path / 'eval' / 'results.md'}"],
       "pooler_export_run": [*pooler, f"--export={run}", "--force"],
       "pooler_output_run": [*pooler, f"--output={run}", "--force"],
       "pooler_batch": [*pooler, "--batch_size=0"],
@@ -279,10 +285,15 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
   _one_error_line(results["report_exists"], "already holds report.md: pass --force")
   _one_error_line(results["report_damaged"], "plan.json", "is damaged")
   _one_error_line(results["compile_out_dir"], "is a folder: give a file path")
+  # Refused before the checkpoint restore, as the mteb case below.
+  assert results["evaluate_exists"][2].strip().splitlines() == [
+      _one_error_line(results["evaluate_exists"], f"{earlier} exists (earlier results)", "--force")]
+  _one_error_line(results["evaluate_md"], "ends in .md")
   _one_error_line(results["train_eval_dir"], "--config.eval.data_dir", "is missing")
   # Refused before the checkpoint restore: the error is the only line (no Orbax INFO chatter).
   assert results["mteb_task"][2].strip().splitlines() == [_one_error_line(results["mteb_task"], "NoSuchTask")]
   _one_error_line(results["mteb_output_file"], f"--output_dir {a_file} is a file")
   assert _digest(run) == run_before and _digest(hf_folder) == hf_before
   assert (report_out / "report.md").read_text() == "the earlier report" and a_file.read_text() == "x"
+  assert earlier.read_text() == "earlier results" and sorted(p.name for p in earlier.parent.iterdir()) == ["results.json"]
   assert not (tmp_path / "p").exists() and not (tmp_path / "w").exists() and not (tmp_path / "r2").exists()
