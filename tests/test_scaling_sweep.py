@@ -3,6 +3,7 @@
 import pytest
 import numpy as np
 
+from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import collect, report
 from crossbert_jax.scaling import plan as plan_lib
 from tests.helpers import ROOT, run_module
@@ -99,3 +100,15 @@ def test_bad_spec_is_one_line_error(tmp_path):
   proc = _cli("crossbert_jax.sweep", f"--spec={bad}", f"--root={tmp_path / 'r'}", "--dry_run")
   assert proc.returncode == 2 and proc.stderr.strip().startswith("error:") and "missing keys" in proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("key, value", [("train.phases", ({"steps": 5, "data.seq_len": 64},)),
+                                        ("train.batch_ramp.start", 8)])
+def test_a_spec_with_phases_is_refused_naming_the_key(tmp_path, key, value):
+  """The planner turns FLOPs into steps at one batch x length: phases or a ramp would make every budget wrong."""
+  spec_file = tmp_path / "phased.py"
+  source = (ROOT / "experiments" / "gutenberg_cpu.py").read_text()
+  spec_file.write_text(source + f"\n_base = get_spec\nget_spec = lambda: {{**_base(), 'common': "
+                                f"{{**_base()['common'], {key!r}: {value!r}}}}}\n")
+  with pytest.raises(UserError, match=f"common sets {key}: a sweep's runs have one shape"):
+    plan_lib.load_spec(str(spec_file))

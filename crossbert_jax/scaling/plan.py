@@ -37,6 +37,7 @@ WSD_KEYS = {"decay_fraction", "shape"}
 SIZE_OPTIONAL_KEYS = {"seeds"}  # A size's own seeds (default: the spec's), e.g. more seeds where runs are cheap.
 OBJECTIVE_KEYS = {"objective", "ratio", "views", "reconstructor_width"}
 PROBE_KEYS = {"count", "tasks", "data_dir", "max_examples"}
+PHASE_KEYS = ("train.phases", "train.batch_ramp")  # Refused in `common`: the plan's runs have one shape.
 CONFIG_FILES = {"crossbert": "configs/crossbert.py", "mlm": "configs/bert.py"}
 PLAN_FILE = "plan.json"
 DONE_FILE = "sweep_done.json"
@@ -122,6 +123,10 @@ def load_spec(path: str) -> dict[str, Any]:
   frac = spec["warmup_fraction"]
   if not (isinstance(frac, (int, float)) and 0 <= frac < 1):
     raise UserError(f"{where} warmup_fraction={frac!r}: must be in [0, 1)")
+  if phased := sorted(k for k in spec.get("common") or {} if k.startswith(PHASE_KEYS)):
+    # The planner turns a FLOPs budget into steps at one batch x length; phases change both.
+    raise UserError(f"{where} common sets {phased[0]}: a sweep's runs have one shape (budgets are FLOPs at "
+                    "one batch x length); set data.seq_len / train.batch_size in common instead")
   return spec
 
 
