@@ -12,7 +12,7 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import corpus
 from crossbert_jax.data import packing
-from crossbert_jax.data import pipeline as data
+from crossbert_jax.data import pipeline
 from crossbert_jax.data import sources
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
@@ -83,7 +83,7 @@ def expected_chunks(docs, tok, seq_len):
 
 def test_packing_keeps_document_boundaries(lines_file, tok):
   cfg = data_cfg(lines_file)
-  it = data.make_iterator(cfg, tok, batch_size=4, seed=0)
+  it = pipeline.make_iterator(cfg, tok, batch_size=4, seed=0)
   allowed = expected_chunks(lines_file.read_text().splitlines(), tok, cfg.seq_len)
   seen_long = False
   for batch in take(it, 30):
@@ -108,7 +108,7 @@ def test_well_packed_on_gutenberg_paragraphs(shared_data, tok):
   books = sorted((shared_data / "gutenberg").glob("*.txt"))[:2]
   assert books, "no gutenberg books in the shared data"
   cfg = data_cfg(",".join(map(str, books)), text_unit="paragraph", seq_len=128)
-  it = data.make_iterator(cfg, tok, batch_size=8, seed=0)
+  it = pipeline.make_iterator(cfg, tok, batch_size=8, seed=0)
   batches = take(it, 8)
   fill = np.mean([(b["segment_ids"] > 0).mean() for b in batches])
   assert fill > 0.9, f"only {fill:.1%} of tokens are real: packing leaves too much padding"
@@ -120,7 +120,7 @@ def test_empty_documents_are_dropped(tmp_path, tok):
   path.write_text("A short line of text.\n\u200b\nAnother line here.\n")
   # The zero-width space survives reading but tokenizes to nothing (nmt_nfkc drops it).
   assert tok.encode("\u200b") == []
-  batch = next(data.make_iterator(data_cfg(path), tok, batch_size=2, seed=0))
+  batch = next(pipeline.make_iterator(data_cfg(path), tok, batch_size=2, seed=0))
   for tokens, seg in zip(batch["tokens"], batch["segment_ids"]):
     for s in range(1, seg.max() + 1):
       assert (seg == s).sum() > 2  # Never a bare [CLS] [SEP].
@@ -131,21 +131,21 @@ def test_empty_documents_are_dropped(tmp_path, tok):
 
 def test_same_seed_same_batches_other_seed_other_batches(lines_file, tok):
   cfg = data_cfg(lines_file)
-  a = take(data.make_iterator(cfg, tok, batch_size=4, seed=0), 3)
-  assert_batches_equal(a, take(data.make_iterator(cfg, tok, batch_size=4, seed=0), 3))
-  b = take(data.make_iterator(cfg, tok, batch_size=4, seed=1), 3)
+  a = take(pipeline.make_iterator(cfg, tok, batch_size=4, seed=0), 3)
+  assert_batches_equal(a, take(pipeline.make_iterator(cfg, tok, batch_size=4, seed=0), 3))
+  b = take(pipeline.make_iterator(cfg, tok, batch_size=4, seed=1), 3)
   assert not all(np.array_equal(x["tokens"], y["tokens"]) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_resume_from_state_reproduces_batches(lines_file, tok, workers):
   cfg = data_cfg(lines_file, worker_count=workers)
-  it = data.make_iterator(cfg, tok, batch_size=4, seed=3)
+  it = pipeline.make_iterator(cfg, tok, batch_size=4, seed=3)
   take(it, 3)
   state = it.get_state()
   json.dumps(state)  # Checkpointable as JSON (what grain's orbax handler writes).
   expected = take(it, 3)
-  resumed = data.make_iterator(cfg, tok, batch_size=4, seed=3)
+  resumed = pipeline.make_iterator(cfg, tok, batch_size=4, seed=3)
   resumed.set_state(state)
   assert_batches_equal(take(resumed, 3), expected)
   for i in (it, resumed):
@@ -158,13 +158,13 @@ def test_orbax_saves_and_restores_the_iterator(lines_file, tok, tmp_path):
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
   cfg = data_cfg(lines_file)
-  it = data.make_iterator(cfg, tok, batch_size=4, seed=0)
+  it = pipeline.make_iterator(cfg, tok, batch_size=4, seed=0)
   take(it, 2)
   with ocp.CheckpointManager(tmp_path / "ckpt", item_names=("data",)) as mngr:
     mngr.save(2, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
     mngr.wait_until_finished()
   expected = take(it, 3)
-  resumed = data.make_iterator(cfg, tok, batch_size=4, seed=0)
+  resumed = pipeline.make_iterator(cfg, tok, batch_size=4, seed=0)
   with ocp.CheckpointManager(tmp_path / "ckpt", item_names=("data",)) as mngr:
     mngr.restore(2, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(resumed)))
   assert_batches_equal(take(resumed, 3), expected)
@@ -174,11 +174,11 @@ def test_resume_mid_document_and_across_epochs(tmp_path, tok):
   path = tmp_path / "few.txt"
   path.write_text("\n".join(sentences(12, seed=5)) + "\n")  # Many epochs within a few batches.
   cfg = data_cfg(path, seq_len=8)  # Most lines span several chunks.
-  it = data.make_iterator(cfg, tok, batch_size=3, seed=0)
+  it = pipeline.make_iterator(cfg, tok, batch_size=3, seed=0)
   for _ in range(12):
     state = it.get_state()
     expected = take(it, 2)
-    resumed = data.make_iterator(cfg, tok, batch_size=3, seed=0)
+    resumed = pipeline.make_iterator(cfg, tok, batch_size=3, seed=0)
     resumed.set_state(state)
     assert_batches_equal(take(resumed, 2), expected)
 
@@ -187,14 +187,14 @@ def test_resume_mid_document_and_across_epochs(tmp_path, tok):
 def shuffle_impl(request, monkeypatch):
   """Both shuffles: a stored permutation (small datasets) and grain's index_shuffle."""
   if request.param == "grain":
-    monkeypatch.setattr(data, "SMALL_SHUFFLE_MAX", 0)
+    monkeypatch.setattr(pipeline, "SMALL_SHUFFLE_MAX", 0)
   return request.param
 
 
 def test_epochs_are_reshuffled(tmp_path, shuffle_impl):
   path = tmp_path / "d.txt"
   path.write_text("\n".join(sentences(50)) + "\n")
-  ds = data.document_dataset(data_cfg(path), seed=0)
+  ds = pipeline.document_dataset(data_cfg(path), seed=0)
   n = len(ds)
   first, second = [ds[i] for i in range(n)], [ds[i + n] for i in range(n)]
   assert sorted(first) == sorted(second) == sorted(sentences(50))
@@ -209,17 +209,17 @@ def test_process_shards_are_disjoint_and_cover_the_data(tmp_path, shuffle_impl):
   docs = sentences(101)
   path.write_text("\n".join(docs) + "\n")
   cfg = data_cfg(path)
-  shards = [data.document_dataset(cfg, seed=7, process_index=i, process_count=3) for i in range(3)]
+  shards = [pipeline.document_dataset(cfg, seed=7, process_index=i, process_count=3) for i in range(3)]
   seen = [d for s in shards for d in (s[i] for i in range(len(s)))]
   assert len(seen) == len(set(seen)) == len(docs) and set(seen) == set(docs)
   with pytest.raises(UserError, match="process_index"):
-    data.document_dataset(cfg, seed=0, process_index=3, process_count=3)
+    pipeline.document_dataset(cfg, seed=0, process_index=3, process_count=3)
 
 
 def test_process_streams_differ(lines_file, tok):
   cfg = data_cfg(lines_file)
-  a = next(data.make_iterator(cfg, tok, batch_size=4, seed=0, process_index=0, process_count=2))
-  b = next(data.make_iterator(cfg, tok, batch_size=4, seed=0, process_index=1, process_count=2))
+  a = next(pipeline.make_iterator(cfg, tok, batch_size=4, seed=0, process_index=0, process_count=2))
+  b = next(pipeline.make_iterator(cfg, tok, batch_size=4, seed=0, process_index=1, process_count=2))
   assert not np.array_equal(a["tokens"], b["tokens"])
 
 
@@ -277,7 +277,7 @@ def test_jsonl_parquet_arrayrecord(tmp_path, tok):
   records = sources.document_source(data_cfg(spec, text_field="body"))
   assert [records[i] for i in range(len(records))] == docs[10:]
   # All formats in one pipeline (text_field differs, so jsonl gets its own run).
-  batch = next(data.make_iterator(data_cfg(f"{tmp_path}/b.parquet,{spec}", text_field="body"),
+  batch = next(pipeline.make_iterator(data_cfg(f"{tmp_path}/b.parquet,{spec}", text_field="body"),
                                   tok, batch_size=2, seed=0))
   assert batch["tokens"].shape == (2, 32)
   with pytest.raises(UserError, match="text_field"):
@@ -307,7 +307,7 @@ def test_user_errors_name_the_input(tmp_path, tok):
 
   missing = tmp_path / "missing"
   with pytest.raises(UserError, match=str(missing)):
-    data.make_iterator(data_cfg(missing), tok, batch_size=2, seed=0)
+    pipeline.make_iterator(data_cfg(missing), tok, batch_size=2, seed=0)
 
   bad = tmp_path / "bad.parquet"
   bad.write_bytes(b"definitely not parquet")
@@ -343,7 +343,7 @@ def test_packer_fetch_reads_the_grain_datasets_documents(tmp_path, tok, shuffle_
     writer.close()
   rng = np.random.default_rng(0)
   for p in range(3):
-    layout = data.Layout(data_cfg(path), tok, bins=4, seed=5, process_index=p, process_count=3)
+    layout = pipeline.Layout(data_cfg(path), tok, bins=4, seed=5, process_index=p, process_count=3)
     grain_docs = layout.documents()  # Shuffle, stride, repeat, tokenize: Grain's MapDatasets.
     indices = rng.permutation(4 * layout.epoch_length()).tolist()
     got = layout._fetch(indices)  # pylint: disable=protected-access

@@ -102,28 +102,28 @@ def test_cli_user_errors(tmp_path):
 def test_probe_scores_cache_and_mteb_wrapper(run_dir, shared_data, tmp_path):
   """probe_scores: the expected keys, finite, deterministic; the mteb wrapper's encode contract."""
   from crossbert_jax.run import checkpoint
-  from crossbert_jax.evaluation import embedder, runner as evaluate, mteb as mteb_eval
+  from crossbert_jax.evaluation import embedder, runner, mteb as mteb_eval
 
   cache_dir = tmp_path / "cache"
   config, params, _ = checkpoint.load_run(run_dir)
   config.eval.data_dir = str(shared_data)
   config.eval.max_examples = 200
   tok = tokenizer.Tokenizer.load(config.data.tokenizer)
-  scores = evaluate.probe_scores(config, params["encoder"], tok)
+  scores = runner.probe_scores(config, params["encoder"], tok)
   assert set(scores) == {"probe/sst2/linear", "probe/sst2/knn", "probe/stsb/linear", "probe/stsb/knn",
                          "probe/stsb/cosine_spearman"}
   assert all(math.isfinite(v) for v in scores.values()), scores
-  assert evaluate.probe_scores(config, params["encoder"], tok) == scores
+  assert runner.probe_scores(config, params["encoder"], tok) == scores
   # The embedding cache: a second pass embeds nothing and scores the same.
-  emb = embedder.JaxEmbedder(evaluate.EncoderSpec.from_config(config.model), params["encoder"], tok,
+  emb = embedder.JaxEmbedder(runner.EncoderSpec.from_config(config.model), params["encoder"], tok,
                              embedder.Options(max_length=64), identity="test@5")
-  task = evaluate._cached_task("rte", str(shared_data))
-  first = evaluate.evaluate_task(emb, task, max_examples=100, cache_dir=str(cache_dir))
+  task = runner._cached_task("rte", str(shared_data))
+  first = runner.evaluate_task(emb, task, max_examples=100, cache_dir=str(cache_dir))
   seen = emb.sentences_seen
   assert seen == 200 and len(list(cache_dir.iterdir())) == 2  # train + dev, joint pairs.
-  assert evaluate.evaluate_task(emb, task, max_examples=100, cache_dir=str(cache_dir)) == first
+  assert runner.evaluate_task(emb, task, max_examples=100, cache_dir=str(cache_dir)) == first
   assert emb.sentences_seen == seen
-  spec = evaluate.EncoderSpec.from_config(config.model)
+  spec = runner.EncoderSpec.from_config(config.model)
   enc = mteb_eval.MtebEncoder(embedder.JaxEmbedder(spec, params["encoder"], tok, embedder.Options(max_length=32)))
   batches = [{"text": ["a first sentence", "a second"]}, {"text": ["third"]}]  # mteb 2.x DataLoader batches.
   out = enc.encode(batches, batch_size=2)

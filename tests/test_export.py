@@ -11,11 +11,11 @@ import jax
 import numpy as np
 import pytest
 
-from crossbert_jax import export as export_cli
+from crossbert_jax import export
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import corpus, tokenizer
-from crossbert_jax.hf import convert as export, files as hf_files, mapping as hf_mapping
+from crossbert_jax.hf import convert, files as hf_files, mapping as hf_mapping
 from crossbert_jax.model import inference
 from crossbert_jax.model.encoder import EncoderSpec
 from crossbert_jax.training import objectives
@@ -86,7 +86,7 @@ def _params(c, seed=0):
 
 
 def _assert_bitwise(a: dict, b: dict):
-  fa, fb = export.flatten(a), export.flatten(b)
+  fa, fb = convert.flatten(a), convert.flatten(b)
   assert fa.keys() == fb.keys(), f"param paths differ: {sorted(fa.keys() ^ fb.keys())}"
   for k in fa:
     assert fa[k].dtype == fb[k].dtype and fa[k].shape == fb[k].shape, k
@@ -99,7 +99,7 @@ def test_round_trip_is_bitwise(global_every, scan_layers):
   """import(export(params)) == params, through the table and a config round trip."""
   c = _config("mlm", global_every, scan_layers)
   params = _params(c)
-  flat = {k: v for k, v in export.flatten(params).items() if k.startswith(("encoder/", "head/"))}
+  flat = {k: v for k, v in convert.flatten(params).items() if k.startswith(("encoder/", "head/"))}
   spec = EncoderSpec.from_config(c.model)
   hf = hf_mapping.to_hf(flat, spec, with_head=True)
   assert sorted(hf) == sorted(hf_mapping.hf_names(spec, with_head=True))
@@ -109,7 +109,7 @@ def test_round_trip_is_bitwise(global_every, scan_layers):
   hf_cfg = hf_files.hf_config(c)
   back_model = hf_mapping.from_hf_config(hf_cfg)
   assert back_model == {k: c.model[k] for k in back_model}, "config round trip changed model.*"
-  _assert_bitwise(export.unflatten(hf_mapping.from_hf(hf, spec, with_head=True)),
+  _assert_bitwise(convert.unflatten(hf_mapping.from_hf(hf, spec, with_head=True)),
                   {"encoder": params["encoder"], "head": params["head"]})
 
 
@@ -117,14 +117,14 @@ def test_round_trip_through_files_and_scan_relayout(tmp_path, tok):
   """Files written by export and read by import are bitwise; scan <-> per-layer relayouts too."""
   c = _config("crossbert", 3, scan_layers=True)
   params = _params(c, seed=1)
-  export.export(c, params, tok, tmp_path / "hf")
-  back_cfg, back = export.read_hf(tmp_path / "hf", scan_layers=True)
+  convert.export(c, params, tok, tmp_path / "hf")
+  back_cfg, back = convert.read_hf(tmp_path / "hf", scan_layers=True)
   _assert_bitwise(back, {"encoder": params["encoder"]})
   assert back_cfg.model.to_dict() == c.model.to_dict()
-  _, flat_layout = export.read_hf(tmp_path / "hf", scan_layers=False)
+  _, flat_layout = convert.read_hf(tmp_path / "hf", scan_layers=False)
   assert "layers_3" in flat_layout["encoder"] and "layers" not in flat_layout["encoder"]
-  export.import_hf(str(tmp_path / "hf"), str(tmp_path / "imported"), scan_layers=True)
-  cfg2, params2 = export.load_imported(tmp_path / "imported")
+  convert.import_hf(str(tmp_path / "hf"), str(tmp_path / "imported"), scan_layers=True)
+  cfg2, params2 = convert.load_imported(tmp_path / "imported")
   _assert_bitwise(params2, {"encoder": params["encoder"]})
   assert cfg2.model.global_every == 3 and cfg2.model.scan_layers
 
@@ -140,15 +140,15 @@ def test_imports_legacy_config_and_bf16_weights(tmp_path, tok):
   c.model.rope_theta, c.model.local_rope_theta = 80_000.0, 5_000.0
   c.lock()
   params = _params(c, seed=4)
-  export.export(c, params, tok, tmp_path / "hf")
+  convert.export(c, params, tok, tmp_path / "hf")
   cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
   for key in ("layer_types", "rope_parameters"):
     del cfg[key]
   (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
-  tensors = export._load_float_tensors((tmp_path / "hf" / "model.safetensors").read_bytes(), "test")
+  tensors = convert._load_float_tensors((tmp_path / "hf" / "model.safetensors").read_bytes(), "test")
   safetensors.torch.save_file({k: torch.from_numpy(np.array(v)).to(torch.bfloat16) for k, v in tensors.items()},
                               str(tmp_path / "hf" / "model.safetensors"))
-  back_cfg, back = export.read_hf(tmp_path / "hf")
+  back_cfg, back = convert.read_hf(tmp_path / "hf")
   assert back_cfg.model.to_dict() == c.model.to_dict()
   rounded = jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), params["encoder"])
   _assert_bitwise(back, {"encoder": rounded})
@@ -160,7 +160,7 @@ def test_transformers_and_sentence_transformers_parity(tmp_path, tok, objective,
   and SentenceTransformer.encode within 1e-4 of JAX, for alternating local/global and all-global."""
   c = _config(objective, global_every)
   params = _params(c, seed=2)
-  result = export.export(c, params, tok, tmp_path / "hf", do_verify=True)
+  result = convert.export(c, params, tok, tmp_path / "hf", do_verify=True)
   print(f"{objective} global_every={global_every}: {result}")
   assert result["hidden_max_abs_diff"] <= 1e-4 and result["sentence_max_abs_diff"] <= 1e-4
   hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -172,12 +172,12 @@ def test_transformers_and_sentence_transformers_parity(tmp_path, tok, objective,
   assert hf_cfg["layer_types"] == hf_mapping.layer_types(4, global_every)
   assert hf_cfg["local_attention"] == LOCAL_WINDOW
   if global_every > 1:  # The local layers must really differ from global ones on these sentences.
-    ids = inference.tokenize(tok, export.VERIFY_SENTENCES, max_length=c.data.seq_len)
+    ids = inference.tokenize(tok, convert.VERIFY_SENTENCES, max_length=c.data.seq_len)
     assert len({len(x) for x in ids}) > 1, "the verify batch must need padding"
     b = inference.pad_batch(ids, max(map(len, ids)))
     run = lambda spec: np.asarray(inference.make_encode_fn(spec)(
         params["encoder"], b["tokens"], b["positions"], b["segment_ids"]))
-    spec = export.inference_spec(c.model)
+    spec = convert.inference_spec(c.model)
     all_global = EncoderSpec(**{**spec.__dict__, "global_every": 1})
     assert np.abs(run(spec) - run(all_global)).max() > 1e-2, "local window too wide to matter"
 
@@ -222,9 +222,9 @@ def test_refuses_non_empty_output_unless_force(tmp_path, tok):
   out.mkdir()
   (out / "keep.txt").write_text("user data")
   with pytest.raises(UserError, match="not empty.*--force"):
-    export.export(c, params, tok, out)
+    convert.export(c, params, tok, out)
   assert (out / "keep.txt").exists()
-  export.export(c, params, tok, out, force=True)
+  convert.export(c, params, tok, out, force=True)
   assert (out / "model.safetensors").exists() and not (out / "keep.txt").exists()
   assert [p.name for p in tmp_path.iterdir()] == ["hf"], "a temporary folder was left behind"
 
@@ -241,7 +241,7 @@ def test_failed_verify_leaves_no_folder(tmp_path, tok, monkeypatch):
 
   monkeypatch.setattr(hf_mapping, "to_hf", broken)
   with pytest.raises(UserError, match="last_hidden_state differs") as e:
-    export.export(c, _params(c), tok, tmp_path / "hf", do_verify=True)
+    convert.export(c, _params(c), tok, tmp_path / "hf", do_verify=True)
   assert "\n" not in str(e.value)
   assert list(tmp_path.iterdir()) == []
 
@@ -262,10 +262,10 @@ def test_cli_real_run_exports_verifies_and_imports(tmp_path, real_run):
   assert "tokens seen: 2,048" in (out / "README.md").read_text()
   assert json.loads((out / "config.json").read_text())["layer_types"] == hf_mapping.layer_types(2, 2)
   with pytest.raises(UserError, match="--output .* not empty"):
-    export_cli.export_run(str(run), str(out))
+    export.export_run(str(run), str(out))
   _cli(["crossbert_jax.export", "import", f"--hf={out}", f"--output={tmp_path / 'imported'}",
         "--objective=mlm"])
   from crossbert_jax.run import checkpoint  # pylint: disable=g-import-not-at-top
   _, params, _ = checkpoint.load_run(run)
-  _, imported = export.load_imported(tmp_path / "imported")
+  _, imported = convert.load_imported(tmp_path / "imported")
   _assert_bitwise(imported, {k: jax.tree.map(np.asarray, params[k]) for k in ("encoder", "head")})

@@ -6,7 +6,6 @@ Every run is a subprocess on one CPU device through the real CLI, as the sweep l
 
 import hashlib
 import json
-import os
 import pathlib
 
 import numpy as np

@@ -3,7 +3,6 @@ items 3, 8, 9, 10, 14): bad specs refused in one line, one plan per root, atomic
 a stop exits 75, a killed sweep takes its trainer with it."""
 
 import json
-import pathlib
 import signal
 import sys
 import time
