@@ -197,9 +197,10 @@ def _params(workdir, step):
   return {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_leaves_with_path(state["params"])}
 
 
-# CI: a stop at the stream boundary (step 4). Slow: also at the ramp's stair boundary (step 2: the
-# stream continues at twice the reads) and inside the last phase (step 5).
-@pytest.mark.parametrize("stops", [(4,), pytest.param((2, 4, 5), marks=pytest.mark.slow)])
+# Slow (78 s and more; `make test-slow` and CI): a stop at the stream boundary (step 4); also at the
+# ramp's stair boundary (step 2: the stream continues at twice the reads) and inside the last phase (step 5).
+@pytest.mark.slow
+@pytest.mark.parametrize("stops", [(4,), (2, 4, 5)])
 def test_resume_at_phase_boundaries_is_bitwise_and_rows_carry_the_phase(tmp_path, spm_model, stops):
   cache = tmp_path / "cache"
   _train(tmp_path / "straight", cache, spm_model)

@@ -85,6 +85,7 @@ def test_nothing_to_train_says_so(tmp_path, base_run, spm_model):
   assert "done:" not in proc.stdout
 
 
+@pytest.mark.slow  # 37 s.
 def test_runtime_changes_resume_with_warnings_and_running_tokens_seen(tmp_path, base_run, spm_model):
   """worker_count (was KeyError 'exhausted'), remat, log_every, cadence and batch size may change."""
   workdir = _copy(base_run, tmp_path)

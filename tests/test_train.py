@@ -108,6 +108,7 @@ def test_tiny_models_learn_on_gutenberg(tmp_path, spm_model, shared_data, config
       f"{entropy:.3f} on this data, and the bar is {MARGIN_NATS} nats below it")
 
 
+@pytest.mark.slow  # 28 s.
 def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, spm_model):
   proc = _train(tmp_path, f"--config.data.tokenizer={spm_model}", "--config.train.learning_rate=1e6",
                 "--config.train.warmup_steps=0", "--config.train.clip_norm=0", "--config.train.steps=40",
@@ -123,6 +124,7 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, spm_model):
   assert all(s < bad_step - 1 for s in saved), f"checkpoints {saved} must precede the step before {bad_step}"
 
 
+@pytest.mark.slow  # 38 s; test_reliability's second-trainer case also stops a trainer by SIGTERM.
 def test_sigterm_saves_and_resumes(tmp_path, spm_model):
   args = [f"--config.data.tokenizer={spm_model}", "--config.train.steps=100000",
           "--config.checkpoint.every_steps=100000"]
