@@ -2,6 +2,7 @@
 
 import json
 import logging
+import multiprocessing
 import os
 import pathlib
 import signal
@@ -119,8 +120,14 @@ def test_a_bad_book_leaves_nothing_and_the_fixed_rerun_works(corpus, tmp_path):
   for p in (root / "in").iterdir():
     (src / p.name).write_bytes(p.read_bytes())
   (src / "bad.txt").write_bytes(b"caf\xe9 au lait\n")
-  with pytest.raises(UserError, match="not UTF-8"):
-    prepare.prepare(str(src), str(tmp_path / "out"), 5, workers=2, progress=False)
+  bystander = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(120,))  # The caller's own.
+  bystander.start()
+  try:
+    with pytest.raises(UserError, match="not UTF-8"):
+      prepare.prepare(str(src), str(tmp_path / "out"), 5, workers=2, progress=False)
+    assert bystander.is_alive(), "prepare killed a child process that is not one of its workers"
+  finally:
+    bystander.kill()
   assert list((tmp_path / "out").iterdir()) == []
   (src / "bad.txt").write_text("café au lait\n")
   assert sum(prepare.prepare(str(src), str(tmp_path / "out"), 5, workers=2, progress=False)) == len(docs) + 1

@@ -282,7 +282,11 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
 
 
 def _kill(pool: concurrent.futures.ProcessPoolExecutor) -> None:
-  """Stops a pool now: its workers are killed (mid-shard: their staging files are cleaned on rerun)."""
-  for proc in multiprocessing.active_children():
-    proc.kill()
+  """Stops a pool now: its workers are killed (mid-shard: their staging files are cleaned on rerun).
+  Only this pool's: an in-process caller's other child processes keep running."""
+  if hasattr(pool, "kill_workers"):  # Python >= 3.14.
+    pool.kill_workers()
+  else:
+    for proc in list((pool._processes or {}).values()):  # pylint: disable=protected-access
+      proc.kill()
   pool.shutdown(wait=True, cancel_futures=True)
