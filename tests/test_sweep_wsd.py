@@ -3,7 +3,9 @@ items 3, 8, 9, 10, 14): bad specs refused in one line, one plan per root, atomic
 a stop exits 75, a killed sweep takes its trainer with it."""
 
 import json
+import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -16,6 +18,7 @@ from crossbert_jax.run import metrics
 from tests.helpers import ROOT, run_module
 
 sys.path.insert(0, str(ROOT / "tools"))
+import archive_sweep  # noqa: E402  pylint: disable=g-import-not-at-top
 import fault_inject_sweep  # noqa: E402  pylint: disable=g-import-not-at-top
 
 WSD_SPEC = fault_inject_sweep.SPEC.replace("WSD", 'dict(decay_fraction=0.2, shape="1-sqrt")')
@@ -147,6 +150,55 @@ def test_wsd_sweep_trains_stable_then_branches_and_prints_the_cost(tmp_path, spm
     assert plan_lib.is_done(root / "runs" / r.name)
   again = run_module(["crossbert_jax.sweep", f"--spec={spec}", f"--root={root}"], timeout=300)
   assert again.stdout.count("done, skipped") == len(runs), again.stdout
+  # Another machine: the committed archive brings the finished runs back. The last branch is not in
+  # it, so its trunk (no checkpoints in the archive) trains again: bit for bit the same rows.
+  archive = tmp_path / "archive"
+  archive_sweep.archive(root, archive, stable_every=50)
+  shutil.rmtree(archive / "runs" / runs[2].name)
+  fresh = tmp_path / "fresh"
+  said = archive_sweep.restore(archive, fresh)
+  assert said.startswith("restored 1 finished run(s) of 3") and f"not archived: {runs[0].name}" in said, said
+  resumed = run_module(["crossbert_jax.sweep", f"--spec={spec}", f"--root={fresh}"], check=False, timeout=900)
+  assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]
+  assert resumed.stdout.count("done, skipped") == 1 and f"{runs[1].name}: done, skipped" in resumed.stdout
+  for r in (runs[0], runs[2]):
+    trained = lambda where: [(row["step"], row["loss"], row["grad_norm"])
+                             for row in metrics.read_metrics(str(where / "runs" / r.name))]
+    assert trained(fresh) == trained(root), f"{r.name} retrained differently"
+
+
+def test_restore_refuses_another_plan_or_tokenizer_and_overwrites_nothing(tmp_path):
+  spec, runs = _wsd_plan(tmp_path)
+  archive = tmp_path / "archive"
+  plan_lib.save_plan(archive, spec, runs, "spec.py")
+  (archive / "tokenizer").mkdir()
+  (archive / "tokenizer" / "spm.model").write_bytes(b"pieces")
+  for r in runs[1:]:  # All finished but the first trunk.
+    (archive / "runs" / r.name).mkdir(parents=True)
+    (archive / "runs" / r.name / plan_lib.DONE_FILE).write_text(json.dumps({"steps": r.end_step, "wall_s": 1.0}))
+  other_tok = tmp_path / "other_tok"
+  (other_tok / "tokenizer").mkdir(parents=True)
+  (other_tok / "tokenizer" / "spm.model").write_bytes(b"other pieces")
+  with pytest.raises(archive_sweep.Refused, match="holds another tokenizer"):
+    archive_sweep.restore(archive, other_tok)
+  assert sorted(p.name for p in other_tok.iterdir()) == ["tokenizer"]
+  other_spec, other_runs = _wsd_plan(tmp_path, "[2e9, 8e9]")
+  other_plan = tmp_path / "other_plan"
+  plan_lib.save_plan(other_plan, other_spec, other_runs, "spec.py")
+  with pytest.raises(archive_sweep.Refused, match="holds another sweep's plan"):
+    archive_sweep.restore(archive, other_plan)
+  fresh = tmp_path / "fresh"
+  (fresh / "runs" / runs[1].name).mkdir(parents=True)  # The root's own folder (in progress) is kept.
+  said = archive_sweep.restore(archive, fresh)
+  assert said.startswith(f"restored {len(runs) - 2} finished run(s)"), said
+  assert not list((fresh / "runs" / runs[1].name).iterdir())
+  assert all(plan_lib.is_done(fresh / "runs" / r.name) for r in runs[2:])
+  _, restored = plan_lib.load_plan(fresh)
+  assert plan_lib.plan_hash(restored) == plan_lib.plan_hash(runs)
+  assert {r.overrides["data.tokenizer"] for r in restored} == {str(fresh.absolute() / "tokenizer" / "spm.model")}
+  cli = subprocess.run([sys.executable, str(ROOT / "tools" / "archive_sweep.py"), "--restore", f"--root={fresh}",
+                        f"--out={tmp_path / 'none'}"], capture_output=True, text=True, timeout=60)
+  assert cli.returncode == 2 and cli.stderr.startswith("error: --out=") and "Traceback" not in cli.stderr
 
 
 def test_sweep_stop_exits_75_and_kill_takes_the_trainer_with_it(tmp_path, spm_model):
