@@ -195,3 +195,30 @@ def test_report_reads_an_old_plan_without_the_new_run_fields(tmp_path):
   assert "| xs | bert_r15 | 3 |" in spread  # One budget: the size's name alone, as before WSD.
   text = "\n".join(claims.markdown(spec, found))
   assert "no task left out" in text and "**Power at the largest size (xs)**" in text
+
+
+def test_a_run_still_training_is_no_point_of_the_claims(tmp_path):
+  """A run without sweep_done.json (its probes so far are early ones) is left out of every interval; the
+  power line names the spec's largest size even when none of its points has finished."""
+  root = tmp_path / "live"
+  spec = _spec(1e12, tasks="sst2", data_dir="/nonexistent")
+  spec["sizes"]["s"] = dict(embed_dim=48, num_heads=2, num_layers=1, mlp_dim=96, flops=2e12)
+  runs = []
+  for label, o in OBJECTIVES.items():
+    for seed in range(3):
+      run = plan_lib.Run(f"xs__{label}__s{seed}", "xs", label, seed, o["objective"],
+                         {"eval.tasks": "sst2", "eval.data_dir": "/nonexistent", "masking.ratio": o["ratio"],
+                          "masking.views": o["views"]}, 1e12, 1e10, 100, TPS)
+      runs.append(run)
+      score = lambda step, label=label, seed=seed: _score(label, seed, step * TPS)
+      _write_run(root, run, {50, 100}, {"sst2/linear": score, "sst2/knn": score})
+  (root / "runs" / runs[0].name / plan_lib.DONE_FILE).unlink()  # bert_r15 seed 0: still training.
+  plan_lib.save_plan(root, spec, runs)
+  spec, results, _ = collect.collect(root)
+  found = claims.evaluate(spec, results)
+  vs_bert = [r for r in found["rows"] if r["claim"] == "crossbert_vs_bert"]
+  assert vs_bert and {r["seeds"] for r in vs_bert} == {2}, "the unfinished seed is paired"
+  assert {r["seeds"] for r in found["rows"] if r["claim"] == "k2_vs_k1_sample_efficiency"} == {3}
+  text = "\n".join(claims.markdown(spec, found))
+  assert "**Power at the largest size (s)**: no CrossBERT-vs-BERT comparison there" in text
+  assert claims.evaluate(spec, [r for r in results if not r.done])["rows"] == []

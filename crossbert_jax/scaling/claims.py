@@ -227,20 +227,26 @@ def _num(x: float | None, digits: int = 4) -> str:
 
 
 def evaluate(spec: dict, results: list[RunResult]) -> dict[str, Any]:
-  """Everything claims.json holds: chance levels, dropped tasks, the rule and one row per claim."""
-  chance, note = chance_levels(results)
-  dropped = {kind: dropped_tasks(results, chance, kind) for kind in KINDS}
-  kept = {kind: [t for t in tasks_of(results, kind) if t not in dropped[kind]] for kind in KINDS}
-  return {"rule": {"level": LEVEL, "margin": MARGIN, "chance_margin": CHANCE_MARGIN,
-                   "holds": "interval above 0", "does not hold": f"interval below 0, or inside +-{MARGIN}",
-                   "inconclusive": "otherwise (or fewer than 2 paired seeds)"},
-          "chance": chance, "chance_note": note, "dropped": dropped, "kept": kept,
-          "rows": claim_rows(spec, results, kept)}
+  """Everything claims.json holds: chance levels, dropped tasks, the rule and one row per claim.
+
+  Only finished points count: a run still training has no final probe yet (or an early one).
+  """
+  finished = [r for r in results if r.done]
+  rule = {"level": LEVEL, "margin": MARGIN, "chance_margin": CHANCE_MARGIN, "holds": "interval above 0",
+          "does not hold": f"interval below 0, or inside +-{MARGIN}",
+          "inconclusive": "otherwise (or fewer than 2 paired seeds)"}
+  if not finished:
+    return {"rule": rule, "chance": {}, "chance_note": "no point has finished yet", "dropped": {k: [] for k in KINDS},
+            "kept": {k: [] for k in KINDS}, "rows": []}
+  chance, note = chance_levels(finished)
+  dropped = {kind: dropped_tasks(finished, chance, kind) for kind in KINDS}
+  kept = {kind: [t for t in tasks_of(finished, kind) if t not in dropped[kind]] for kind in KINDS}
+  return {"rule": rule, "chance": chance, "chance_note": note, "dropped": dropped, "kept": kept,
+          "rows": claim_rows(spec, finished, kept)}
 
 
 def markdown(spec: dict, found: dict[str, Any]) -> list[str]:
   """The claims section: the rule, the tasks left out, one table per claim, the power at the largest size."""
-  sizes = [s for s in spec["sizes"] if any(r["size"] == s for r in found["rows"])]
   chance = ", ".join(f"{t} {c:.3f}" for t, c in found["chance"].items())
   lines = [f"Seed-paired differences A - B of the average probe score with {LEVEL:.0%} t intervals (over seeds). "
            f"A claim (A better than B) **holds** when the interval is above 0, **does not hold** when it is below 0 "
@@ -266,7 +272,7 @@ def markdown(spec: dict, found: dict[str, Any]) -> list[str]:
       lines.append(f"| {r['a']} - {r['b']} | {r['size']} | {r['budget_flops']:.3g} | {r['probe']} | {r['at']} | "
                    f"{_num(r['mean_diff'])} | [{_num(r['ci95'][0])}, {_num(r['ci95'][1])}] | {r['seeds']} | "
                    f"{r['verdict']} | {need} |")
-  lines += ["", *power(found["rows"], sizes[-1] if sizes else None)]
+  lines += ["", *power(found["rows"], list(spec["sizes"])[-1])]  # The spec's largest, finished or not.
   return lines
 
 
@@ -274,7 +280,8 @@ def power(rows: list[dict[str, Any]], size: str | None) -> list[str]:
   """The power target: at the largest size, is every CrossBERT-vs-BERT interval decisive; if not, the seeds it needs."""
   at = [r for r in rows if r["size"] == size and r["claim"] == "crossbert_vs_bert"]
   if not at:
-    return ["**Power at the largest size**: no CrossBERT-vs-BERT comparison there."]
+    return [f"**Power at the largest size ({size})**: no CrossBERT-vs-BERT comparison there (no finished pair "
+            "of points yet, or the spec lacks the objectives)."]
   weak = [r for r in at if not r["decisive"]]
   head = (f"**Power at the largest size ({size})**: {len(at) - len(weak)} of {len(at)} CrossBERT-vs-BERT intervals "
           "are decisive (exclude 0, or lie inside +-" + f"{MARGIN}).")
