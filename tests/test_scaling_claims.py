@@ -222,3 +222,6 @@ def test_a_run_still_training_is_no_point_of_the_claims(tmp_path):
   text = "\n".join(claims.markdown(spec, found))
   assert "**Power at the largest size (s)**: no CrossBERT-vs-BERT comparison there" in text
   assert claims.evaluate(spec, [r for r in results if not r.done])["rows"] == []
+  text = report.write_report(root, tmp_path / "report").read_text()
+  assert "8 of 9 points finished (1 still training: the plots and tables include them" in text
+  assert f"{runs[0].name} (partial: step 100)" in text

@@ -253,8 +253,11 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
             f"{len(stable)} finished." if stable else "")
   n = spec["probes"]["max_examples"]
   per_split = f"{n} examples per split," if n else "whole splits,"
+  partial = len(results) - done
   md = [f"# Scaling sweep: {spec['name']}", "",
         f"{done} of {len(results) + len(missing)} points finished"
+        + (f" ({partial} still training: the plots and tables include them, marked partial under Every run; the "
+           "claims use finished points only)" if partial else "")
         + (f"; not started: {', '.join(missing)}" if missing else "")
         + f".{trunks} Data: `{spec['data_path']}`; probes: `{spec['probes']['tasks']}` "
         f"({per_split} {spec['probes']['count']} per run).", "",
