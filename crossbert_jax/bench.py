@@ -43,8 +43,7 @@ _CASES = flags.DEFINE_list("cases", [], "Subset of case names to run (default: a
                            "case bert_r0.15 is always run.")
 _LONG_LEN = flags.DEFINE_integer("long_len", 2048, "Length of the dense-vs-chunked attention rows (0: skip).")
 _LONG_BATCH = flags.DEFINE_integer("long_batch", 2, "Batch of the dense-vs-chunked attention rows.")
-_PHASE = flags.DEFINE_integer("phase", 0, "Of a phased config (train.phases / batch_ramp): the phase whose "
-                              "batch, length and RoPE to time (0: the first).")
+_PHASE = flags.DEFINE_integer("phase", 0, "Of a phased config: the phase whose batch, length, RoPE to time.")
 _DATA = flags.DEFINE_bool("data", False, "Run the input-pipeline benchmark instead (training/feed_bench.py).")
 
 REFERENCE = "bert_r0.15"
@@ -380,16 +379,6 @@ def _dumps(obj: Any) -> str:
   return json.dumps(clean(obj), indent=1, default=default)
 
 
-def phase_config(c: ml_collections.ConfigDict, index: int) -> ml_collections.ConfigDict:
-  """The config of phase `index` (the run's own config when it declares no phases)."""
-  all_phases = phases.expand(c)
-  if not 0 <= index < len(all_phases):
-    raise UserError(f"--phase={index}: the config has {len(all_phases)} phase(s); give 0-{len(all_phases) - 1}")
-  if len(all_phases) > 1:
-    print(f"timing {all_phases[index].describe()} of {len(all_phases)}; --phase=N picks another", flush=True)
-  return all_phases[index].config
-
-
 @exit_on_user_error
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
@@ -399,8 +388,10 @@ def main(argv: list[str]) -> None:
   xla_flags.set_cpu_flags()
   c = config_lib.from_flag(_CONFIG.value)
   config_lib.validate(c)
-  c = phase_config(c, _PHASE.value)
-  run(c, seq_len=_SEQ_LEN.value, steps=_STEPS.value, warmup=_WARMUP.value, out=_OUT.value,
+  phase = phases.nth(c, _PHASE.value, "--phase")
+  if phases.has_phases(c):
+    print(f"timing {phase.describe()}; --phase=N picks another", flush=True)
+  run(phase.config, seq_len=_SEQ_LEN.value, steps=_STEPS.value, warmup=_WARMUP.value, out=_OUT.value,
       case_names=_CASES.value, matmul_size=_MATMUL.value, matmul_repeats=_MATMUL_REPEATS.value,
       long_len=_LONG_LEN.value, long_batch=_LONG_BATCH.value)
 

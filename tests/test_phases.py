@@ -70,18 +70,17 @@ def test_the_last_phase_may_omit_steps_and_no_phases_is_one_phase_with_the_confi
   assert only.config is plain and (only.start, only.end, only.read_batch) == (0, plain.train.steps, 16)
 
 
-def test_bench_times_the_phase_it_is_given():
+def test_nth_phase_is_the_one_bench_times():
   """bench --phase=N: phase N's batch, length and RoPE (a plain config is its own phase 0)."""
-  from crossbert_jax import bench
   c = _tiny(({"steps": 120, "data.seq_len": 32}, {"data.seq_len": 128, "train.batch_size": 4,
                                                   "model.rope_theta": 80_000.0}))
-  first, second = bench.phase_config(c, 0), bench.phase_config(c, 1)
+  first, second = (phases_lib.nth(c, i, "--phase").config for i in (0, 1))
   assert (first.data.seq_len, first.train.batch_size) == (32, 16)
   assert (second.data.seq_len, second.train.batch_size, second.model.rope_theta) == (128, 4, 80_000.0)
   plain = _tiny()
-  assert bench.phase_config(plain, 0) is plain
+  assert phases_lib.nth(plain, 0, "--phase").config is plain
   with pytest.raises(UserError, match=r"--phase=2: the config has 2 phase\(s\); give 0-1"):
-    bench.phase_config(c, 2)
+    phases_lib.nth(c, 2, "--phase")
 
 
 def test_batch_ramp_stairs_pin_the_tokens_per_step_of_each_phase():
