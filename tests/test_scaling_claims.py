@@ -166,10 +166,8 @@ def _diff(row, seed):
   return _score(row["a"], seed, at) - _score(row["b"], seed, at)  # Log-linear scores: interpolation is exact.
 
 
-def test_report_reads_an_old_plan_without_the_new_run_fields(tmp_path):
-  """A plan.json from before WSD (no kind / fork / budget fields): one budget, every run a point."""
-  root = tmp_path / "old"
-  spec = _spec(1e12, tasks="sst2", data_dir="/nonexistent")
+def _plain_runs(root, probe_steps) -> list:
+  """Finished plain runs (one budget, 100 steps) of every objective x 3 seeds, sst2 probed at `probe_steps`."""
   runs = []
   for label, o in OBJECTIVES.items():
     for seed in range(3):
@@ -178,7 +176,15 @@ def test_report_reads_an_old_plan_without_the_new_run_fields(tmp_path):
                           "masking.views": o["views"]}, 1e12, 1e10, 100, TPS)
       runs.append(run)
       score = lambda step, label=label, seed=seed: _score(label, seed, step * TPS)
-      _write_run(root, run, {25, 50, 75, 100}, {"sst2/linear": score, "sst2/knn": score})
+      _write_run(root, run, probe_steps, {"sst2/linear": score, "sst2/knn": score})
+  return runs
+
+
+def test_report_reads_an_old_plan_without_the_new_run_fields(tmp_path):
+  """A plan.json from before WSD (no kind / fork / budget fields): one budget, every run a point."""
+  root = tmp_path / "old"
+  spec = _spec(1e12, tasks="sst2", data_dir="/nonexistent")
+  runs = _plain_runs(root, {25, 50, 75, 100})
   saved = [{k: v for k, v in dataclasses.asdict(r).items() if k not in ("kind", "fork_from", "fork_step",
                                                                          "budget_index")} for r in runs]
   root.mkdir(exist_ok=True)
@@ -203,15 +209,7 @@ def test_a_run_still_training_is_no_point_of_the_claims(tmp_path):
   root = tmp_path / "live"
   spec = _spec(1e12, tasks="sst2", data_dir="/nonexistent")
   spec["sizes"]["s"] = dict(embed_dim=48, num_heads=2, num_layers=1, mlp_dim=96, flops=2e12)
-  runs = []
-  for label, o in OBJECTIVES.items():
-    for seed in range(3):
-      run = plan_lib.Run(f"xs__{label}__s{seed}", "xs", label, seed, o["objective"],
-                         {"eval.tasks": "sst2", "eval.data_dir": "/nonexistent", "masking.ratio": o["ratio"],
-                          "masking.views": o["views"]}, 1e12, 1e10, 100, TPS)
-      runs.append(run)
-      score = lambda step, label=label, seed=seed: _score(label, seed, step * TPS)
-      _write_run(root, run, {50, 100}, {"sst2/linear": score, "sst2/knn": score})
+  runs = _plain_runs(root, {50, 100})
   (root / "runs" / runs[0].name / plan_lib.DONE_FILE).unlink()  # bert_r15 seed 0: still training.
   plan_lib.save_plan(root, spec, runs)
   spec, results, _ = collect.collect(root)
