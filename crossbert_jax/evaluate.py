@@ -168,15 +168,10 @@ def _check_output(f) -> epath.Path | None:
   or (without --force) results an earlier evaluation wrote."""
   if not f.output:
     return None
-  out = outputs.check_output_file(f.output, "--output")
-  if out.suffix == ".md":
+  if epath.Path(f.output).suffix == ".md":
     raise UserError(f"--output {f.output} ends in .md, the name of the table written next to the JSON: "
                     "give a .json path")
-  existing = [p for p in (out, out.with_suffix(".md")) if p.exists()]
-  if existing and not f.force:
-    raise UserError(f"--output {f.output}: {existing[0]} exists (earlier results): choose a new path, "
-                    "or pass --force to replace it")
-  return out
+  return outputs.check_output_file(f.output, "--output", force=f.force, companions=(".md",))
 
 
 def main(argv: Sequence[str]) -> None:

@@ -144,6 +144,11 @@ def test_output_file_is_probed_and_left_absent(tmp_path):
     outputs.check_output_file(str(tmp_path / "f" / "c.json"), "--out")
   outputs.check_output_file(str(tmp_path / "new" / "c.json"), "--out")
   assert not (tmp_path / "new" / "c.json").exists() and (tmp_path / "f").read_text() == "x"
+  (tmp_path / "r.md").write_text("table")  # Without --force, an earlier file or its companion is refused.
+  with pytest.raises(UserError, match=r"r\.md exists \(earlier results\).*--force"):
+    outputs.check_output_file(str(tmp_path / "r.json"), "--output", force=False, companions=(".md",))
+  outputs.check_output_file(str(tmp_path / "r.json"), "--output", force=True, companions=(".md",))
+  assert (tmp_path / "r.md").read_text() == "table"
 
 
 # ----------------------------------------------------------------------------- readers and options

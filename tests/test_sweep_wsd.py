@@ -179,13 +179,13 @@ def test_restore_refuses_another_plan_or_tokenizer_and_overwrites_nothing(tmp_pa
   other_tok = tmp_path / "other_tok"
   (other_tok / "tokenizer").mkdir(parents=True)
   (other_tok / "tokenizer" / "spm.model").write_bytes(b"other pieces")
-  with pytest.raises(archive_sweep.Refused, match="holds another tokenizer"):
+  with pytest.raises(UserError, match="holds another tokenizer"):
     archive_sweep.restore(archive, other_tok)
   assert sorted(p.name for p in other_tok.iterdir()) == ["tokenizer"]
   other_spec, other_runs = _wsd_plan(tmp_path, "[2e9, 8e9]")
   other_plan = tmp_path / "other_plan"
   plan_lib.save_plan(other_plan, other_spec, other_runs, "spec.py")
-  with pytest.raises(archive_sweep.Refused, match="holds another sweep's plan"):
+  with pytest.raises(UserError, match="holds another sweep's plan"):
     archive_sweep.restore(archive, other_plan)
   fresh = tmp_path / "fresh"
   (fresh / "runs" / runs[1].name).mkdir(parents=True)  # The root's own folder (in progress) is kept.

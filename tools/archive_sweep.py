@@ -32,12 +32,10 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from crossbert_jax.core.errors import UserError  # noqa: E402  pylint: disable=g-import-not-at-top
+
 RESULT_FILES = ("config.json", "sweep_done.json", "sweep_wall.json")
 TOKENIZER = pathlib.Path("tokenizer") / "spm.model"  # As scaling.runner.tokenizer_path, under the root.
-
-
-class Refused(Exception):
-  """A bad input: one line on stderr, exit 2."""
 
 
 def archive(root: pathlib.Path, out: pathlib.Path, stable_every: int) -> str:
@@ -45,7 +43,7 @@ def archive(root: pathlib.Path, out: pathlib.Path, stable_every: int) -> str:
   from crossbert_jax.scaling import plan as plan_lib  # pylint: disable=g-import-not-at-top
 
   if out.resolve() == root.resolve():
-    raise Refused(f"--out={out} is the sweep root: give another folder")
+    raise UserError(f"--out={out} is the sweep root: give another folder")
   out.mkdir(parents=True, exist_ok=True)
   prefix = f"{root.resolve()}/"
 
@@ -80,9 +78,9 @@ def restore(archive_dir: pathlib.Path, root: pathlib.Path) -> str:
   from crossbert_jax.scaling import plan as plan_lib  # pylint: disable=g-import-not-at-top
 
   if archive_dir.resolve() == root.resolve():
-    raise Refused(f"--root={root} is the archive (--out): give the sweep root to restore into")
+    raise UserError(f"--root={root} is the archive (--out): give the sweep root to restore into")
   if not (archive_dir / TOKENIZER).is_file():
-    raise Refused(f"--out={archive_dir} holds no {TOKENIZER}: rerun the archive on the original root first "
+    raise UserError(f"--out={archive_dir} holds no {TOKENIZER}: rerun the archive on the original root first "
                   "(runs trained with another tokenizer could not be compared)")
   spec, runs = plan_lib.load_plan(archive_dir)
   saved = json.loads((archive_dir / plan_lib.PLAN_FILE).read_text())
@@ -90,9 +88,9 @@ def restore(archive_dir: pathlib.Path, root: pathlib.Path) -> str:
   if (root / plan_lib.PLAN_FILE).exists():
     _, theirs = plan_lib.load_plan(root)
     if plan_lib.plan_hash(theirs) != plan_lib.plan_hash(runs):
-      raise Refused(f"--root={root} holds another sweep's plan than --out={archive_dir}: restore into a new root")
+      raise UserError(f"--root={root} holds another sweep's plan than --out={archive_dir}: restore into a new root")
   if (root / TOKENIZER).exists() and (root / TOKENIZER).read_bytes() != (archive_dir / TOKENIZER).read_bytes():
-    raise Refused(f"--root={root} holds another tokenizer than --out={archive_dir}; its runs cannot be mixed "
+    raise UserError(f"--root={root} holds another tokenizer than --out={archive_dir}; its runs cannot be mixed "
                   "with the archive's: restore into a new root")
   done = {r.name for r in runs if plan_lib.is_done(archive_dir / "runs" / r.name)}
   branches_of: dict[str, list[str]] = {}
@@ -139,10 +137,9 @@ def main() -> int:
     print(f"error: {'--out' if args.restore else '--root'}={source} holds no plan.json: give "
           f"{'an archive' if args.restore else 'a sweep root'}", file=sys.stderr)
     return 2
-  from crossbert_jax.core.errors import UserError  # pylint: disable=g-import-not-at-top
   try:
     print(restore(out, root) if args.restore else archive(root, out, args.stable_every))
-  except (Refused, UserError) as e:
+  except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   return 0

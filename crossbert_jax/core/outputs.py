@@ -119,11 +119,20 @@ def _read_only(folder: epath.Path) -> bool:
     return False
 
 
-def check_output_file(path: str, flag: str = "--out") -> epath.Path:
-  """Refuses an output file that is a folder or cannot be written (probed locally; nothing is left)."""
+def check_output_file(path: str, flag: str = "--out", *, force: bool = True,
+                      companions: Sequence[str] = ()) -> epath.Path:
+  """Refuses an output file that is a folder or cannot be written (probed locally; nothing is left).
+
+  `force=False`: also refuses one that exists, or whose companion files (the same name with each
+  suffix in `companions`, e.g. ".md") exist: the command replaces them only with --force.
+  """
   out = epath.Path(path)
   if out.is_dir():
     raise UserError(f"{flag} {path} is a folder: give a file path in it, e.g. {flag}={out}/NAME.json")
+  existing = [p for p in (out, *(out.with_suffix(s) for s in companions)) if p.exists()]
+  if existing and not force:
+    raise UserError(f"{flag} {path}: {existing[0]} exists (earlier results): choose a new path, "
+                    "or pass --force to replace it")
   if "://" in path:
     return out
   folder = out.parent
