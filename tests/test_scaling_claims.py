@@ -9,6 +9,8 @@ each verdict is known: CrossBERT K=1 beats BERT by about 0.05 at every seed, K=2
 import dataclasses
 import json
 import math
+import re
+import shutil
 
 import numpy as np
 import pytest
@@ -223,3 +225,19 @@ def test_a_run_still_training_is_no_point_of_the_claims(tmp_path):
   text = report.write_report(root, tmp_path / "report").read_text()
   assert "8 of 9 points finished (1 still training: the plots and tables include them" in text
   assert f"{runs[0].name} (partial: step 100)" in text
+
+
+def test_an_objective_not_started_reads_n_a_not_nan(tmp_path):
+  """A sweep where one objective has no run yet: its cells say why they are empty, never 'nan'."""
+  root = tmp_path / "live"
+  spec = _spec(1e12, tasks="sst2", data_dir="/nonexistent")
+  runs = _plain_runs(root, {50, 100})
+  for run in runs:
+    if run.label == "cb_r50_k2":
+      shutil.rmtree(root / "runs" / run.name)  # Not started: in the plan, no folder.
+  plan_lib.save_plan(root, spec, runs)
+  text = report.write_report(root, tmp_path / "report").read_text()
+  assert not re.search(r"\bnan|nan\b", text), [l for l in text.splitlines() if re.search(r"\bnan|nan\b", l)]
+  assert "cb_r50_k2 n/a (not finished)" in text  # Throughput ratio.
+  assert "n/a: no finished pair of runs yet" in text  # Seeds for a decisive K=2 interval.
+  assert "cb_r50_k2 - cb_r50_k1 avg/linear n/a (inconclusive)" in text

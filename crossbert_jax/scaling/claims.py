@@ -222,7 +222,16 @@ def _equal_tokens(ga, gb, seeds, groups, size, a, b, kind, tasks) -> tuple[list[
 
 # ----------------------------------------------------------------------------- the report's section
 
-def _num(x: float | None, digits: int = 4) -> str:
+def _seeds_needed_text(row: dict[str, Any]) -> str:
+  """The 'seeds for a decisive interval' cell: a count, or why there is none."""
+  if row["seeds"] == 0:
+    return "n/a: no finished pair of runs yet"
+  if row["seeds"] == 1:
+    return "unknown: one paired seed has no spread"
+  return str(row["seeds_needed"]) if row["seeds_needed"] else f"more than {MAX_SEEDS}"
+
+
+def fmt_diff(x: float | None, digits: int = 4) -> str:
   return "n/a" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}"
 
 
@@ -268,9 +277,9 @@ def markdown(spec: dict, found: dict[str, Any]) -> list[str]:
     lines += ["", f"**{title}**", "", "| A - B | size | budget (FLOPs) | probe | at | mean | 95% interval | seeds | "
               "verdict | seeds for a decisive interval |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-      need = "-" if r["decisive"] else (str(r["seeds_needed"]) if r["seeds_needed"] else f"> {MAX_SEEDS} or unknown")
+      need = "-" if r["decisive"] else _seeds_needed_text(r)
       lines.append(f"| {r['a']} - {r['b']} | {r['size']} | {r['budget_flops']:.3g} | {r['probe']} | {r['at']} | "
-                   f"{_num(r['mean_diff'])} | [{_num(r['ci95'][0])}, {_num(r['ci95'][1])}] | {r['seeds']} | "
+                   f"{fmt_diff(r['mean_diff'])} | [{fmt_diff(r['ci95'][0])}, {fmt_diff(r['ci95'][1])}] | {r['seeds']} | "
                    f"{r['verdict']} | {need} |")
   lines += ["", *power(found["rows"], list(spec["sizes"])[-1])]  # The spec's largest, finished or not.
   return lines
@@ -290,7 +299,7 @@ def power(rows: list[dict[str, Any]], size: str | None) -> list[str]:
   lines = [head + " Not decisive, with the seeds that would make each decisive if the measured paired mean and "
            "sd stayed as they are:", ""]
   for r in weak:
-    need = f"about {r['seeds_needed']} seeds" if r["seeds_needed"] else f"more than {MAX_SEEDS} seeds (or unknown)"
+    need = _seeds_needed_text(r)
     lines.append(f"- {r['a']} - {r['b']}, budget {r['budget_flops']:.3g}, {r['probe']}: {r['seeds']} seeds, "
-                 f"mean {_num(r['mean_diff'])}, sd {_num(r['sd'])}: {need}")
+                 f"mean {fmt_diff(r['mean_diff'])}, sd {fmt_diff(r['sd'])}; seeds for a decisive interval: {need}")
   return lines

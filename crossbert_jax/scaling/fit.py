@@ -33,13 +33,20 @@ def _law(x, e, a, alpha):
   return e + a * x ** -alpha
 
 
+def _law_jacobian(x, e, a, alpha):
+  """d(_law)/d(e, a, alpha), exact (finite differences cost most of a fit)."""
+  p = x ** -alpha
+  return np.stack([np.ones_like(x), p, -a * p * np.log(x)], axis=-1)
+
+
 def _fit_once(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float] | None:
   lo = float(np.min(y))
   p0 = (0.9 * lo, max(float(y[np.argmin(x)]) - 0.9 * lo, 1e-6), 0.3)
   try:
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
-      p, _ = optimize.curve_fit(_law, x, y, p0=p0, bounds=([0.0, 0.0, 0.0], [lo, np.inf, 5.0]), maxfev=20000)
+      p, _ = optimize.curve_fit(_law, x, y, p0=p0, bounds=([0.0, 0.0, 0.0], [lo, np.inf, 5.0]), jac=_law_jacobian,
+                                maxfev=20000)
   except (RuntimeError, ValueError):
     return None
   return tuple(float(v) for v in p)

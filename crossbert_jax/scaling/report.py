@@ -23,6 +23,16 @@ def _fmt(x: float, digits: int = 3) -> str:
   return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}g}"
 
 
+def _median_tps(results: list[RunResult]) -> float:
+  """Median training tokens/s: robust to the runs that shared the CPU with other work."""
+  v = [r.tokens_per_second for r in results if math.isfinite(r.tokens_per_second)]
+  return float(np.median(v)) if v else float("nan")
+
+
+def _ratio(x: float, base: float) -> str:
+  return f"{x / base:.2f}x" if math.isfinite(x) and math.isfinite(base) and base > 0 else "n/a (not finished)"
+
+
 def _mean_std(values: list[float]) -> str:
   v = [x for x in values if math.isfinite(x)]
   if not v:
@@ -184,8 +194,9 @@ def _verdicts(found: dict, claim: str, sizes: list[str]) -> list[str]:
     rows = [r for r in found["rows"] if r["claim"] == claim and r["size"] == size]
     if rows:
       top = max(r["budget_index"] for r in rows)
-      out.append(f"- {size}: " + "; ".join(f"{r['a']} - {r['b']} {r['probe']} {r['mean_diff']:+.4f} ({r['verdict']})"
-                                            for r in rows if r["budget_index"] == top))
+      out.append(f"- {size}: " + "; ".join(
+          f"{r['a']} - {r['b']} {r['probe']} {claims_lib.fmt_diff(r['mean_diff'])} ({r['verdict']})"
+          for r in rows if r["budget_index"] == top))
   return out or ["- not measured (the spec lacks the objectives)"]
 
 
@@ -197,10 +208,11 @@ def _claims(spec, results, sizes, keys, found: dict) -> list[str]:
   top = lambda size, label: _by(results, size, label, _budgets(results, size)[-1][0])
   out = [f"Seeds per size: {seeds}. Claims (2) and (3) are read from the intervals above (each size's largest "
          "budget here); (1) and (4) are measured numbers, not tests.", ""]
-  out.append("**(1) Throughput, CrossBERT at r >= 0.5 over BERT r=0.15** (median training tokens/s):")
+  out.append("**(1) Throughput, CrossBERT at r >= 0.5 over BERT r=0.15** (median over runs of each run's "
+             "median training tokens/s):")
   for size in sizes:
-    base = mean(_by(results, size, bert), lambda r: r.tokens_per_second) if bert else float("nan")
-    parts = [f"{label} {mean(_by(results, size, label), lambda r: r.tokens_per_second) / base:.2f}x"
+    base = _median_tps(_by(results, size, bert)) if bert else float("nan")
+    parts = [f"{label} " + _ratio(_median_tps(_by(results, size, label)), base)
              for label, o in spec["objectives"].items() if o["objective"] == "crossbert" and o["ratio"] >= 0.5]
     out.append(f"- {size}: " + ", ".join(parts))
   out += ["", "**(2) Sample efficiency, K=2 over K=1** at r=0.5 (K=2 minus K=1 at equal tokens):",
@@ -212,9 +224,14 @@ def _claims(spec, results, sizes, keys, found: dict) -> list[str]:
   for label in spec["objectives"]:
     losses = [mean(top(s, label), lambda r: r.final_loss) for s in sizes]
     probe = [mean(top(s, label), lambda r: r.final_probe("avg/linear")) for s in sizes]
-    verdict = lambda ok: "n/a: one size" if len(sizes) < 2 else ("monotonic" if ok else "not monotonic")
-    mono_l = verdict(all(a > b for a, b in zip(losses, losses[1:])))
-    mono_p = verdict(all(a < b for a, b in zip(probe, probe[1:])))
+    def verdict(values, better):
+      if len(sizes) < 2:
+        return "n/a: one size"
+      if not all(math.isfinite(v) for v in values):
+        return "incomplete: a size has no finished run"
+      return "monotonic" if all(better(a, b) for a, b in zip(values, values[1:])) else "not monotonic"
+    mono_l = verdict(losses, lambda a, b: a > b)
+    mono_p = verdict(probe, lambda a, b: a < b)
     out.append(f"- {label}: loss {' -> '.join(_fmt(x, 4) for x in losses)} ({mono_l}); "
                f"avg/linear {' -> '.join(_fmt(x, 4) for x in probe)} ({mono_p})")
   return out
