@@ -11,6 +11,8 @@ import json
 import math
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from scipy import stats
 
 from crossbert_jax.scaling import claims, collect, report
 from crossbert_jax.scaling import plan as plan_lib
+from tests.helpers import ROOT
 
 OBJECTIVES = {"bert_r15": dict(objective="mlm", ratio=0.15, views=1),
               "cb_r50_k1": dict(objective="crossbert", ratio=0.5, views=1),
@@ -241,3 +244,24 @@ def test_an_objective_not_started_reads_n_a_not_nan(tmp_path):
   assert "cb_r50_k2 n/a (not finished)" in text  # Throughput ratio.
   assert "n/a: no finished pair of runs yet" in text  # Seeds for a decisive K=2 interval.
   assert "cb_r50_k2 - cb_r50_k1 avg/linear n/a (inconclusive)" in text
+  _check_claims_json(tmp_path / "report" / "claims.json")
+
+
+def _check_claims_json(path):
+  """tools/check_claims.py agrees with every row the report wrote, and names a row whose verdict is changed."""
+  check = lambda: subprocess.run([sys.executable, str(ROOT / "tools" / "check_claims.py"), str(path)],
+                                 capture_output=True, text=True, timeout=120)
+  found = json.loads(path.read_text())
+  paired = [r for r in found["rows"] if r["seeds"] >= 2]
+  assert paired and any(r["seeds"] == 0 for r in found["rows"]), "both kinds of row are checked"
+  done = check()
+  assert done.returncode == 0 and f"{len(found['rows'])} of {len(found['rows'])} rows agree" in done.stdout, done
+  row = paired[0]
+  row["verdict"] = "holds" if row["verdict"] != "holds" else "inconclusive"
+  path.write_text(json.dumps(found))
+  done = check()
+  assert done.returncode == 1 and f"{row['a']} - {row['b']} {row['size']}" in done.stdout, done
+  assert f"verdict is {row['verdict']}, recomputed" in done.stdout, done.stdout
+  path.write_text("{")
+  done = check()
+  assert done.returncode == 2 and done.stderr.startswith("error:") and len(done.stderr.splitlines()) == 1, done

@@ -171,12 +171,12 @@ def comparisons(spec: dict) -> list[tuple[str, str, str]]:
   return out
 
 
-def _row(claim, a, b, size, budget, kind, tasks, diffs, at, at_tokens=None) -> dict[str, Any]:
+def _row(claim, a, b, size, budget, kind, tasks, seeds, diffs, at, at_tokens=None) -> dict[str, Any]:
   iv = paired_interval(diffs)
   return {"claim": claim, "a": a, "b": b, "size": size, "budget_index": budget[0], "budget_flops": budget[1],
-          "probe": f"avg/{kind}", "tasks": tasks, "at": at, "at_tokens": at_tokens, "mean_diff": iv["mean"],
-          "ci95": [iv["lo"], iv["hi"]],
-          "sd": iv["sd"], "seeds": iv["n"], "verdict": verdict(iv),
+          "probe": f"avg/{kind}", "tasks": tasks, "at": at, "at_tokens": at_tokens,
+          "per_seed_diff": {str(seed): d for seed, d in zip(seeds, diffs)}, "mean_diff": iv["mean"],
+          "ci95": [iv["lo"], iv["hi"]], "sd": iv["sd"], "seeds": iv["n"], "verdict": verdict(iv),
           "decisive": verdict(iv) != "inconclusive", "seeds_needed": seeds_needed(iv)}
 
 
@@ -196,10 +196,10 @@ def claim_rows(spec: dict, results: list[RunResult], kept: dict[str, list[str]])
           tasks = kept[kind]
           if claim == "crossbert_vs_bert":
             diffs = [final_average(ga[s], kind, tasks) - final_average(gb[s], kind, tasks) for s in seeds]
-            rows.append(_row(claim, a, b, size, budget, kind, tasks, diffs, "equal FLOPs"))
+            rows.append(_row(claim, a, b, size, budget, kind, tasks, seeds, diffs, "equal FLOPs"))
             continue
           diffs, at, tokens = _equal_tokens(ga, gb, seeds, groups, size, a, b, kind, tasks)
-          rows.append(_row(claim, a, b, size, budget, kind, tasks, diffs, at, tokens))
+          rows.append(_row(claim, a, b, size, budget, kind, tasks, seeds, diffs, at, tokens))
   return rows
 
 

@@ -1,0 +1,86 @@
+r"""Checks a sweep report's claims.json from its own numbers, without the code that wrote it.
+
+  python tools/check_claims.py docs/results/gutenberg_wsd/claims.json
+
+For every row it recomputes, from the row's per-seed paired differences (`per_seed_diff`) and the
+file's `rule` (level, margin): the mean, the sample sd, the t interval mean +- t((1 + level) / 2,
+n - 1) * sd / sqrt(n), and the verdict on "A is better than B": "holds" when the interval is above
+0; "does not hold" when it is below 0 or inside +-margin; "inconclusive" otherwise or below 2 seeds.
+It prints one line per row that disagrees with what the file says, then a count; exit 0 when every
+row agrees, 1 when one does not, 2 when the file cannot be read. Only json, math and scipy's t
+quantile are used, so the check does not share the report's code.
+"""
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+from scipy import stats
+
+TOLERANCE = 1e-9
+
+
+def expected(row: dict, level: float, margin: float) -> dict:
+  """{mean, lo, hi, seeds, verdict} of one row, from its per-seed differences."""
+  d = [x for x in row["per_seed_diff"].values() if x is not None and math.isfinite(x)]
+  n = len(d)
+  nan = float("nan")
+  if n == 0:
+    return {"mean": nan, "lo": nan, "hi": nan, "seeds": 0, "verdict": "inconclusive"}
+  mean = sum(d) / n
+  if n < 2:
+    return {"mean": mean, "lo": nan, "hi": nan, "seeds": 1, "verdict": "inconclusive"}
+  sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+  half = stats.t.ppf((1 + level) / 2, n - 1) * sd / math.sqrt(n)
+  lo, hi = mean - half, mean + half
+  if lo > 0:
+    verdict = "holds"
+  elif hi < 0 or (lo >= -margin and hi <= margin):
+    verdict = "does not hold"
+  else:
+    verdict = "inconclusive"
+  return {"mean": mean, "lo": lo, "hi": hi, "seeds": n, "verdict": verdict}
+
+
+def _same(a, b) -> bool:
+  a = float("nan") if a is None else a
+  b = float("nan") if b is None else b
+  return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= TOLERANCE
+
+
+def check(found: dict) -> list[str]:
+  """One line per row whose stated numbers or verdict differ from the recomputed ones."""
+  level, margin = found["rule"]["level"], found["rule"]["margin"]
+  problems = []
+  for row in found["rows"]:
+    want = expected(row, level, margin)
+    got = {"mean": row["mean_diff"], "lo": row["ci95"][0], "hi": row["ci95"][1], "seeds": row["seeds"],
+           "verdict": row["verdict"]}
+    bad = [k for k in ("mean", "lo", "hi") if not _same(got[k], want[k])]
+    bad += [k for k in ("seeds", "verdict") if got[k] != want[k]]
+    if bad:
+      name = f"{row['claim']} {row['a']} - {row['b']} {row['size']} budget {row['budget_index']} {row['probe']}"
+      problems.append(f"{name}: " + ", ".join(f"{k} is {got[k]}, recomputed {want[k]}" for k in bad))
+  return problems
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("claims", help="A report's claims.json.")
+  path = pathlib.Path(ap.parse_args().claims)
+  try:
+    found = json.loads(path.read_text())
+    problems = check(found)
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    print(f"error: {path} is not a readable claims.json ({type(e).__name__}: {e}); give the claims.json beside "
+          "a report.md written by `python -m crossbert_jax.report`", file=sys.stderr)
+    return 2
+  print("\n".join(problems + [f"{len(found['rows']) - len(problems)} of {len(found['rows'])} rows agree "
+                              "with their per-seed differences"]))
+  return 1 if problems else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
