@@ -105,6 +105,18 @@ def test_one_plan_per_root_and_damaged_state_files_are_one_line(tmp_path):
   msg = str(e.value)
   assert "'tiny_sweep' from a.py" in msg and "--spec=b.py" in msg and "use a new --root" in msg, msg
   assert (root / plan_lib.PLAN_FILE).read_bytes() == saved, "the old plan was overwritten"
+  # A plan that only adds runs (a seed) replaces it; one that then drops them is refused.
+  more_spec = plan_lib.load_spec(_spec(tmp_path, WSD_SPEC.replace("count=0", "count=2").replace(
+      'data_dir=""', 'data_dir="unused"').replace("FLOPS", "[2e9, 4e9]").replace("seeds=[0]", "seeds=[0, 1]"), "c.py"))
+  more = plan_lib.plan(more_spec, "tok.model")
+  assert plan_lib.save_plan(root, more_spec, more, "c.py") == len(more) - len(runs) == len(runs)
+  assert plan_lib.plan_hash(plan_lib.load_plan(root)[1]) == plan_lib.plan_hash(more)
+  assert plan_lib.load_plan(root)[0]["seeds"] == [0, 1]
+  extended = (root / plan_lib.PLAN_FILE).read_bytes()
+  with pytest.raises(UserError) as e:
+    plan_lib.save_plan(root, spec, runs, "a.py")
+  assert "changes or drops some of its runs" in str(e.value) and "\n" not in str(e.value), str(e.value)
+  assert (root / plan_lib.PLAN_FILE).read_bytes() == extended
   # Damaged state files: one line naming the file.
   run_dir = root / "runs" / runs[0].name
   run_dir.mkdir(parents=True)

@@ -279,13 +279,17 @@ def train_command(run: Run, spec: dict, workdir: str, python: str = "python") ->
           *flags]
 
 
+def _resolved(run: Run) -> dict:
+  """A run as plan_hash sees it: every field, the config overrides but the tokenizer's path (it names the root)."""
+  r = dataclasses.asdict(run)
+  r["overrides"] = {k: v for k, v in r["overrides"].items() if k != "data.tokenizer"}
+  return r
+
+
 def plan_hash(runs: list[Run]) -> str:
   """The identity of a resolved plan: a sha256 over every run's name, kind, steps and config overrides
   (but the tokenizer's path, which names the root: a moved root keeps its identity)."""
-  resolved = [dataclasses.asdict(r) for r in runs]
-  for r in resolved:
-    r["overrides"] = {k: v for k, v in r["overrides"].items() if k != "data.tokenizer"}
-  return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()
+  return hashlib.sha256(json.dumps([_resolved(r) for r in runs], sort_keys=True, default=str).encode()).hexdigest()
 
 
 def write_atomic(path: pathlib.Path, text: str) -> None:
@@ -317,28 +321,36 @@ def _as_flag(value: Any) -> Any:
   return tuple(_as_flag(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def save_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = "") -> None:
-  """ROOT/plan.json: the spec and every run, what the report reads; written once per root.
+def save_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = "") -> int:
+  """ROOT/plan.json: the spec and every run, what the report reads. Returns how many runs it added.
 
-  A root that holds another plan is refused (one line naming both specs) and never overwritten:
-  its finished runs belong to that plan's sizes and steps.
+  A root's plan may only grow: a plan that keeps every run of the root's unchanged (more seeds, a
+  new objective or size) replaces it, and the runs it adds train next. A plan that changes or
+  drops one of the root's runs is refused (one line naming both specs) and never written: the
+  root's finished runs belong to that plan's sizes and steps.
   """
   if root.exists() and not root.is_dir():
     raise UserError(f"--root={root} is a file: give a folder for the sweep")
   path, new = root / PLAN_FILE, plan_hash(runs)
+  added = len(runs)
   if path.exists():
     saved = read_json(path, "the sweep's plan")
     old_runs = [Run(**r) for r in saved["runs"]]
     old = saved.get("plan_hash") or plan_hash(old_runs)
-    if old != new:
+    if old == new:
+      return 0
+    ours = {json.dumps(_resolved(r), sort_keys=True, default=str) for r in runs}
+    if not all(json.dumps(_resolved(r), sort_keys=True, default=str) in ours for r in old_runs):
       old_spec = f"{saved['spec'].get('name')!r}" + (f" from {saved['spec_file']}" if saved.get("spec_file") else "")
       raise UserError(f"--root={root} holds the plan of spec {old_spec} (plan {old[:12]}, {len(old_runs)} runs); "
                       f"--spec={spec_file or '?'} (spec {spec.get('name')!r}, plan {new[:12]}, {len(runs)} runs) "
-                      "plans other runs: use a new --root, or rerun with the root's spec and --flops_scale")
-    return
+                      "changes or drops some of its runs: use a new --root, or rerun with the root's spec and "
+                      "--flops_scale (a plan may only add runs, e.g. seeds)")
+    added = len(runs) - len(old_runs)
   root.mkdir(parents=True, exist_ok=True)
   write_atomic(path, json.dumps({"spec": spec, "spec_file": spec_file, "plan_hash": new,
                                  "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
+  return added
 
 
 def load_plan(root: pathlib.Path) -> tuple[dict, list[Run]]:
