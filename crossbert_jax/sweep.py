@@ -65,8 +65,7 @@ def _main(argv):
     print(f"total cost: {cost:.3g} FLOPs in {len(runs)} independent runs")
   if _DRY_RUN.value:
     return
-  had_plan = (root / plan_lib.PLAN_FILE).exists()
-  if (added := plan_lib.save_plan(root, spec, runs, _SPEC.value)) and had_plan:
+  if added := plan_lib.save_plan(root, spec, runs, _SPEC.value):
     print(f"plan extended: {added} new run(s); the root's {len(runs) - added} runs are unchanged")
 
   def stop_between_runs(signum, _):  # While a trainer runs, the runner forwards the signal to it instead.

@@ -279,8 +279,8 @@ def markdown(spec: dict, found: dict[str, Any]) -> list[str]:
     for r in rows:
       need = "-" if r["decisive"] else _seeds_needed_text(r)
       lines.append(f"| {r['a']} - {r['b']} | {r['size']} | {r['budget_flops']:.3g} | {r['probe']} | {r['at']} | "
-                   f"{fmt_diff(r['mean_diff'])} | [{fmt_diff(r['ci95'][0])}, {fmt_diff(r['ci95'][1])}] | {r['seeds']} | "
-                   f"{r['verdict']} | {need} |")
+                   f"{fmt_diff(r['mean_diff'])} | [{fmt_diff(r['ci95'][0])}, {fmt_diff(r['ci95'][1])}] | "
+                   f"{r['seeds']} | {r['verdict']} | {need} |")
   lines += ["", *power(found["rows"], list(spec["sizes"])[-1])]  # The spec's largest, finished or not.
   return lines
 

@@ -45,8 +45,8 @@ def _fit_once(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float] | None
   try:
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
-      p, _ = optimize.curve_fit(_law, x, y, p0=p0, bounds=([0.0, 0.0, 0.0], [lo, np.inf, 5.0]), jac=_law_jacobian,
-                                maxfev=20000)
+      p, _ = optimize.curve_fit(_law, x, y, p0=p0, bounds=([0.0, 0.0, 0.0], [lo, np.inf, 5.0]),
+                                jac=_law_jacobian, maxfev=20000)
   except (RuntimeError, ValueError):
     return None
   return tuple(float(v) for v in p)

@@ -322,7 +322,8 @@ def _as_flag(value: Any) -> Any:
 
 
 def save_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = "") -> int:
-  """ROOT/plan.json: the spec and every run, what the report reads. Returns how many runs it added.
+  """ROOT/plan.json: the spec and every run, what the report reads. Returns how many runs it added to
+  the root's plan (0 for a root without one, or the same plan).
 
   A root's plan may only grow: a plan that keeps every run of the root's unchanged (more seeds, a
   new objective or size) replaces it, and the runs it adds train next. A plan that changes or
@@ -332,15 +333,16 @@ def save_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = 
   if root.exists() and not root.is_dir():
     raise UserError(f"--root={root} is a file: give a folder for the sweep")
   path, new = root / PLAN_FILE, plan_hash(runs)
-  added = len(runs)
+  added = 0
   if path.exists():
     saved = read_json(path, "the sweep's plan")
     old_runs = [Run(**r) for r in saved["runs"]]
     old = saved.get("plan_hash") or plan_hash(old_runs)
     if old == new:
       return 0
-    ours = {json.dumps(_resolved(r), sort_keys=True, default=str) for r in runs}
-    if not all(json.dumps(_resolved(r), sort_keys=True, default=str) in ours for r in old_runs):
+    key = lambda run: json.dumps(_resolved(run), sort_keys=True, default=str)
+    ours = {key(r) for r in runs}
+    if not all(key(r) in ours for r in old_runs):
       old_spec = f"{saved['spec'].get('name')!r}" + (f" from {saved['spec_file']}" if saved.get("spec_file") else "")
       raise UserError(f"--root={root} holds the plan of spec {old_spec} (plan {old[:12]}, {len(old_runs)} runs); "
                       f"--spec={spec_file or '?'} (spec {spec.get('name')!r}, plan {new[:12]}, {len(runs)} runs) "
