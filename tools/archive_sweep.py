@@ -1,9 +1,9 @@
 r"""Copies the small result files of a sweep's finished runs into a folder the report reads (and git
 keeps), and puts them back into a sweep root on another machine so no finished run is trained twice.
 
-  python tools/archive_sweep.py --root=runs/sweeps/gutenberg_wsd --out=docs/results/gutenberg_wsd/sweep
-  python -m crossbert_jax.report --root=docs/results/gutenberg_wsd/sweep --output=docs/results/gutenberg_wsd --force
-  python tools/archive_sweep.py --restore --root=runs/sweeps/gutenberg_wsd --out=docs/results/gutenberg_wsd/sweep
+  python tools/archive_sweep.py --root=runs/sweeps/gutenberg_wsd --out=docs/results/gutenberg_wsd_sweep
+  python -m crossbert_jax.report --root=docs/results/gutenberg_wsd_sweep --output=docs/results/gutenberg_wsd --force
+  python tools/archive_sweep.py --restore --root=runs/sweeps/gutenberg_wsd --out=docs/results/gutenberg_wsd_sweep
 
 A sweep root holds checkpoints (gigabytes) next to a few kilobytes of results per run; a later
 machine may not have the root, so the results are committed as they land. For every finished run
