@@ -3,8 +3,8 @@ r"""CPU ladder with the power to tell CrossBERT from BERT: WSD decay branches, 3
 Four objectives (BERT r=0.15 and r=0.30, CrossBERT r=0.5 with K=1 and K=2) x three sizes x three
 seeds (five at m: three left most of its intervals undecided). Each (size, objective, seed) trains
 ONE warmup-stable-decay trunk to its largest budget and forks a decay branch (the last 20% of the
-budget's steps, 1-sqrt shape) for each of its three
-budgets, so every size gives three points per (objective, seed) for the cost of about one run
+budget's steps, 1-sqrt shape) for each of its three budgets, so every size gives three points per
+(objective, seed) for the cost of about one run
 (see branch_contract: the stable runs keep a checkpoint at each budget's decay start and run no
 probes; each branch is probed once, at its last step). Probes: whole shared sets (SST-2 fitted on
 its 67k training sentences and scored on dev + test, SST-5 likewise, SNLI fitted on dev and scored
