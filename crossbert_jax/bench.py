@@ -14,7 +14,6 @@ config (train.phases, batch_ramp) is timed at one phase's shape: `--phase=N` (de
 
 import datetime
 import os
-import platform
 import statistics
 import time
 from typing import Any, Callable
@@ -27,7 +26,7 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from crossbert_jax.core import config as config_lib, phases, xla_flags
+from crossbert_jax.core import config as config_lib, host, phases, xla_flags
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.training import feed_bench, flops, program as program_lib, sharding
 
@@ -257,16 +256,6 @@ def format_table(results: dict[str, dict[str, Any]], descriptions: dict[str, str
   return "\n".join(lines)
 
 
-def _cpu_model() -> str:
-  try:
-    for line in epath.Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
-
-
 def run_long(base: ml_collections.ConfigDict, long_len: int, long_batch: int, steps: int,
              warmup: int) -> dict[str, dict[str, Any]]:
   """BERT r=0.15 and CrossBERT r=0.5 K=1 at `long_len`, dense vs chunked attention: time and memory."""
@@ -335,7 +324,7 @@ def run(base: ml_collections.ConfigDict, *, seq_len: int, steps: int, warmup: in
       "jax_version": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "device_kind": jax.devices()[0].device_kind,
       "platform": jax.devices()[0].platform,
-      "cpu_model": _cpu_model(),
+      "cpu_model": host.cpu_model(),
       "cpu_count": os.cpu_count(),
       "load_avg_start": list(load_start),
       "load_avg_end": list(load_end),

@@ -265,3 +265,24 @@ def _check_claims_json(path):
   path.write_text("{")
   done = check()
   assert done.returncode == 2 and done.stderr.startswith("error:") and len(done.stderr.splitlines()) == 1, done
+
+
+def test_throughput_compares_only_runs_of_one_machine(tmp_path):
+  """Tokens/s ratios are printed when the runs name one machine (or none: caveated), n/a when they span two."""
+  root = tmp_path / "mixed"
+  spec = _spec(1e12, tasks="sst2", data_dir="/nonexistent")
+  runs = _plain_runs(root, {50, 100})
+  plan_lib.save_plan(root, spec, runs)
+  def report_text(machine_of):
+    for run in runs:
+      (root / "runs" / run.name / "sweep_wall.json").write_text(json.dumps({"wall_s": 1.0, **machine_of(run)}))
+    spec_, results, _ = collect.collect(root)
+    found = claims.evaluate(spec_, results)
+    return "\n".join(report._claims(spec_, results, ["xs"], ["avg/linear"], found))  # pylint: disable=protected-access
+  one = report_text(lambda run: {"machines": ["CPU A, 2 CPUs"]})
+  assert "- xs: cb_r50_k1 1.00x, cb_r50_k2 1.00x\n" in one + "\n", one
+  old = report_text(lambda run: {})  # Runs from before the field: ratios, with the caveat.
+  assert "cb_r50_k1 1.00x, cb_r50_k2 1.00x (machine not recorded for 9 of 9 runs" in old, old
+  two = report_text(lambda run: {"machines": ["CPU B, 8 CPUs" if run.label == "bert_r15" else "CPU A, 2 CPUs"]})
+  assert "- xs: n/a: its runs span 2 machines (CPU A, 2 CPUs; CPU B, 8 CPUs)" in two and "1.00x" not in two, two
+  assert "Finished seeds per size: xs 3." in two

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from crossbert_jax.core import host
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.training import optimizer
@@ -228,6 +229,10 @@ def test_sweep_stop_exits_75_and_kill_takes_the_trainer_with_it(tmp_path, spm_mo
   wall = lambda: {p.parent.name: json.loads(p.read_text())["wall_s"] for p in root.glob("runs/*/sweep_wall.json")}
   before = wall()
   assert len(before) == 1, before
+  # The next attempt runs "on another machine": the file keeps the first one's name and adds this one.
+  wall_file, = root.glob("runs/*/sweep_wall.json")
+  assert json.loads(wall_file.read_text())["machines"] == [host.describe()]
+  wall_file.write_text(json.dumps({**json.loads(wall_file.read_text()), "machines": ["Elsewhere CPU, 1 CPUs"]}))
   proc = run_module(["crossbert_jax.sweep", f"--spec={spec}", f"--root={root}"], wait=False)
   fault_inject_sweep.wait_for_training(root, proc)
   time.sleep(7)
@@ -237,6 +242,7 @@ def test_sweep_stop_exits_75_and_kill_takes_the_trainer_with_it(tmp_path, spm_mo
   fault_inject_sweep.assert_no_orphans(root)
   (name, old), = before.items()
   assert after[name] >= old + 4, f"the killed attempt's wall time was not written as it ran: {before} -> {after}"
+  assert json.loads(wall_file.read_text())["machines"] == ["Elsewhere CPU, 1 CPUs", host.describe()]
 
 
 @pytest.mark.slow

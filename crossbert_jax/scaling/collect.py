@@ -6,7 +6,6 @@ that no curve reads. A point is (size, objective, seed, budget).
 """
 
 import dataclasses
-import json
 import pathlib
 
 import numpy as np
@@ -29,6 +28,7 @@ class RunResult:
   probes: dict[str, list[tuple[int, float]]]
   tokens_per_second: float  # Median over steps (robust to the compile step and the probe pauses).
   wall_s: float
+  machines: tuple[str, ...] = ()  # What its attempts ran on (`host.describe`); empty: not recorded.
 
   @property
   def final_loss(self) -> float:
@@ -63,10 +63,11 @@ def _result(run: plan_lib.Run, run_dir: pathlib.Path) -> RunResult | None:
       if per_task:
         probes.setdefault(f"avg/{kind}", []).append((s, float(np.mean(per_task))))
   tps = [by_step[s]["tokens_per_second"] for s in steps[1:] if by_step[s].get("tokens_per_second")]
-  wall_file = run_dir / "sweep_wall.json"
-  wall = json.loads(wall_file.read_text())["wall_s"] if wall_file.is_file() else float("nan")
+  wall_file = run_dir / runner.WALL_FILE
+  wall = plan_lib.read_json(wall_file, "the run's wall time") if wall_file.is_file() else {}
   return RunResult(run, plan_lib.is_done(run_dir), steps[-1] if steps else 0, curve, probes,
-                   float(np.median(tps)) if tps else float("nan"), wall)
+                   float(np.median(tps)) if tps else float("nan"), wall.get("wall_s", float("nan")),
+                   tuple(wall.get("machines", ())))
 
 
 def is_point(run: plan_lib.Run) -> bool:

@@ -29,6 +29,25 @@ def _median_tps(results: list[RunResult]) -> float:
   return float(np.median(v)) if v else float("nan")
 
 
+def _machines(results: list[RunResult]) -> tuple[list[str], int]:
+  """(the machines these runs name, sorted; how many runs name none: from before runs recorded it)."""
+  return sorted({m for r in results for m in r.machines}), sum(not r.machines for r in results)
+
+
+def _machines_line(results: list[RunResult]) -> str:
+  seen, unknown = _machines(results)
+  counts = [f"{m} ({sum(m in r.machines for r in results)} runs)" for m in seen]
+  return ("Machines: " + ("; ".join(counts) if counts else "not recorded (runs from before the sweep recorded them)")
+          + (f"; not recorded for {unknown} of {len(results)} runs" if unknown and counts else "") + ".")
+
+
+def _seed_counts(results: list[RunResult], size: str) -> str:
+  """Finished seeds at a size: one number, or the range over objectives while some are training."""
+  counts = sorted({len({r.run.seed for r in results if r.done and r.run.size == size and r.run.label == label})
+                   for label in {r.run.label for r in results if r.run.size == size}})
+  return f"{size} {counts[0]}" if len(counts) == 1 else f"{size} {counts[0]}-{counts[-1]} by objective"
+
+
 def _ratio(x: float, base: float) -> str:
   return f"{x / base:.2f}x" if math.isfinite(x) and math.isfinite(base) and base > 0 else "n/a (not finished)"
 
@@ -203,18 +222,26 @@ def _verdicts(found: dict, claim: str, sizes: list[str]) -> list[str]:
 def _claims(spec, results, sizes, keys, found: dict) -> list[str]:
   """The paper's four claims: (2) and (3) by the intervals above, (1) and (4) as measured numbers."""
   bert = _find(spec, "mlm", 0.15, 1)
-  seeds = ", ".join(f"{size} {len({r.run.seed for r in results if r.run.size == size})}" for size in sizes)
+  seeds = ", ".join(_seed_counts(results, size) for size in sizes)
   mean = lambda rs, f: _nanmean([f(r) for r in rs])
   top = lambda size, label: _by(results, size, label, _budgets(results, size)[-1][0])
-  out = [f"Seeds per size: {seeds}. Claims (2) and (3) are read from the intervals above (each size's largest "
-         "budget here); (1) and (4) are measured numbers, not tests.", ""]
+  out = [f"Finished seeds per size: {seeds}. Claims (2) and (3) are read from the intervals above (each size's "
+         "largest budget here); (1) and (4) are measured numbers, not tests.", ""]
   out.append("**(1) Throughput, CrossBERT at r >= 0.5 over BERT r=0.15** (median over runs of each run's "
-             "median training tokens/s):")
+             "median training tokens/s; only runs of one machine compare):")
+  fast = [label for label, o in spec["objectives"].items() if o["objective"] == "crossbert" and o["ratio"] >= 0.5]
   for size in sizes:
+    compared = [r for label in [bert, *fast] if label for r in _by(results, size, label)]
+    seen, unknown = _machines(compared)
+    if len(seen) > 1:
+      out.append(f"- {size}: n/a: its runs span {len(seen)} machines ({'; '.join(seen)}), whose tokens/s do not "
+                 "compare; `python -m crossbert_jax.bench` times every objective on one machine")
+      continue
     base = _median_tps(_by(results, size, bert)) if bert else float("nan")
-    parts = [f"{label} " + _ratio(_median_tps(_by(results, size, label)), base)
-             for label, o in spec["objectives"].items() if o["objective"] == "crossbert" and o["ratio"] >= 0.5]
-    out.append(f"- {size}: " + ", ".join(parts))
+    parts = [f"{label} " + _ratio(_median_tps(_by(results, size, label)), base) for label in fast]
+    caveat = (f" (machine not recorded for {unknown} of {len(compared)} runs: that they shared one is not "
+              "checked)" if unknown else "")
+    out.append(f"- {size}: " + ", ".join(parts) + caveat)
   out += ["", "**(2) Sample efficiency, K=2 over K=1** at r=0.5 (K=2 minus K=1 at equal tokens):",
           *_verdicts(found, "k2_vs_k1_sample_efficiency", sizes)]
   out += ["", "**(3) Frozen probes vs BERT** (CrossBERT minus BERT at equal FLOPs):",
@@ -283,7 +310,7 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
   if keys:
     md += ["## Frozen probes vs FLOPs", "", "Mean-pooled frozen encoder; linear and KNN probes per task, and their "
            "average over tasks.", "", f"![probes]({figs[1]})", ""]
-  md += ["## Throughput", "", f"![throughput]({figs[-1]})", "",
+  md += ["## Throughput", "", _machines_line(results), "", f"![throughput]({figs[-1]})", "",
          "## Sample efficiency", "", *_efficiency(spec, results, sizes, keys), "",
          "## Power-law fits", "", "error = E + A * C^-alpha on each objective's compute frontier (loss: best loss per "
          "log-FLOPs bin over all sizes; probes: every probe point), warmup excluded; 95% bootstrap intervals.", "",

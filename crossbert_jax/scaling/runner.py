@@ -9,7 +9,8 @@ order), each branch forking from the stable run's kept checkpoint.
 A SIGTERM reaches the running trainer, which saves and stops; then the sweep raises `Stopped`
 (exit 75: rerun to resume). A child dies with the sweep, even a `kill -9` of it
 (PR_SET_PDEATHSIG), and a run's wall time is written every few seconds, so an attempt that was
-killed still counts. Every state file is written atomically (temp + rename).
+killed still counts; sweep_wall.json also names the machines its attempts ran on. Every state
+file is written atomically (temp + rename).
 """
 
 import ctypes
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 
+from crossbert_jax.core import host
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.run import metrics
@@ -126,10 +128,14 @@ def run_sweep(spec: dict, runs: list[plan_lib.Run], root: pathlib.Path, log=func
     log(f"{where}: {'resuming after step ' + str(start_step) if start_step else 'starting'}{origin}, "
         f"{run.end_step - max(start_step, run.fork_step)} steps to go, {run.cost_flops:.3g} FLOPs")
     wall_file = run_dir / WALL_FILE
-    # Wall time (training + probes), summed over the attempts at this run, written as it runs.
-    previous = plan_lib.read_json(wall_file, "the run's wall time")["wall_s"] if wall_file.is_file() else 0.0
+    # Wall time (training + probes), summed over the attempts at this run, written as it runs, and the
+    # machines the attempts ran on: tokens/s of runs are comparable only when they name one machine.
+    before = plan_lib.read_json(wall_file, "the run's wall time") if wall_file.is_file() else {}
+    previous = before.get("wall_s", 0.0)
+    machines = list(dict.fromkeys([*before.get("machines", []), host.describe()]))
     t0 = time.time()
-    write_wall = lambda: plan_lib.write_atomic(wall_file, json.dumps({"wall_s": previous + time.time() - t0}))
+    write_wall = lambda: plan_lib.write_atomic(
+        wall_file, json.dumps({"wall_s": previous + time.time() - t0, "machines": machines}))
     run_dir.mkdir(parents=True, exist_ok=True)
     write_wall()
     rc, signame = _run_logged(plan_lib.train_command(run, spec, str(run_dir), python), run_dir / "train.log",
