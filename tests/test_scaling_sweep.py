@@ -3,6 +3,7 @@
 import pytest
 import numpy as np
 
+from crossbert_jax.core import host
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import collect, report
 from crossbert_jax.scaling import plan as plan_lib
@@ -89,6 +90,7 @@ def test_tiny_sweep_resumes_and_reports(tmp_path, shared_data):
   for r in runs:
     assert r.name in text, f"the run table lacks {r.name}"
   assert "too few points" in text or "alpha" in text
+  assert f"Machines: {host.describe()} (2 runs)." in text  # The sweep's record of each run's machine.
   pngs = sorted(p.name for p in out.glob("*.png"))
   assert {"loss_vs_flops.png", "probes_vs_flops.png", "throughput.png", "fit_loss.png"} <= set(pngs), pngs
   assert all((out / p).stat().st_size > 5000 for p in pngs), "a plot is suspiciously small"
