@@ -12,5 +12,16 @@ Defaults: masking ratio 0.15 (the paper's comparison also runs 0.30).
 from crossbert_jax.core import config as config_lib
 
 
+def from_hf():
+  """Continued MLM pretraining of an imported Hugging Face model, as configs/crossbert.py:from_hf; an
+  imported ModernBertForMaskedLM keeps its MLM head."""
+  c = config_lib.get_config("mlm", "base")
+  c.train.shape_from_init = True
+  c.train.learning_rate = 1e-4  # The encoder is trained already: a lower peak than from scratch.
+  return c
+
+
 def get_config(variant: str = "tiny"):
+  if variant == "from_hf":
+    return from_hf()
   return config_lib.get_config("mlm", variant)

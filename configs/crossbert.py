@@ -63,7 +63,17 @@ def tiny_recipe():
   return c
 
 
-_RECIPES = {"base_recipe": base_recipe, "tiny_recipe": tiny_recipe}
+def from_hf():
+  """Continued pretraining of an imported Hugging Face model (docs/continued_pretraining.md): pass
+  --config.train.init_from=IMP (from `export import`); the model shape comes from IMP's config.json
+  and the tokenizer, unless data.tokenizer is set, from IMP. The reconstructor starts fresh."""
+  c = config_lib.get_config("crossbert", "base")
+  c.train.shape_from_init = True
+  c.train.learning_rate = 1e-4  # The encoder is trained already: a lower peak than from scratch.
+  return c
+
+
+_RECIPES = {"base_recipe": base_recipe, "tiny_recipe": tiny_recipe, "from_hf": from_hf}
 
 
 def get_config(variant: str = "tiny"):

@@ -96,7 +96,7 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.data.format = "auto"  # "auto" (by extension) | "text" | "jsonl" | "parquet" | "arrayrecord".
   c.data.text_field = "text"  # Field holding the text in jsonl / parquet / arrayrecord records.
   c.data.text_unit = "paragraph"  # Plain text: "line" | "paragraph" (blank-line separated) | "file".
-  c.data.tokenizer = ""  # SentencePiece .model from `python -m crossbert_jax.tokenizer`.
+  c.data.tokenizer = ""  # SentencePiece .model from `python -m crossbert_jax.tokenizer`, or a HF tokenizer.json / folder.
   c.data.seq_len = seq_len
   c.data.shuffle_seed = 0
   # Weighted mixture (data/mixture.py), instead of data.path: a tuple of dicts {"path": P, "weight": w},
@@ -112,6 +112,9 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.train.steps = steps
   c.train.batch_size = batch  # Global batch (sequences), split across processes and the batch mesh axes.
   c.train.init_from = ""  # Encoder (and MLM head) params from `python -m crossbert_jax.export import`.
+  # True: model.* shape keys from train.init_from's config.json, and data.tokenizer (when empty) its
+  # tokenizer (hf/import_config.py; configs/*.py:from_hf).
+  c.train.shape_from_init = False
   # Start a new workdir from another run's checkpoint, "WORKDIR[:STEP]" (default: its newest step;
   # gs:// works): params, optimizer state, data position, tokens_seen and step, under this config's
   # schedule. The source is only read. Once this workdir has a checkpoint, it resumes from its own.
@@ -268,6 +271,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if t.decay == "wsd" and t.warmup_steps > t.steps - round(t.decay_fraction * t.steps):
     raise _err("train.warmup_steps", f"{t.warmup_steps} runs into the wsd decay, which starts after step "
                f"{t.steps - round(t.decay_fraction * t.steps)}; lower it or train.decay_fraction")
+  if t.shape_from_init and not t.init_from:
+    raise _err("train.shape_from_init", "is set but train.init_from is empty: pass --config.train.init_from=IMP, "
+               "a folder from `python -m crossbert_jax.export import`")
   if t.fork_from and t.init_from:
     raise _err("train.fork_from", "and train.init_from are both set: a fork starts from its source's checkpoint; "
                "set only one")

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import grain
 import numpy as np
 
-from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
 
 Row = dict[str, np.ndarray]
 FETCH_FIRST = 256  # Documents in the first fetch (after a start or a restore), before their size is known.
@@ -70,7 +70,7 @@ def flatten(docs: "Documents | Sequence[Document]") -> Documents:
   return Documents(ids_N, lengths_D, first_D if first_D.any() else None)
 
 
-def _with_specials(docs: Documents) -> tuple[np.ndarray, np.ndarray]:
+def _with_specials(docs: Documents, specials: SpecialIds) -> tuple[np.ndarray, np.ndarray]:
   """(`[CLS] ids [SEP]` of every document laid end to end, each one's length there: 0 when empty)."""
   lengths_D = np.asarray(docs.lengths_D, np.int64)
   sizes_D = np.where(lengths_D > 0, lengths_D + 2, 0)
@@ -78,8 +78,8 @@ def _with_specials(docs: Documents) -> tuple[np.ndarray, np.ndarray]:
   out_N = np.empty(int(ends_D[-1]) if len(ends_D) else 0, np.int32)
   starts_D = ends_D - sizes_D
   full = lengths_D > 0
-  out_N[starts_D[full]] = tokenizer_lib.CLS_ID
-  out_N[ends_D[full] - 1] = tokenizer_lib.SEP_ID
+  out_N[starts_D[full]] = specials.cls
+  out_N[ends_D[full] - 1] = specials.sep
   # Document d's ids move by 2d + 1 (one [CLS] and [SEP] per earlier non-empty document, and its own [CLS]).
   shift_N = np.repeat(starts_D + 1 - (np.cumsum(lengths_D) - lengths_D), lengths_D)
   out_N[np.arange(len(docs.ids_N)) + shift_N] = docs.ids_N
@@ -136,9 +136,9 @@ class PackIterator(grain.DatasetIterator):
   """See the module docstring."""
 
   def __init__(self, fetch: Fetch, length: int | None, *, seq_len: int, bins: int, seed: int,
-               window: tuple[int, int] = (0, 1)):
+               window: tuple[int, int] = (0, 1), specials: SpecialIds = SENTENCEPIECE):
     super().__init__()
-    self._fetch, self._length, self._window = fetch, length, window
+    self._fetch, self._length, self._window, self._specials = fetch, length, window, specials
     self._seq_len, self._bins, self._seed = seq_len, bins, seed
     self._set(0, 0, 0, 0)
 
@@ -161,7 +161,7 @@ class PackIterator(grain.DatasetIterator):
     """Stream documents [lo, hi) with specials: (tokens_N, sizes_D, first chunks or None)."""
     start, step = self._window  # Stream index j is document start + j * step (a Grain worker's slice).
     docs = flatten(self._fetch(list(range(start + lo * step, start + hi * step, step))))
-    return (*_with_specials(docs), docs.first_D)
+    return (*_with_specials(docs, self._specials), docs.first_D)
 
   def _extend(self, keep_from: int) -> bool:
     """Fetches the documents after the buffer's, keeping those from document `keep_from` on; False at the end."""
@@ -266,7 +266,7 @@ class PackIterator(grain.DatasetIterator):
     padding = segment_ids == 0
     # Padding reads somewhere in the buffer ("clip": the buffer can be shorter than its slots), then is zeroed.
     tokens = self._tokens.take(np.arange(rows * L) + np.repeat(shift_Q, len_Q), mode="clip")
-    tokens[padding] = tokenizer_lib.PAD_ID
+    tokens[padding] = self._specials.pad
     positions = np.arange(rows * L, dtype=np.int32) - np.repeat(start_Q.astype(np.int32), len_Q)
     positions[padding] = 0
     return {"tokens": tokens.reshape(rows, L), "segment_ids": segment_ids.reshape(rows, L),
@@ -301,13 +301,14 @@ class PackIterator(grain.DatasetIterator):
 class PackDataset(grain.IterDataset):
   """Packed rows {tokens, segment_ids, positions} (int32 [L]) of the documents `fetch` gives.
 
-  `length`: documents in the stream (None: endless).
+  `length`: documents in the stream (None: endless). `specials`: the tokenizer's [CLS] / [SEP] / [PAD].
   """
 
-  def __init__(self, fetch: Fetch, length: int | None, *, seq_len: int, bins: int, seed: int):
+  def __init__(self, fetch: Fetch, length: int | None, *, seq_len: int, bins: int, seed: int,
+               specials: SpecialIds = SENTENCEPIECE):
     super().__init__()
     self._args = (fetch, length)
-    self._kwargs = {"seq_len": seq_len, "bins": bins, "seed": seed, "window": (0, 1)}
+    self._kwargs = {"seq_len": seq_len, "bins": bins, "seed": seed, "window": (0, 1), "specials": specials}
 
   def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
     """Grain's multiprocess prefetch gives worker w of W documents w, w + W, ... (as it sliced Grain's source)."""

@@ -206,11 +206,11 @@ def _check_tokenizer(source: sources.DocumentSource, data_cfg: ml_collections.Co
                      tokenizer: tokenizer_lib.Tokenizer) -> None:
   """Pre-tokenized shards train only with the tokenizer that wrote them."""
   made = source.tokenizer
-  if made is not None and made["sha256"] != shards.sha256(tokenizer.serialized_proto):
+  if made is not None and made["sha256"] != shards.sha256(tokenizer.content):
     raise UserError(
         f"data.path={data_cfg.path} was tokenized with {made.get('source', '?')} (sha256 {made['sha256'][:12]}, "
         f"{made['vocab_size']} pieces), but data.tokenizer={tokenizer.source} differs (sha256 "
-        f"{shards.sha256(tokenizer.serialized_proto)[:12]}, {tokenizer.vocab_size} pieces): train with the "
+        f"{shards.sha256(tokenizer.content)[:12]}, {tokenizer.vocab_size} pieces): train with the "
         "shards' tokenizer, or re-run prepare with --tokenizer=" + str(tokenizer.source))
 
 
@@ -272,7 +272,8 @@ class Layout:
   def pack(self, fetch: packing.Fetch, length: int | None, *salt: int) -> grain.IterDataset:
     """Documents `fetch(indices)` (token ids, or (ids, first chunk)) -> packed rows (module doc)."""
     return packing.PackDataset(fetch, length, seq_len=self.data_cfg.seq_len, bins=self.bins,
-                               seed=_combine_seeds(self.data_cfg.shuffle_seed, self.seed, self.process_index, *salt))
+                               seed=_combine_seeds(self.data_cfg.shuffle_seed, self.seed, self.process_index, *salt),
+                               specials=self.tokenizer.special_ids)
 
   def under(self, *, bins: int, process_index: int, process_count: int) -> "Layout":
     """The same data and seed under another process layout (an earlier run's)."""

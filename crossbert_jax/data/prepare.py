@@ -61,7 +61,7 @@ def _records(spec: str, index: int, count: int, fmt: str, text_field: str, text_
     for doc in docs:
       yield json.dumps({"text": doc}, ensure_ascii=False).encode("utf-8"), 0
     return
-  tok = tokenizer_lib.Tokenizer(tokenizer_proto)
+  tok = tokenizer_lib.from_content(tokenizer_proto)
   dtype = shards_lib.token_dtype(tok.vocab_size)
   batch = []
   for doc in [*docs, None]:
@@ -149,7 +149,7 @@ def _identity(spec: str, files: list[epath.Path], shards: int, fmt: str, text_fi
   """What a resumed run must share with the run that started the folder."""
   return {"input": spec, "files": [[str(f), f.stat().length] for f in files], "shards": shards, "format": fmt,
           "text_field": text_field, "text_unit": text_unit,
-          "tokenizer_sha256": shards_lib.sha256(tokenizer.serialized_proto) if tokenizer else None}
+          "tokenizer_sha256": shards_lib.sha256(tokenizer.content) if tokenizer else None}
 
 
 def _start(out: epath.Path, identity: dict[str, Any], kind: str, shards: int) -> tuple[list[int], bool]:
@@ -228,7 +228,7 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
   kind = shards_lib.TEXT if tokenizer is None else shards_lib.TOKENS
   identity = _identity(spec, files, shards, fmt, text_field, text_unit, tokenizer)
   todo, done = _start(out, identity, kind, shards)
-  proto = tokenizer.serialized_proto if tokenizer is not None else None
+  proto = tokenizer.content if tokenizer is not None else None
   stats = [(0, 0)] * shards
   itemsize = shards_lib.token_dtype(tokenizer.vocab_size).itemsize if tokenizer else 0
   for k in sorted(set(range(shards)) - set(todo)):

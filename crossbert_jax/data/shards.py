@@ -36,8 +36,9 @@ def parse_name(name: str) -> tuple[str, int, int] | None:
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-  """uint16 when every id fits, else int32."""
-  return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
+  """uint16 when every id fits (up to 65,536 ids), else uint32 (shards written before hold int32, named in
+  their manifest)."""
+  return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
 def decode_tokens(records: Sequence[bytes], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

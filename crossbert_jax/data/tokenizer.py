@@ -1,8 +1,9 @@
-"""SentencePiece tokenizer with fixed special ids: train it and load it.
+"""SentencePiece tokenizer with fixed special ids: train it and load it (or a Hugging Face one).
 
 The special ids are recorded in the model proto itself (pad/unk/bos/eos ids plus "[MASK]" as
-the first user-defined symbol), so any model this module trains loads with exactly these ids.
-The CLI is `crossbert_jax.tokenizer`.
+the first user-defined symbol), so any model this module trains loads with exactly these ids
+(`special_ids.SENTENCEPIECE`). `Tokenizer.load` also opens a Hugging Face tokenizer.json (or a
+folder holding one) as an `HfTokenizer`. The CLI is `crossbert_jax.tokenizer`.
 """
 
 from collections.abc import Iterable, Iterator, Sequence
@@ -14,6 +15,8 @@ from etils import epath
 import sentencepiece as spm
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import hf_tokenizer
+from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 NUM_SPECIAL = 5
@@ -123,12 +126,15 @@ class Tokenizer:
                       "`python -m crossbert_jax.tokenizer`: retrain it with that command")
 
   @classmethod
-  def load(cls, path: str | os.PathLike) -> "Tokenizer":
-    """Loads a model file written by `train_tokenizer` (local or gs://)."""
+  def load(cls, path: str | os.PathLike) -> "Tokenizer | hf_tokenizer.HfTokenizer":
+    """Loads a model file written by `train_tokenizer`, or a Hugging Face tokenizer.json / folder holding
+    one (local or gs://)."""
     path = epath.Path(path)
+    if str(path) and hf_tokenizer.is_hf_tokenizer(path):
+      return hf_tokenizer.HfTokenizer.load(path)
     if not str(path) or not path.is_file():
       raise UserError(f"tokenizer {str(path)!r} does not exist: set data.tokenizer to a .model "
-                      "file from `python -m crossbert_jax.tokenizer`")
+                      "file from `python -m crossbert_jax.tokenizer`, a tokenizer.json or a folder holding one")
     return cls(path.read_bytes(), source=str(path))
 
   # Pickling (Grain worker processes) ships the proto, not the C++ processor.
@@ -146,6 +152,15 @@ class Tokenizer:
   def serialized_proto(self) -> bytes:
     return self._proto
 
+  @property
+  def content(self) -> bytes:
+    """The model file's bytes: what the resume and shard checks hash."""
+    return self._proto
+
+  @property
+  def special_ids(self) -> SpecialIds:
+    return SENTENCEPIECE
+
   def encode(self, text: str) -> list[int]:
     """Ids of `text`, without [CLS]/[SEP]."""
     return self._sp.encode(text)
@@ -157,6 +172,16 @@ class Tokenizer:
   def decode(self, ids: Sequence[int]) -> str:
     """Text of `ids`; special ids decode to nothing."""
     return self._sp.decode([int(i) for i in ids])
+
+
+AnyTokenizer = Tokenizer | hf_tokenizer.HfTokenizer
+
+
+def from_content(content: bytes, source: str = "<bytes>") -> AnyTokenizer:
+  """The tokenizer whose `content` this is (a tokenizer.json, else a SentencePiece model)."""
+  if content.lstrip()[:1] == b"{":
+    return hf_tokenizer.HfTokenizer(content, source)
+  return Tokenizer(content, source)
 
 
 def resolve_for_run(path: str, workdir: str) -> str:

@@ -136,9 +136,10 @@ def pack_rows(lengths_N: np.ndarray, row_length: int, slots: int) -> list[list[i
   return rows
 
 
-def packed_batch(seqs: Sequence[Sequence[int]], rows: Sequence[Sequence[int]], length: int) -> dict[str, np.ndarray]:
+def packed_batch(seqs: Sequence[Sequence[int]], rows: Sequence[Sequence[int]], length: int,
+                 pad_id: int = tokenizer_lib.PAD_ID) -> dict[str, np.ndarray]:
   """tokens / segment_ids (1, 2, ... per text; 0 pad) / positions (from 0 per text), [len(rows), length]."""
-  tokens = np.full((len(rows), length), tokenizer_lib.PAD_ID, np.int32)
+  tokens = np.full((len(rows), length), pad_id, np.int32)
   segment_ids = np.zeros((len(rows), length), np.int32)
   positions = np.zeros((len(rows), length), np.int32)
   for r, row in enumerate(rows):
@@ -201,7 +202,7 @@ class JaxEmbedder(Embedder):
       per_batch = max(1, self.tokens_per_batch // max(pack, 1))
       for start in range(0, len(rows), per_batch):
         chunk = rows[start:start + per_batch]
-        batch = packed_batch(seqs, chunk + [[]] * (per_batch - len(chunk)), pack)
+        batch = packed_batch(seqs, chunk + [[]] * (per_batch - len(chunk)), pack, self.tok.special_ids.pad)
         emb_BxSxD = np.asarray(self._packed(self.params, batch["tokens"], batch["positions"], batch["segment_ids"]))
         for r, row in enumerate(chunk):
           out_NxD[row] = emb_BxSxD[r, :len(row)]
@@ -219,7 +220,7 @@ class JaxEmbedder(Embedder):
       batch = max(1, self.tokens_per_batch // length)
       # Every row of this batch fits the bucket (sorted), so the batch shape is fixed per bucket.
       idx = [j for j in order[i:i + batch] if lengths_N[j] <= length]
-      padded = inference.pad_batch([seqs[j] for j in idx] + [[]] * (batch - len(idx)), length)
+      padded = inference.pad_batch([seqs[j] for j in idx] + [[]] * (batch - len(idx)), length, self.tok.special_ids.pad)
       emb_BxD = self._fn(self.params, padded["tokens"], padded["positions"], padded["segment_ids"])
       out_NxD[idx] = np.asarray(emb_BxD)[:len(idx)]
       i += len(idx)

@@ -96,7 +96,7 @@ def token_states(emb: embedder_lib.Embedder, texts: Sequence[str], pairs: Sequen
   while i < len(order):  # Length buckets, as JaxEmbedder: few compiled shapes.
     bucket = next(b for b in buckets if b >= len(seqs[order[i]]))
     idx = [j for j in order[i:i + max(1, emb.tokens_per_batch // bucket)] if len(seqs[j]) <= bucket]
-    batch = inference.pad_batch([seqs[j] for j in idx], bucket)
+    batch = inference.pad_batch([seqs[j] for j in idx], bucket, emb.tok.special_ids.pad)
     out_BxLxD = _encode_fn(emb.spec)(emb.params, batch["tokens"], batch["positions"], batch["segment_ids"])
     hidden_NxLxD[idx, :bucket] = np.asarray(out_BxLxD)
     mask_NxL[idx, :bucket] = batch["segment_ids"]

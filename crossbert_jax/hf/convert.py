@@ -23,6 +23,7 @@ from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.hf import files as hf_files
+from crossbert_jax.hf import import_config
 from crossbert_jax.hf import mapping as hf_mapping
 from crossbert_jax.model import inference
 from crossbert_jax.model.encoder import EncoderSpec
@@ -90,7 +91,7 @@ def write_hf(out: epath.Path, config: ml_collections.ConfigDict, params: Any,
   flat = {k: v for k, v in flatten(params).items() if k.startswith(("encoder/", "head/"))}
   tensors = hf_mapping.to_hf(flat, spec, with_head=with_head)
   (out / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
-  hf_files.write_json(out / "config.json", hf_files.hf_config(config))
+  hf_files.write_json(out / "config.json", hf_files.hf_config(config, tok.special_ids))
   hf_files.write_tokenizer(out, tok, config.data.seq_len)
   hf_files.sentence_transformers_files(out, spec.embed_dim, config.data.seq_len)
   info = info or {"step": None, "tokens_seen": None, "loss": None, "results": None}
@@ -117,7 +118,7 @@ def verify(folder: epath.Path, config: ml_collections.ConfigDict, params: Any,
       raise UserError(f"verify: tokenizer ids differ on {s[:40]!r}: ours {a[:12]}..., HF {b[:12]}...")
 
   length = max(len(x) for x in ids)
-  batch = inference.pad_batch(ids, length)
+  batch = inference.pad_batch(ids, length, tok.special_ids.pad)
   ours_BxLxD = np.asarray(inference.make_encode_fn(spec)(
       params["encoder"], batch["tokens"], batch["positions"], batch["segment_ids"]))
   valid_BxL = batch["segment_ids"] > 0
@@ -247,9 +248,12 @@ def _model_values(hf: dict, source: str) -> dict:
     raise UserError(f"{source}: config.json {what}; it is not a complete ModernBERT config") from None
 
 
-def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers: bool = False
-            ) -> tuple[ml_collections.ConfigDict, dict]:
-  """(our config, params {'encoder': ...[, 'head': ...]}) from a ModernBERT safetensors folder."""
+def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers: bool = False,
+            keep_head: bool = False) -> tuple[ml_collections.ConfigDict, dict]:
+  """(our config, params {'encoder': ...[, 'head': ...]}) from a ModernBERT safetensors folder.
+
+  The MLM head is read for objective mlm, and with `keep_head` whenever the folder has one.
+  """
   folder = epath.Path(folder)
   source = f"--hf {folder}"
   for name in ("config.json", "model.safetensors"):
@@ -259,7 +263,7 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
   tensors = _load_float_tensors((folder / "model.safetensors").read_bytes(), source)
   prefix = hf_mapping.MLM_ENCODER_PREFIX
   has_prefix = any(k.startswith(prefix) for k in tensors)
-  with_head = objective == "mlm"
+  with_head = objective == "mlm" or (keep_head and has_prefix and "head.dense.weight" in tensors)
   if with_head and "head.dense.weight" not in tensors:
     raise UserError(f"{source} holds no MLM head (head.dense.weight): import it with --objective=crossbert")
   if has_prefix and not with_head:
@@ -281,13 +285,18 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
 
 def import_hf(hf: str, output: str, objective: str = "crossbert", scan_layers: bool = False,
               force: bool = False) -> epath.Path:
-  """Writes `output`/params.safetensors (our param paths) + `output`/config.json (our config)."""
+  """Writes `output`/params.safetensors (our param paths) + `output`/config.json (our config).
+
+  An MLM head in `hf` is kept (a BERT run starting from it keeps it; CrossBERT's reconstructor
+  starts fresh), and the folder's tokenizer files are copied beside (a run's default tokenizer).
+  """
   outputs.check_output_dir(output, force, inputs={"--hf": hf})  # Before the slow read.
-  config, params = read_hf(hf, objective, scan_layers)
+  config, params = read_hf(hf, objective, scan_layers, keep_head=True)
   output = epath.Path(output)
   with outputs.staged_output_dir(output, force, inputs={"--hf": hf}) as tmp:
     (tmp / PARAMS_FILE).write_bytes(safetensors.numpy.save(flatten(params)))
     hf_files.write_json(tmp / "config.json", config.to_dict())
+    import_config.copy_tokenizer(epath.Path(hf), tmp)
   return output
 
 

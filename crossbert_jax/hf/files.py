@@ -11,7 +11,9 @@ from typing import Any
 from etils import epath
 import ml_collections
 
+from crossbert_jax.data import hf_tokenizer as hf_tokenizer_lib
 from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
 from crossbert_jax.hf import mapping as hf_mapping
 
 
@@ -49,17 +51,23 @@ def special_tokens_map() -> dict[str, str]:
           "sep_token": tokenizer_lib.SEP, "mask_token": tokenizer_lib.MASK}
 
 
-def write_tokenizer(out: epath.Path, tok: tokenizer_lib.Tokenizer, seq_len: int) -> None:
-  (out / "tokenizer.json").write_text(hf_tokenizer(tok).to_str(pretty=True))
+def write_tokenizer(out: epath.Path, tok: tokenizer_lib.AnyTokenizer, seq_len: int) -> None:
+  """tokenizer.json (ours converted, or a Hugging Face tokenizer's own vocabulary) and its config files."""
+  if isinstance(tok, tokenizer_lib.Tokenizer):
+    (out / "tokenizer.json").write_text(hf_tokenizer(tok).to_str(pretty=True))
+    pieces, roles = dict(enumerate(tokenizer_lib.SPECIAL_PIECES)), special_tokens_map()
+  else:
+    (out / "tokenizer.json").write_text(tok.to_hf_json())
+    pieces, roles = hf_tokenizer_lib.reserved_tokens(tok), hf_tokenizer_lib.special_tokens_map(tok)
   added = {str(i): {"content": p, "lstrip": False, "normalized": False, "rstrip": False,
                     "single_word": False, "special": True}
-           for i, p in enumerate(tokenizer_lib.SPECIAL_PIECES)}
+           for i, p in pieces.items()}
   write_json(out / "tokenizer_config.json", {
       "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_len,
       "padding_side": "right", "truncation_side": "right", "clean_up_tokenization_spaces": False,
       "model_input_names": ["input_ids", "attention_mask"], "added_tokens_decoder": added,
-      **special_tokens_map()})
-  write_json(out / "special_tokens_map.json", special_tokens_map())
+      **roles})
+  write_json(out / "special_tokens_map.json", roles)
 
 
 def sentence_transformers_files(out: epath.Path, embed_dim: int, seq_len: int) -> None:
@@ -94,12 +102,12 @@ def dense_module_files(out: epath.Path, kernel_DxE: Any, bias_E: Any) -> None:
   (out / f"{idx}_Dense" / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
 
 
-def hf_config(config: ml_collections.ConfigDict) -> dict:
+def hf_config(config: ml_collections.ConfigDict, specials: SpecialIds = SENTENCEPIECE) -> dict:
   """config.json contents for `config` (ModernBertModel, or ModernBertForMaskedLM for objective mlm)."""
   from transformers import ModernBertConfig  # pylint: disable=g-import-not-at-top  (no torch needed)
 
   with_head = config.objective == "mlm"
-  out = ModernBertConfig(**hf_mapping.to_hf_config(config.model, config.data.seq_len)).to_dict()
+  out = ModernBertConfig(**hf_mapping.to_hf_config(config.model, config.data.seq_len, specials)).to_dict()
   out.update(hf_mapping.legacy_config_keys(config.model))
   out["architectures"] = ["ModernBertForMaskedLM" if with_head else "ModernBertModel"]
   out["dtype"] = "float32"

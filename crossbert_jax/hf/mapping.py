@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
 from crossbert_jax.model.encoder import EncoderSpec
 
 Transform = Callable[[np.ndarray, EncoderSpec], np.ndarray]
@@ -187,7 +187,7 @@ def layer_types(num_layers: int, global_every: int) -> list[str]:
   return ["full_attention" if i % global_every == 0 else "sliding_attention" for i in range(num_layers)]
 
 
-def to_hf_config(model_cfg: Mapping, seq_len: int) -> dict:
+def to_hf_config(model_cfg: Mapping, seq_len: int, specials: SpecialIds = SENTENCEPIECE) -> dict:
   """`ModernBertConfig` kwargs for our `config.model` (faithful attention layout and RoPE thetas)."""
   m = model_cfg
   return {
@@ -199,11 +199,11 @@ def to_hf_config(model_cfg: Mapping, seq_len: int) -> dict:
       "max_position_embeddings": seq_len,  # RoPE: no learned positions; the length we trained at.
       "initializer_range": m["init_std"],
       "norm_eps": m["norm_eps"],
-      "pad_token_id": tokenizer_lib.PAD_ID,
-      "bos_token_id": tokenizer_lib.CLS_ID,
-      "eos_token_id": tokenizer_lib.SEP_ID,
-      "cls_token_id": tokenizer_lib.CLS_ID,
-      "sep_token_id": tokenizer_lib.SEP_ID,
+      "pad_token_id": specials.pad,
+      "bos_token_id": specials.cls,
+      "eos_token_id": specials.sep,
+      "cls_token_id": specials.cls,
+      "sep_token_id": specials.sep,
       "layer_types": layer_types(m["num_layers"], m["global_every"]),
       "local_attention": m["local_window"],
       "rope_parameters": {

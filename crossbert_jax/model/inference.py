@@ -13,20 +13,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.data.special_ids import SENTENCEPIECE
 from crossbert_jax.model.encoder import Encoder, EncoderSpec
 
 Array = jax.Array
 
 
-def tokenize(tok: tokenizer_lib.Tokenizer, texts: Sequence[str], pairs: Sequence[str] | None = None,
+def tokenize(tok: tokenizer_lib.AnyTokenizer, texts: Sequence[str], pairs: Sequence[str] | None = None,
              max_length: int = 512) -> list[list[int]]:
   """Token ids with specials, truncated to max_length (a pair trims the longer side first)."""
   firsts = tok.encode_batch(list(texts))
   seconds = tok.encode_batch(list(pairs)) if pairs is not None else None
+  cls, sep = tok.special_ids.cls, tok.special_ids.sep
   out = []
   for i, a in enumerate(firsts):
     if seconds is None:
-      out.append([tokenizer_lib.CLS_ID] + a[:max_length - 2] + [tokenizer_lib.SEP_ID])
+      out.append([cls] + a[:max_length - 2] + [sep])
       continue
     b = seconds[i]
     budget = max_length - 3
@@ -35,14 +37,14 @@ def tokenize(tok: tokenizer_lib.Tokenizer, texts: Sequence[str], pairs: Sequence
         a = a[:-1]
       else:
         b = b[:-1]
-    out.append([tokenizer_lib.CLS_ID] + a + [tokenizer_lib.SEP_ID] + b + [tokenizer_lib.SEP_ID])
+    out.append([cls] + a + [sep] + b + [sep])
   return out
 
 
-def pad_batch(seqs: Sequence[Sequence[int]], length: int) -> dict[str, np.ndarray]:
+def pad_batch(seqs: Sequence[Sequence[int]], length: int, pad_id: int = SENTENCEPIECE.pad) -> dict[str, np.ndarray]:
   """int32 tokens / segment_ids (1 real, 0 pad) / positions, each [len(seqs), length]."""
   b = len(seqs)
-  tokens = np.full((b, length), tokenizer_lib.PAD_ID, np.int32)
+  tokens = np.full((b, length), pad_id, np.int32)
   segment_ids = np.zeros((b, length), np.int32)
   positions = np.zeros((b, length), np.int32)
   for i, s in enumerate(seqs):

@@ -46,8 +46,9 @@ _SCHEDULE = ("steps", "learning_rate", "warmup_steps", "decay", "decay_fraction"
 
 
 def tokenizer_identity(path: str, vocab_size: int) -> dict[str, Any]:
-  """{path, sha256, vocab_size} of the tokenizer file: what a checkpoint records."""
-  digest = hashlib.sha256(epath.Path(path).read_bytes()).hexdigest()
+  """{path, sha256, vocab_size} of the tokenizer file (a folder's tokenizer.json): what a checkpoint records."""
+  file = epath.Path(path) / "tokenizer.json" if epath.Path(path).is_dir() else epath.Path(path)
+  digest = hashlib.sha256(file.read_bytes()).hexdigest()
   return {"path": str(path), "sha256": digest, "vocab_size": int(vocab_size)}
 
 

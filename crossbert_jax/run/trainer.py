@@ -101,7 +101,8 @@ class Trainer:
     self.mesh, self.phases = mesh, phases_lib.expand(c)
     self._replacement_vocab = objectives.replacement_vocab_size(c, tok.vocab_size)
     self.phase = self.phases[0]
-    self.program = program_lib.TrainProgram(self.phase.config, mesh, replacement_vocab=self._replacement_vocab)
+    self.program = program_lib.TrainProgram(self.phase.config, mesh, replacement_vocab=self._replacement_vocab,
+                                            specials=tok.special_ids)
     self.data = feed_lib.PhaseFeed(tok, seed=c.train.seed, process_index=jax.process_index(),
                                    process_count=jax.process_count())
     self.data.enter(self.phase)  # A restore into a later phase's stream replaces it (`_data_for`).
@@ -150,7 +151,8 @@ class Trainer:
         self.recorder.new_phase()
         changed = phases_lib.changes(self.phase, phase)
         self.logger.log_text(f"{phase.describe()}: {', '.join(f'{k}={v!r}' for k, v in changed.items())}")
-      self.program = program_lib.TrainProgram(phase.config, self.mesh, replacement_vocab=self._replacement_vocab)
+      self.program = program_lib.TrainProgram(phase.config, self.mesh, replacement_vocab=self._replacement_vocab,
+                                              specials=self.tok.special_ids)
       if self.logger is not None and phase.stream != self.phase.stream and self.phase.config.data.mixture:
         # The stream ends here: its sources' tokens join the run's count (a restore reads it from meta).
         self._source_tokens_before = recorder.add_tokens(

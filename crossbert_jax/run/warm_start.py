@@ -10,11 +10,11 @@ import ml_collections
 import numpy as np
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.hf import import_config
 from crossbert_jax.training.program import TrainState
 
 # Model keys an imported encoder must share with the run's config.
-IMPORT_KEYS = ("vocab_size", "embed_dim", "num_heads", "num_layers", "mlp_dim", "global_every",
-               "local_window", "rope_theta", "local_rope_theta", "norm_eps", "scan_layers")
+IMPORT_KEYS = import_config.SHAPE_KEYS
 
 
 def from_imported(c: ml_collections.ConfigDict, state: TrainState) -> TrainState:

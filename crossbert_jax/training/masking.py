@@ -111,13 +111,21 @@ def mlm_masks(key: Array, segment_ids_BxL: Array, ratio: float, targetable_BxL: 
 
 
 def corrupt(key: Array, tokens_BxL: Array, masks: MlmMasks, *, mask_prob: float, random_prob: float,
-            mask_id: int, first_regular_id: int, vocab_size: int) -> Array:
-  """BERT's 80/10/10: masked slots become [MASK], a random regular token, or stay unchanged."""
+            mask_id: int, first_regular_id: int, vocab_size: int, regular_ids_R: Array | None = None) -> Array:
+  """BERT's 80/10/10: masked slots become [MASK], a random regular token, or stay unchanged.
+
+  Random tokens are drawn from [first_regular_id, vocab_size), or, given `regular_ids_R` (the
+  regular ids when the special ones sit among them), from that table (the other two are ignored).
+  """
   k_choice, k_random = jax.random.split(key)
   idx_BxM = masks.mask_idx_BxM
   orig_BxM = jnp.take_along_axis(tokens_BxL, idx_BxM, axis=-1)
   u_BxM = jax.random.uniform(k_choice, idx_BxM.shape)
-  random_BxM = jax.random.randint(k_random, idx_BxM.shape, first_regular_id, vocab_size, dtype=tokens_BxL.dtype)
+  if regular_ids_R is None:
+    random_BxM = jax.random.randint(k_random, idx_BxM.shape, first_regular_id, vocab_size, dtype=tokens_BxL.dtype)
+  else:
+    pick_BxM = jax.random.randint(k_random, idx_BxM.shape, 0, regular_ids_R.shape[0])
+    random_BxM = jnp.asarray(regular_ids_R, tokens_BxL.dtype)[pick_BxM]
   new_BxM = jnp.where(u_BxM < mask_prob, mask_id, jnp.where(u_BxM < mask_prob + random_prob, random_BxM, orig_BxM))
   new_BxM = jnp.where(masks.mask_valid_BxM, new_BxM, orig_BxM).astype(tokens_BxL.dtype)
   rows_Bx1 = jnp.arange(tokens_BxL.shape[0])[:, None]

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from crossbert_jax.data import tokenizer
+from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
 from crossbert_jax.model import layers
 from crossbert_jax.model.models import build_model
 from crossbert_jax.training import masking
@@ -40,13 +40,19 @@ def _token_losses(logits_BxQxV: Array, targets_BxQ: Array, weights_BxQ: Array) -
   return jnp.sum(ce_BxQ * w_BxQ), LossStats(jnp.sum(w_BxQ), jnp.sum(correct_BxQ * w_BxQ))
 
 
-def targetable(tokens_BxL: Array, segment_ids_BxL: Array, exclude_special: bool) -> Array:
-  """Real tokens that may be prediction targets: all, or all but [CLS]/[SEP] (masking.exclude_special)."""
+def targetable(tokens_BxL: Array, segment_ids_BxL: Array, exclude_special: bool,
+               specials: SpecialIds = SENTENCEPIECE) -> Array:
+  """Real tokens that may be prediction targets: all, or all but the special ones (masking.exclude_special)."""
   real_BxL = segment_ids_BxL > 0
   if not exclude_special:
     return real_BxL
   # [CLS] opens and [SEP] closes every packed document: trivially predictable, so never targets.
-  return real_BxL & (tokens_BxL != tokenizer.CLS_ID) & (tokens_BxL != tokenizer.SEP_ID)
+  excluded = specials.target_exclusions()
+  if len(excluded) > 2:
+    return real_BxL & ~jnp.isin(tokens_BxL, jnp.asarray(excluded, tokens_BxL.dtype))
+  for i in excluded:
+    real_BxL = real_BxL & (tokens_BxL != i)
+  return real_BxL
 
 
 def replacement_vocab_size(c: ml_collections.ConfigDict, tokenizer_vocab_size: int) -> int:
@@ -86,21 +92,25 @@ def chunked_cross_entropy(x_BxQxD: Array, head: tuple[Array, Array | None], targ
   return loss, stats
 
 
-def make_loss_fn(c: ml_collections.ConfigDict, replacement_vocab: int | None = None
-                 ) -> Callable[[dict, Batch, Array], tuple[Array, LossStats]]:
+def make_loss_fn(c: ml_collections.ConfigDict, replacement_vocab: int | None = None,
+                 specials: SpecialIds = SENTENCEPIECE) -> Callable[[dict, Batch, Array], tuple[Array, LossStats]]:
   """The loss function for `c.objective` (params, batch, key) -> (summed loss, stats).
 
   `replacement_vocab`: where BERT's random replacement ids end (`replacement_vocab_size`, from
-  the run's tokenizer); shape-only callers leave it None and get model.vocab_size.
+  the run's tokenizer); shape-only callers leave it None and get model.vocab_size. `specials`:
+  the tokenizer's special ids (never targets, never random replacements, [MASK]).
   """
   model = build_model(c)
   mk = c.masking
   random_end = (c.model.vocab_size if replacement_vocab is None else replacement_vocab) if c.objective == "mlm" else 0
+  if random_end:
+    regular = specials.replacement_range(random_end)
+    first_regular, regular_end, regular_ids_R = (*regular, None) if isinstance(regular, tuple) else (0, 0, regular)
 
   def crossbert_loss(params, batch: Batch, key: Array):
     tokens_BxL, seg_BxL, pos_BxL = batch["tokens"], batch["segment_ids"], batch["positions"]
     masks = masking.crossbert_masks(key, seg_BxL, mk.ratio, mk.views, mk.reconstruct_ratio,
-                                    targetable(tokens_BxL, seg_BxL, mk.exclude_special))
+                                    targetable(tokens_BxL, seg_BxL, mk.exclude_special, specials))
     k = mk.views
     # The K views run as one batch of K*B rows (view-major), sharing one encoder call.
     tile = lambda a: jnp.concatenate([a] * k, axis=0) if k > 1 else a
@@ -116,10 +126,10 @@ def make_loss_fn(c: ml_collections.ConfigDict, replacement_vocab: int | None = N
   def mlm_loss(params, batch: Batch, key: Array):
     tokens_BxL, seg_BxL, pos_BxL = batch["tokens"], batch["segment_ids"], batch["positions"]
     k_mask, k_corrupt = jax.random.split(key)
-    masks = masking.mlm_masks(k_mask, seg_BxL, mk.ratio, targetable(tokens_BxL, seg_BxL, mk.exclude_special))
+    masks = masking.mlm_masks(k_mask, seg_BxL, mk.ratio, targetable(tokens_BxL, seg_BxL, mk.exclude_special, specials))
     corrupted_BxL = masking.corrupt(
         k_corrupt, tokens_BxL, masks, mask_prob=c.mlm.mask_prob, random_prob=c.mlm.random_prob,
-        mask_id=tokenizer.MASK_ID, first_regular_id=tokenizer.NUM_SPECIAL, vocab_size=random_end)
+        mask_id=specials.mask, first_regular_id=first_regular, vocab_size=regular_end, regular_ids_R=regular_ids_R)
     hidden_BxMxD, head = model.apply({"params": params}, corrupted_BxL, pos_BxL, seg_BxL,
                                      masks.mask_idx_BxM, return_hidden=True)
     targets_BxM = jnp.take_along_axis(tokens_BxL, masks.mask_idx_BxM, axis=1)

@@ -30,6 +30,7 @@ import ml_collections
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
 from crossbert_jax.training import objectives, optimizer, sharding
 
 Array = jax.Array
@@ -68,16 +69,17 @@ class TrainProgram:
 
   `replacement_vocab`: the end (exclusive) of the ids BERT's random replacements draw from, the
   tokenizer's vocabulary (`objectives.replacement_vocab_size`); shape-only users (aot, bench)
-  leave it None and get model.vocab_size.
+  leave it None and get model.vocab_size. `specials`: the tokenizer's special ids.
   """
 
-  def __init__(self, c: ml_collections.ConfigDict, mesh: Mesh, *, replacement_vocab: int | None = None):
+  def __init__(self, c: ml_collections.ConfigDict, mesh: Mesh, *, replacement_vocab: int | None = None,
+               specials: SpecialIds = SENTENCEPIECE):
     self.config = c
     self.mesh = mesh
     self.rules = sharding.logical_rules(c.mesh)
     self.tx = optimizer.make_optimizer(c.train)
     self.schedule = optimizer.learning_rate_schedule(c.train)
-    self.loss_fn = objectives.make_loss_fn(c, replacement_vocab)
+    self.loss_fn = objectives.make_loss_fn(c, replacement_vocab, specials)
     self.abstract = jax.eval_shape(lambda k: create_state(c, self.tx, k), jax.random.key(0))
     replicated = NamedSharding(mesh, PartitionSpec())
     params = param_shardings(c, mesh, self.rules)
