@@ -334,3 +334,50 @@ def test_bert_random_replacements_come_from_the_tokenizer(tmp_path):
   replaced = out[out != tokens]
   assert len(replaced) > 500 and replaced.min() >= NUM_SPECIAL and replaced.max() < 512, (
       f"replacements {replaced.min()}..{replaced.max()} must be regular pieces in [{NUM_SPECIAL}, 512)")
+
+
+def test_invariants_with_high_special_ids():
+  """A ModernBERT-like layout (roles at 1000-1004, more specials at 0, 1, 500 and 1005-1010): no special
+  is a target or a replacement, complementary views still partition the row."""
+  from crossbert_jax.data.special_ids import SpecialIds
+  from crossbert_jax.training import objectives
+  specials = SpecialIds.of(1003, 1000, 1001, 1002, 1004, (0, 1, 500, *range(1005, 1011)))
+  reserved = np.asarray(specials.reserved)
+  seg = _segments(ALL_ROWS)
+  rng = np.random.default_rng(3)
+  tokens = np.where(seg > 0, rng.integers(2, 1000, seg.shape), specials.pad).astype(np.int32)
+  for b in range(seg.shape[0]):
+    for s in set(seg[b][seg[b] > 0].tolist()):
+      where = np.flatnonzero(seg[b] == s)
+      tokens[b, where[0]], tokens[b, where[-1]] = specials.cls, specials.sep
+      if len(where) > 3:  # Specials spelled in the text ([MASK], <|endoftext|>, ...) land inside documents.
+        tokens[b, where[1]] = rng.choice(reserved)
+  ok = np.asarray(objectives.targetable(jnp.asarray(tokens), jnp.asarray(seg), True, specials))
+  assert not ok[np.isin(tokens, reserved)].any(), "a special id is targetable"
+  np.testing.assert_array_equal(ok, (seg > 0) & ~np.isin(tokens, reserved))
+  for ratio, views in ((0.5, 2), (0.75, 4)):
+    m = _np(jax.jit(masking.crossbert_masks, static_argnums=(2, 3, 4))(
+        jax.random.key(5), jnp.asarray(seg), ratio, views, 1.0, jnp.asarray(ok)))
+    for b in range(seg.shape[0]):
+      shown, predicted = collections.Counter(), collections.Counter()
+      for k in range(views):
+        vis, rec = _view_sets(m, seg, k, b)
+        shown.update(vis)
+        predicted.update(rec)
+      assert set(shown) == set(np.flatnonzero(seg[b] > 0).tolist()) and set(shown.values()) <= {1}, (
+          f"K={views}, row {b}: views must partition the row")
+      assert set(predicted) == set(np.flatnonzero(ok[b]).tolist()) and set(predicted.values()) <= {views - 1}, (
+          f"K={views}, row {b}: targets must be exactly the non-special tokens, each in K-1 views")
+  table = specials.replacement_range(1011)
+  assert isinstance(table, np.ndarray) and len(table) == 1011 - len(reserved)
+  assert SpecialIds.of(1003, 1000, 1001, 1002, 1004, (0, 1)).replacement_range(1005) == (2, 1000)
+  masks = _mlm_masks(jax.random.key(0), jnp.asarray(np.ones((64, L), np.int32)), 0.5)
+  flat = np.full((64, L), 7, np.int32)
+  out = np.asarray(jax.jit(masking.corrupt, static_argnames=("mask_prob", "random_prob", "mask_id", "first_regular_id",
+                                                              "vocab_size"))(
+      jax.random.key(1), jnp.asarray(flat), masks, mask_prob=0.0, random_prob=1.0, mask_id=specials.mask,
+      first_regular_id=0, vocab_size=0, regular_ids_R=jnp.asarray(table)))
+  replaced = out[out != flat]
+  assert len(replaced) > 500 and not np.isin(replaced, reserved).any() and replaced.max() < 1011, (
+      f"replacements must be regular ids below the tokenizer's 1011: {np.intersect1d(replaced, reserved)}")
+  assert len(np.unique(replaced)) > 300, "replacements must spread over the regular ids"

@@ -1,0 +1,90 @@
+"""Hugging Face tokenizers as the run's tokenizer: roles, ids, pickling, refusals, shards, a from-scratch run."""
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import corpus, hf_tokenizer, shards, special_ids, tokenizer
+from tests import hf_models
+from tests.helpers import run_module
+
+
+@pytest.fixture(scope="module")
+def bpe_folder(tmp_path_factory):
+  return hf_models.write_tokenizer_folder(hf_models.bpe_tokenizer(), tmp_path_factory.mktemp("bpe"))
+
+
+def test_modernbert_like_roles_ids_and_pickling(bpe_folder):
+  """Roles from special_tokens_map.json at high ids; ids equal transformers' (minus [CLS]/[SEP])."""
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  tok = tokenizer.Tokenizer.load(bpe_folder)
+  s = tok.special_ids
+  assert (s.unk, s.cls, s.sep, s.pad, s.mask) == (600, 601, 602, 603, 604), s
+  assert s.reserved == (0, 1, *range(600, 620)) and tok.vocab_size == 620
+  assert s.replacement_range(tok.vocab_size) == (2, 600)
+  assert s.target_exclusions() == s.reserved, "a Hugging Face layout never targets any special id"
+  assert special_ids.SENTENCEPIECE.target_exclusions() == (2, 3), "SentencePiece runs keep their targets"
+  texts = corpus.builtin_documents()[5000:5200] + ["[MASK] and <|endoftext|> in raw text", "café 😀", ""]
+  hf = transformers.AutoTokenizer.from_pretrained(str(bpe_folder))
+  want = [ids[1:-1] for ids in hf(texts)["input_ids"]]
+  assert tok.encode_batch(texts) == want
+  assert tokenizer.Tokenizer.load(bpe_folder / "tokenizer.json").special_ids == s, "the file alone: usual names"
+  back = pickle.loads(pickle.dumps(tok))
+  assert back.encode_batch(texts[:5]) == want[:5] and back.special_ids == s
+
+
+def test_missing_mask_role_is_refused_in_one_line(tmp_path, bpe_folder):
+  data = json.loads((bpe_folder / "tokenizer.json").read_text())
+  data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] != "[MASK]"]
+  (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+  with pytest.raises(UserError, match="has no mask token"):
+    hf_tokenizer.HfTokenizer.load(tmp_path)
+  proc = run_module(["crossbert_jax.prepare", "--input=builtin", f"--output={tmp_path / 'out'}", "--shards=1",
+                     f"--tokenizer={tmp_path / 'tokenizer.json'}"], check=False)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1 and "no mask token" in lines[0], proc.stderr[-2000:]
+
+
+def test_prepare_writes_hf_token_shards(tmp_path, bpe_folder):
+  """prepare with a tokenizer folder: uint16 ids hashed by its tokenizer.json, packed rows equal to the
+  text path's (the tokenizer's own [CLS]/[SEP]/[PAD] ids)."""
+  from crossbert_jax.core import config as config_lib  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.data import pipeline, prepare  # pylint: disable=g-import-not-at-top
+
+  (tmp_path / "in").mkdir()
+  (tmp_path / "in" / "docs.txt").write_text("\n\n".join(" ".join(d.split()) for d in corpus.builtin_documents()[:400]))
+  tok = tokenizer.Tokenizer.load(bpe_folder)
+  prepare.prepare(str(tmp_path / "in"), str(tmp_path / "tok"), 2, progress=False, tokenizer=tok)
+  manifest = shards.read_manifest(tmp_path / "tok")
+  assert manifest["dtype"] == "uint16" and manifest["tokenizer"]["vocab_size"] == 620
+  assert manifest["tokenizer"]["sha256"] == shards.sha256((bpe_folder / "tokenizer.json").read_bytes())
+  assert shards.token_dtype(70_000) == np.uint32 and shards.token_dtype(65_536) == np.uint16
+  data = config_lib.get_config("mlm", "tiny").data
+  data.seq_len = 64
+  rows = []
+  for path in (tmp_path / "in", tmp_path / "tok"):
+    data.path = str(path)
+    it = pipeline.make_iterator(data, tok, batch_size=4, seed=0)
+    rows.append([next(it) for _ in range(10)])
+  for a, b in zip(*rows):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+  tokens, seg = np.stack([r["tokens"] for r in rows[0]]), np.stack([r["segment_ids"] for r in rows[0]])
+  assert (tokens[seg == 0] == 603).all() and (tokens == 601).any() and (tokens == 602).any()
+  assert not np.isin(tokens, [0, 1, 2, 3, 4])[seg > 0].all()
+
+
+def test_wordpiece_tokenizer_trains_from_scratch(tmp_path):
+  """A BERT-style WordPiece tokenizer.json ([PAD]..[MASK] at 0-4 by name) drives a tiny CrossBERT run."""
+  wp = hf_models.wordpiece_tokenizer(tmp_path / "wp" / "tokenizer.json")
+  tok = tokenizer.Tokenizer.load(wp)
+  assert tok.special_ids == special_ids.SpecialIds.of(0, 1, 2, 3, 4)
+  proc = run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
+                     f"--config.data.tokenizer={wp}", "--config.model.vocab_size=768", "--config.train.steps=4",
+                     "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
+                     "--config.checkpoint.async_save=False"])
+  assert "done: step 4" in proc.stdout, proc.stdout
