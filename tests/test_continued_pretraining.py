@@ -1,0 +1,145 @@
+"""Continued pretraining of an imported ModernBERT (a tiny one made here, ModernBERT-like special ids):
+`export import`, `train --config=configs/*.py:from_hf`, a kill and resume, `export --verify`."""
+
+import importlib.util
+import json
+import pathlib
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from crossbert_jax.core.errors import UserError
+from tests import hf_models
+from tests.helpers import ROOT, run_module
+
+# The tiny model's numerics on CPU: float32, no remat; a short schedule.
+RUN = ["--config.train.batch_size=4", "--config.data.seq_len=64", "--config.model.dtype=float32",
+       "--config.model.remat=none", "--config.train.warmup_steps=2", "--config.train.steps=20",
+       "--config.checkpoint.every_steps=10", "--config.metrics.progress_bar=False",
+       "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False"]
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "[MASK] and [CLS] spelled in text, <|endoftext|> too.",
+         "She ordered a café crème. 😀", "  leading spaces\tand tabs\n\nand blank lines  ", ""]
+
+
+def _from_hf(path: str):
+  """`path`:from_hf, loaded as config_flags loads a config file (by path)."""
+  spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem + "_config", ROOT / path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config("from_hf")
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+  """(the ModernBertForMaskedLM folder, the `export import` folder made from it by the CLI)."""
+  root = tmp_path_factory.mktemp("mb")
+  hf = hf_models.tiny_modernbert(root / "hf")
+  run_module(["crossbert_jax.export", "import", f"--hf={hf}", f"--output={root / 'imp'}"])
+  return hf, root / "imp"
+
+
+def test_from_hf_takes_the_imported_shape_and_tokenizer(imported):
+  from crossbert_jax.core import config as config_lib  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.hf import import_config  # pylint: disable=g-import-not-at-top
+
+  hf, imp = imported
+  assert sorted(p.name for p in imp.iterdir()) == ["config.json", "params.safetensors", "special_tokens_map.json",
+                                                   "tokenizer.json", "tokenizer_config.json"]
+  c = _from_hf("configs/bert.py")
+  with c.unlocked():
+    c.train.init_from = str(imp)
+  r = import_config.resolve(c)
+  assert (r.model.vocab_size, r.model.embed_dim, r.model.num_layers, r.model.num_heads, r.model.mlp_dim) == (
+      640, 64, 3, 4, 96)
+  assert (r.model.global_every, r.model.local_window, r.model.rope_theta) == (2, 16, 160_000.0)
+  assert r.data.tokenizer == str(imp)
+  config_lib.validate(r)
+  with c.unlocked():
+    c.train.init_from, c.data.tokenizer = str(hf), "mine.model"
+  with pytest.raises(UserError, match="is not one `export import` wrote"):
+    import_config.resolve(c)  # The HF folder itself, not the import.
+  with c.unlocked():
+    c.train.init_from = ""
+  with pytest.raises(UserError, match="train.init_from is empty"):
+    import_config.resolve(c)
+
+
+def test_bert_keeps_the_imported_mlm_head(imported):
+  """BERT's state starts from the imported encoder and MLM head (transformers' weights, bitwise)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.hf import convert, import_config  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.run import warm_start  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.training import program, sharding  # pylint: disable=g-import-not-at-top
+
+  _, imp = imported
+  c = _from_hf("configs/bert.py")
+  with c.unlocked():
+    c.train.init_from, c.data.seq_len, c.model.dtype, c.model.remat = str(imp), 64, "float32", "none"
+  c = import_config.resolve(c)
+  train_program = program.TrainProgram(c, sharding.make_mesh(c.mesh))
+  state = warm_start.from_imported(c, train_program.init_state())
+  _, want = convert.load_imported(imp)
+  assert set(want) == {"encoder", "head"}
+  for part in ("encoder", "head"):
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, state.params[part]), want[part])
+
+
+def _wait_for_checkpoint(proc, workdir, step: int, timeout: float = 400) -> None:
+  deadline = time.time() + timeout
+  while time.time() < deadline and not (workdir / "checkpoints" / str(step)).exists():
+    assert proc.poll() is None, f"training exited early: {proc.stderr.read()[-2000:]}"
+    time.sleep(0.5)
+
+
+def _export_and_check(workdir, out, hf) -> dict:
+  """`export --verify` of the run; the tokenizer gives the imported folder's ids; config.json its special ids."""
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  proc = run_module(["crossbert_jax.export", f"--workdir={workdir}", f"--output={out}", "--verify"])
+  assert "verified" in proc.stdout, proc.stdout
+  ours, theirs = (transformers.AutoTokenizer.from_pretrained(str(p)) for p in (out, hf))
+  assert ours(TEXTS)["input_ids"] == theirs(TEXTS)["input_ids"]
+  assert ours(TEXTS[:2], TEXTS[2:4])["input_ids"] == theirs(TEXTS[:2], TEXTS[2:4])["input_ids"]
+  config = json.loads((out / "config.json").read_text())
+  want = json.loads((hf / "config.json").read_text())
+  for key in ("pad_token_id", "cls_token_id", "sep_token_id", "vocab_size", "hidden_size", "layer_types"):
+    assert config[key] == want[key], key
+  return config
+
+
+@pytest.mark.slow
+def test_crossbert_continues_an_imported_modernbert_through_a_kill(imported, tmp_path):
+  """20 CrossBERT steps from the import (SIGKILL after the step-10 checkpoint, then the same command
+  resumes), exported and verified in transformers and sentence-transformers."""
+  hf, imp = imported
+  workdir = tmp_path / "run"
+  cmd = ["crossbert_jax.train", "--config=configs/crossbert.py:from_hf", f"--workdir={workdir}",
+         f"--config.train.init_from={imp}", *RUN]
+  first = run_module(cmd, wait=False)
+  try:
+    _wait_for_checkpoint(first, workdir, 10)
+  finally:
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+  proc = run_module(cmd)
+  assert "done: step 20" in proc.stdout, proc.stdout
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert max(r.get("step", 0) for r in rows) == 20
+  saved = json.loads((workdir / "config.json").read_text())
+  assert saved["data"]["tokenizer"] == str(imp) and saved["model"]["vocab_size"] == 640
+  config = _export_and_check(workdir, tmp_path / "export", hf)
+  assert config["architectures"] == ["ModernBertModel"]
+
+
+@pytest.mark.slow
+def test_bert_continues_an_imported_modernbert(imported, tmp_path):
+  """20 BERT steps from the import (its MLM head kept), exported as ModernBertForMaskedLM and verified."""
+  hf, imp = imported
+  workdir = tmp_path / "run"
+  proc = run_module(["crossbert_jax.train", "--config=configs/bert.py:from_hf", f"--workdir={workdir}",
+                     f"--config.train.init_from={imp}", *RUN])
+  assert "done: step 20" in proc.stdout, proc.stdout
+  config = _export_and_check(workdir, tmp_path / "export", hf)
+  assert config["architectures"] == ["ModernBertForMaskedLM"]
