@@ -50,6 +50,28 @@ def corpora(books: list[pathlib.Path], root: pathlib.Path, vocab_size: int = 819
   return paths, tok
 
 
+def hf_corpora(paths: dict[str, str], root: pathlib.Path, vocab_size: int = 8192
+               ) -> tuple[dict[str, str], tokenizer_lib.AnyTokenizer]:
+  """({text, arrayrecord_tokens}, tokenizer) for a Hugging Face byte-level BPE (ModernBERT's kind, its special
+  names above the regular pieces) trained with `tokenizers` on `corpora`'s text; its shards under `root`."""
+  from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+
+  docs = [d for f in sorted(pathlib.Path(paths["text"]).glob("*.txt")) for d in sources.read_text(f, "paragraph")]
+  bpe = Tokenizer(models.BPE())
+  bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  bpe.decoder = decoders.ByteLevel()
+  bpe.train_from_iterator(docs, trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|padding|>"],
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+  bpe.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                          for t in ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")])
+  root.mkdir(parents=True, exist_ok=True)
+  bpe.save(str(root / "tokenizer.json"))
+  tok = tokenizer_lib.Tokenizer.load(root / "tokenizer.json")
+  prepare.prepare(paths["text"], str(root / "ar_tokens"), 2, progress=False, tokenizer=tok)
+  return {"text": paths["text"], "arrayrecord_tokens": str(root / "ar_tokens")}, tok
+
+
 def data_config(path: str, seq_len: int, worker_count: int) -> ml_collections.ConfigDict:
   c = config_lib.get_config("crossbert", "base").data
   c.path, c.seq_len, c.worker_count = path, seq_len, worker_count

@@ -3,7 +3,8 @@
   python -m crossbert_jax.bench --data --out=FILE.json      (table on stdout, JSON in FILE)
 
 Supply (data/throughput.py): tokens/s and fill ratio of one process for every format at each
-length and worker count. Demand: analytic training FLOPs per token (training/flops.py, at that
+length and worker count (a SentencePiece model), and for text and pre-tokenized shards through a
+Hugging Face BPE (workers=0). Demand: analytic training FLOPs per token (training/flops.py, at that
 length) x chips per host x the chip's dense bf16 peak x 50% MFU, for `base` and `large`,
 CrossBERT and BERT (MLM). Headroom = supply / demand; below 1 the input caps the run. GPUs run
 one process per GPU, so their "host" is one chip.
@@ -48,21 +49,22 @@ def demand(seq_len: int) -> list[dict[str, Any]]:
 
 
 def supply(paths: dict[str, str], tok, seq_lens: list[int], worker_counts: list[int],
-           seconds: float) -> list[dict[str, Any]]:
-  """One process's rate for every format x length x worker count."""
+           seconds: float, tokenizer: str = "sentencepiece") -> list[dict[str, Any]]:
+  """One process's rate for every format (of `paths`) x length x worker count."""
   rows = []
   for seq_len in seq_lens:
-    for fmt in throughput.FORMATS:
+    for fmt in [f for f in throughput.FORMATS if f in paths]:
       for workers in worker_counts:
         r = throughput.measure(throughput.data_config(paths[fmt], seq_len, workers), tok, seconds=seconds)
-        rows.append({"format": fmt, "seq_len": seq_len, "worker_count": workers, **r})
-        print(f"  {fmt:<20} L={seq_len:<5} workers={workers}  {r['tokens_per_s'] / 1e6:7.3f} M tokens/s  "
+        rows.append({"format": fmt, "tokenizer": tokenizer, "seq_len": seq_len, "worker_count": workers, **r})
+        print(f"  {fmt:<20} {tokenizer:<13} L={seq_len:<5} workers={workers}  {r['tokens_per_s'] / 1e6:7.3f} M tokens/s  "
               f"fill {r['fill_ratio']:.3f}", flush=True)
   return rows
 
 
 def _table(supply_rows: list[dict[str, Any]], demand_rows: list[dict[str, Any]], seq_len: int) -> str:
-  best = {r["format"]: r["tokens_per_s"] for r in supply_rows if r["seq_len"] == seq_len and r["worker_count"] == 0}
+  best = {r["format"]: r["tokens_per_s"] for r in supply_rows
+          if r["seq_len"] == seq_len and r["worker_count"] == 0 and r["tokenizer"] == "sentencepiece"}
   lines = [f"demand per host at L={seq_len} (50% MFU) and headroom = supply (workers=0) / demand",
            f"{'size':<6} {'objective':<10} {'accel':<6} {'chips':>5} {'demand M/s':>11} {'text x':>8} "
            f"{'pretok x':>9}"]
@@ -88,6 +90,9 @@ def run(out: str, *, books: int = 20, seq_lens: tuple[int, ...] = (512, 8192),
     paths, tok = throughput.corpora(files, pathlib.Path(tmp), tokenizer_path=tokenizer)
     print(f"corpora: {len(files)} books in 5 formats ({time.perf_counter() - t0:.0f} s)", flush=True)
     supply_rows = supply(paths, tok, list(seq_lens), list(worker_counts), seconds)
+    # The same text through a Hugging Face BPE (ModernBERT's kind), in one process.
+    hf_paths, hf_tok = throughput.hf_corpora(paths, pathlib.Path(tmp) / "hf")
+    supply_rows += supply(hf_paths, hf_tok, list(seq_lens), [0], seconds, tokenizer="hf_bpe")
   demand_rows = [d for L in seq_lens for d in demand(L)]
   for L in seq_lens:
     print(_table(supply_rows, demand_rows, L))
