@@ -2,10 +2,10 @@
 
 Layers, lowest first (a package imports only from packages above it in this list):
   core        errors, config schema
-  data        sources, splits (per-host reads), tokenizer, shards, packing, pipeline, elastic, prepare,
-              workers, throughput, built-in corpus
+  data        sources, splits (per-host reads), tokenizer (+ hf_tokenizer, special_ids), shards, packing,
+              pipeline, elastic, prepare, workers, throughput, built-in corpus
   model       layers, attention (+ chunked, kernels), encoder, reconstructor, models, inference
-  evaluation  embedder, tasks, generic, probes, retrieval, runner, pooler, mteb  |  hf  mapping, files, convert
+  evaluation  embedder, tasks, generic, probes, retrieval, runner, pooler, mteb  |  hf  mapping, files, convert, import_config
   training    what a step computes: masking, objectives, optimizer, sharding, program (the train
               state, the jitted step and loss check), flops, aot, feed_bench (input demand per host)
   run         what keeps a run alive around the step: trainer, recorder, checkpoint, resume, elastic,

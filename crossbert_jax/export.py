@@ -45,7 +45,8 @@ def _define_flags() -> None:
   flags.DEFINE_string("workdir", None, "export: the training run's workdir.")
   flags.DEFINE_integer("step", None, "export: checkpoint step (default: the latest).")
   flags.DEFINE_string("output", None, "export: HF folder to write; import: params folder to write.")
-  flags.DEFINE_string("tokenizer", "", "export: SentencePiece model (default: the run's data.tokenizer).")
+  flags.DEFINE_string("tokenizer", "", "export: SentencePiece model or HF tokenizer.json / folder (default: the "
+                      "run's data.tokenizer).")
   flags.DEFINE_bool("verify", False, "export: check the folder against transformers and sentence-transformers.")
   flags.DEFINE_bool("force", False, "Overwrite a non-empty --output.")
   flags.DEFINE_string("hf", None, "import: a ModernBERT folder (config.json + model.safetensors).")

@@ -88,3 +88,14 @@ def test_wordpiece_tokenizer_trains_from_scratch(tmp_path):
                      "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
                      "--config.checkpoint.async_save=False"])
   assert "done: step 4" in proc.stdout, proc.stdout
+
+
+def test_resume_identity_hashes_the_folders_tokenizer_json(bpe_folder, tmp_path):
+  """A run started with a tokenizer folder records its tokenizer.json's hash; another tokenizer differs."""
+  from crossbert_jax.run import resume  # pylint: disable=g-import-not-at-top
+
+  ident = resume.tokenizer_identity(str(bpe_folder), 620)
+  assert ident["sha256"] == shards.sha256((bpe_folder / "tokenizer.json").read_bytes())
+  assert resume.tokenizer_identity(str(bpe_folder / "tokenizer.json"), 620)["sha256"] == ident["sha256"]
+  other = hf_models.wordpiece_tokenizer(tmp_path / "wp.json")
+  assert resume.tokenizer_identity(str(other), 700)["sha256"] != ident["sha256"]

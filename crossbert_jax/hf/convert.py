@@ -83,8 +83,12 @@ def inference_spec(model_cfg: Any) -> EncoderSpec:
   return EncoderSpec(**{**spec.__dict__, "dtype": "float32", "remat": "none"})
 
 
+def _tokenizer_kind(tok: tokenizer_lib.AnyTokenizer) -> str:
+  return "SentencePiece" if isinstance(tok, tokenizer_lib.Tokenizer) else "Hugging Face tokenizer.json"
+
+
 def write_hf(out: epath.Path, config: ml_collections.ConfigDict, params: Any,
-             tok: tokenizer_lib.Tokenizer, info: dict | None = None) -> None:
+             tok: tokenizer_lib.AnyTokenizer, info: dict | None = None) -> None:
   """Writes the HF folder contents into `out` (an existing, empty folder)."""
   spec = inference_spec(config.model)
   with_head = config.objective == "mlm"
@@ -95,7 +99,7 @@ def write_hf(out: epath.Path, config: ml_collections.ConfigDict, params: Any,
   hf_files.write_tokenizer(out, tok, config.data.seq_len)
   hf_files.sentence_transformers_files(out, spec.embed_dim, config.data.seq_len)
   info = info or {"step": None, "tokens_seen": None, "loss": None, "results": None}
-  (out / "README.md").write_text(hf_files.model_card(config, info, info.get("verify")))
+  (out / "README.md").write_text(hf_files.model_card(config, info, info.get("verify"), _tokenizer_kind(tok)))
 
 
 def verify(folder: epath.Path, config: ml_collections.ConfigDict, params: Any,
@@ -183,7 +187,7 @@ def export(config: ml_collections.ConfigDict, params: Any, tok: tokenizer_lib.To
       result = verify(tmp, config, params, tok)
       card_info = {**(info or {"step": None, "tokens_seen": None, "loss": None, "results": None}),
                    "verify": result}
-      (tmp / "README.md").write_text(hf_files.model_card(config, card_info, result))
+      (tmp / "README.md").write_text(hf_files.model_card(config, card_info, result, _tokenizer_kind(tok)))
   return result
 
 

@@ -140,7 +140,8 @@ def _data(data_cfg: ml_collections.ConfigDict) -> str:
   return "a mixture of " + ", ".join(f"`{src['path']}` (weight {src['weight']:g})" for src in data_cfg.mixture)
 
 
-def model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | None) -> str:
+def model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | None,
+               tokenizer_kind: str = "SentencePiece") -> str:
   m = config.model
   kind = "CrossBERT encoder (reconstructor discarded)" if config.objective == "crossbert" else \
       "flat BERT baseline (MLM head included as ModernBertForMaskedLM)"
@@ -161,7 +162,7 @@ def model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | Non
       "## Training", "",
       f"- Objective: `{config.objective}`, masking ratio {config.masking.ratio}"
       + (f", {config.masking.views} complementary views" if config.objective == "crossbert" else ""),
-      f"- Data: {_data(config.data)} (tokenizer: SentencePiece, {m.vocab_size} pieces)",
+      f"- Data: {_data(config.data)} (tokenizer: {tokenizer_kind}, {m.vocab_size} pieces)",
       f"- Steps: {info['step']}; batch {config.train.batch_size} x {config.data.seq_len}; tokens seen: {tokens}",
   ]
   if info["loss"] is not None:
