@@ -34,7 +34,8 @@ def _define_flags() -> None:
                     "How plain-text files split into documents.")
   flags.DEFINE_integer("workers", 0, "Parallel worker processes (0: min(shards, CPUs)).")
   flags.DEFINE_bool("progress", True, "Progress bar.")
-  flags.DEFINE_string("tokenizer", "", "SentencePiece .model: write token ids (pre-tokenized shards), not text.")
+  flags.DEFINE_string("tokenizer", "", "SentencePiece .model, or HF tokenizer.json / folder: write token ids "
+                      "(pre-tokenized shards), not text.")
 
 
 def main(argv: Sequence[str]) -> None:
