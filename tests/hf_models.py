@@ -71,8 +71,8 @@ def tiny_modernbert(folder: pathlib.Path, *, with_head: bool = True, seed: int =
 
 
 def wordpiece_tokenizer(path: pathlib.Path) -> pathlib.Path:
-  """A BERT-style (uncased WordPiece, [CLS]/[SEP]/[PAD]/[MASK]/[UNK] at 0-4... as BERT's trainer puts them)
-  tokenizer.json, alone (roles found by their usual names)."""
+  """A BERT-style tokenizer.json (uncased WordPiece, [PAD] [UNK] [CLS] [SEP] [MASK] at 0-4), alone: its
+  roles are found by their usual names."""
   from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
 
   tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
