@@ -19,6 +19,7 @@ from ml_collections import config_flags
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.hf import import_config
 from crossbert_jax.training import aot
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and variant, e.g. configs/crossbert.py:base.",
@@ -33,7 +34,7 @@ _PARAMS = flags.DEFINE_bool("print_params", True, "Print the param sharding tabl
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
-  c = config_lib.from_flag(_CONFIG.value)
+  c = import_config.resolve(config_lib.from_flag(_CONFIG.value))  # from_hf: the imported model's shape.
   path = outputs.check_output_file(_OUT.value, "--out") if _OUT.value else None  # Before the slow compile.
   report = aot.compile_train_step(c, _TOPOLOGY.value)
   print(aot.format_report(report, params=_PARAMS.value), flush=True)

@@ -55,6 +55,10 @@ def test_from_hf_takes_the_imported_shape_and_tokenizer(imported):
       640, 64, 3, 4, 96)
   assert (r.model.global_every, r.model.local_window, r.model.rope_theta) == (2, 16, 160_000.0)
   assert r.data.tokenizer == str(imp)
+  assert (r.reconstructor.embed_dim, r.reconstructor.num_heads, r.reconstructor.mlp_dim) == (64, 4, 96)
+  with c.unlocked():
+    c.reconstructor.embed_dim = 128  # Set apart from the encoder's width: kept.
+  assert import_config.resolve(c).reconstructor.embed_dim == 128
   config_lib.validate(r)
   with c.unlocked():
     c.train.init_from, c.data.tokenizer = str(hf), "mine.model"

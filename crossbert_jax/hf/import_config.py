@@ -15,6 +15,8 @@ from crossbert_jax.core.errors import UserError
 
 # The tokenizer files a model folder may hold, copied by `export import`.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# Reconstructor keys that default to the encoder's (core/config.py): they follow the import unless set.
+FOLLOWING_KEYS = ("embed_dim", "num_heads", "mlp_dim")
 # Model keys that fix the imported encoder's params (`run.warm_start` checks them again).
 SHAPE_KEYS = ("vocab_size", "embed_dim", "num_heads", "num_layers", "mlp_dim", "global_every",
               "local_window", "rope_theta", "local_rope_theta", "norm_eps", "scan_layers")
@@ -44,7 +46,11 @@ def _imported_model(folder: epath.Path) -> dict:
 
 
 def resolve(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`c` with train.init_from's shape and (if unset) tokenizer when train.shape_from_init; else `c`."""
+  """`c` with train.init_from's shape and (if unset) tokenizer when train.shape_from_init; else `c`.
+
+  The fresh reconstructor's width, heads and MLP follow the imported encoder's where they equal the
+  config's encoder values (their default); a value set apart from those stays.
+  """
   if not c.train.shape_from_init:
     return c
   if not c.train.init_from:
@@ -53,9 +59,12 @@ def resolve(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   folder = epath.Path(c.train.init_from)
   model = _imported_model(folder)
   out = c.copy_and_resolve_references()
+  following = [k for k in FOLLOWING_KEYS if out.reconstructor[k] == out.model[k]]
   with out.unlocked():
     for k, v in model.items():
       out.model[k] = v
+    for k in following:
+      out.reconstructor[k] = out.model[k]
     if not out.data.tokenizer and (folder / "tokenizer.json").is_file():
       out.data.tokenizer = str(folder)
   out.lock()
