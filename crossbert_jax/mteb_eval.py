@@ -1,37 +1,76 @@
-r"""MTEB on our checkpoints: an encoder wrapper for the `mteb` package, and a CLI.
+r"""MTEB on our checkpoints, scored by mteb's own evaluators, with mteb's results layout and resume.
 
-  python -m crossbert_jax.mteb_eval --workdir=runs/demo/crossbert --tasks=STSBenchmark,SciFact \
-      --data_dir=../shared/data --output_dir=runs/demo/mteb
+  python -m crossbert_jax.mteb_eval --benchmark="MTEB(eng, v2)" --workdir=runs/demo/crossbert \
+      --workdir=runs/demo/bert --data_dir=data/mteb --output_dir=runs/demo/mteb
 
-With --data_dir, STSBenchmark and SciFact are mteb's own task objects with their data read from
-the shared files: mteb's evaluators, no network. Without it, MTEB downloads each task's data
-from the Hugging Face Hub (needs the internet).
+Tasks come from --benchmark (any name mteb.get_benchmark knows) and/or --tasks. Each task reads
+--data_dir/<TaskName>/ when it exists (layouts in docs/evaluation.md), else the Hugging Face Hub
+(or its local cache under HF_HUB_OFFLINE=1); tasks with neither are named in one line and skipped
+(refused with --strict). Results go to OUTPUT_DIR/results/<model>/<revision>/<Task>.json, as
+mteb.ResultCache reads them; finished tasks are loaded, not rerun (--force redoes them). The
+table (every task's main score, per-type means, Mean (Task), Mean (TaskType); one column per
+source) is OUTPUT_DIR/mteb_table.json and .md.
 """
 
-import os
 import sys
 from typing import Sequence
 
 from absl import app
 from absl import flags
 from absl import logging
+from etils import epath
 
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.evaluation import embedder as embedder_lib
-from crossbert_jax.evaluation.mteb import MtebEncoder, local_tasks
+from crossbert_jax.evaluation import mteb_run
+from crossbert_jax.evaluation import mteb_table
+from crossbert_jax.evaluation import pooler as pooler_lib
+from crossbert_jax.evaluation.mteb import MtebEncoder
+
+TABLE_FILE = "mteb_table.json"
+
 
 def _define_flags() -> None:
-  flags.DEFINE_string("workdir", "", "Training run workdir.")
-  flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
-  flags.DEFINE_string("hf", "", "A local Hugging Face encoder folder instead of --workdir.")
+  flags.DEFINE_multi_string("workdir", [], "Training run workdir(s); several give side-by-side columns.")
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: latest) for every --workdir.")
+  flags.DEFINE_multi_string("hf", [], "Local Hugging Face encoder folder(s).")
+  flags.DEFINE_multi_string("pooler", [], "Pooler folder(s) from crossbert_jax.pooler: a '+pooler' column for the "
+                            "--workdir / --hf it was trained on (the paper's frozen encoder + pooler).")
   flags.DEFINE_string("tokenizer", "", "SentencePiece model (default: the run's config).")
-  flags.DEFINE_string("tasks", "", "Comma-separated MTEB task names, e.g. STSBenchmark,SciFact.")
+  flags.DEFINE_string("benchmark", "", "An mteb benchmark name, e.g. 'MTEB(eng, v2)'.")
+  flags.DEFINE_string("tasks", "", "Comma-separated MTEB task names (narrows --benchmark when both are given).")
   flags.DEFINE_string("layers", "-1", "Layer(s) to pool (as crossbert_jax.evaluate).")
   flags.DEFINE_integer("max_length", 512, "Max tokens per text.")
   flags.DEFINE_bool("normalize", True, "Unit-length embeddings.")
-  flags.DEFINE_string("output_dir", "mteb_results", "Where mteb writes its results.")
-  flags.DEFINE_string("data_dir", "", "Shared data root: run the local copies of STSBenchmark / SciFact offline.")
+  flags.DEFINE_string("output_dir", "mteb_results", "mteb's results cache folder (results/<model>/<revision>/).")
+  flags.DEFINE_string("data_dir", "", "Local task data: DIR/<TaskName>/ per task (tools/mteb_local_data.py).")
+  flags.DEFINE_bool("strict", False, "Refuse to start when a task has neither local data nor a reachable Hub.")
+  flags.DEFINE_bool("force", False, "Redo tasks whose results are already in --output_dir.")
+
+
+def _sources(f, options) -> list[tuple[str, MtebEncoder]]:
+  """(column label, encoder) per --workdir / --hf, then one per --pooler on the model it was trained on."""
+  from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
+
+  poolers, used, out = [pooler_lib.load_pooler(p) for p in f.pooler], set(), []
+  for kind, source in [("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf]:
+    if kind == "workdir":
+      emb, label = evaluate.jax_model(source, f.step, options, f.tokenizer, progress=False)
+      name, revision = label.split("@")[0], f"step{label.split('@')[1]}"
+    else:
+      emb = embedder_lib.HFEmbedder(source, options, progress=False)
+      name, revision = epath.Path(source.rstrip("/")).name, "hf"
+      label = f"hf:{name}"
+    for col, model in evaluate._with_poolers(emb, label, poolers, used):  # pylint: disable=protected-access
+      suffix = col[len(label):].lstrip("+")
+      rev = revision + (f"-{suffix}-{model.pooler.digest[:8]}" if suffix else "")
+      out.append((col, MtebEncoder(model, name=f"crossbert_jax/{name}", normalize=f.normalize, revision=rev)))
+  unused = [i for i in range(len(poolers)) if i not in used]
+  if unused:
+    raise UserError(f"--pooler={f.pooler[unused[0]]} was trained on {poolers[unused[0]].meta.get('identity')}, "
+                    "which is not among the models here; add that --workdir (and --step) or --hf")
+  return out
 
 
 def main(argv: Sequence[str]) -> None:
@@ -39,42 +78,38 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {' '.join(argv[1:])}; every option is a --flag")
   f = flags.FLAGS
-  names = [t.strip() for t in f.tasks.split(",") if t.strip()]
-  if not names:
-    raise UserError("--tasks is empty: name MTEB tasks, e.g. --tasks=STSBenchmark,SciFact")
-  if bool(f.workdir) == bool(f.hf):
-    raise UserError("pass exactly one of --workdir=RUN or --hf=DIR")
+  if not f.workdir and not f.hf:
+    raise UserError("nothing to evaluate: pass --workdir=RUN and/or --hf=DIR")
   logging.set_verbosity(logging.WARNING)  # Orbax restore chatter (dozens of INFO lines before any error).
   outputs.check_folder_path(f.output_dir, "--output_dir")  # mteb adds its results there, deletes nothing.
+  if f.data_dir and not epath.Path(f.data_dir).is_dir():
+    raise UserError(f"--data_dir={f.data_dir} is not a folder: make one with tools/mteb_local_data.py")
+  # The tasks first: a bad name or a missing file is found before the checkpoint restore, not after it.
+  tasks = mteb_run.select_tasks(f.benchmark, [t.strip() for t in f.tasks.split(",") if t.strip()])
+  task_plan = mteb_run.plan(tasks, f.data_dir)
+  if task_plan.skipped:
+    if f.strict:
+      raise UserError(f"--strict: {len(task_plan.skipped)} task(s) have no local data in --data_dir and the "
+                      f"Hub is unreachable: {', '.join(task_plan.skipped)}; add DIR/<TaskName>/ or drop --strict")
+    print(mteb_run.summary_line(task_plan), flush=True)
+  if not task_plan.tasks:
+    raise UserError("no task can run: none has local data in --data_dir and the Hub is unreachable")
   import mteb  # Local: heavy.
 
-  # The tasks first: a bad name is found before the checkpoint restore, not after it.
-  if f.data_dir:
-    tasks = local_tasks(f.data_dir, tuple(names))
-  else:
-    try:
-      tasks = mteb.get_tasks(tasks=names)
-    except (KeyError, ValueError) as e:
-      raise UserError(f"--tasks: {str(e).splitlines()[0]}; see mteb.get_tasks() for names") from None
+  cache = mteb.ResultCache(f.output_dir)
   options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), max_length=f.max_length)
-  if f.workdir:
-    from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
-
-    emb, label = evaluate.jax_model(f.workdir, f.step, options, f.tokenizer)
-  else:
-    emb, label = embedder_lib.HFEmbedder(f.hf, options, progress=True), os.path.basename(f.hf.rstrip("/"))
-  encoder = MtebEncoder(emb, name=f"crossbert_jax/{label}", normalize=f.normalize)
-  try:
-    result = mteb.evaluate(encoder, tasks, cache=mteb.ResultCache(f.output_dir))
-  except (OSError, ConnectionError) as e:
-    detail = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
-    if f.data_dir:  # The data is local: the failure is a file, not the network.
-      raise UserError(f"MTEB failed on a file ({detail}); check --output_dir={f.output_dir} and "
-                      f"--data_dir={f.data_dir}") from None
-    raise UserError(f"MTEB could not fetch its task data ({detail}); it needs the internet "
-                    "(Hugging Face Hub) - offline, pass --data_dir for the local STSBenchmark/SciFact") from None
-  for task_result in result.task_results:
-    print(task_result.task_name, task_result.get_score(), flush=True)
+  scores, failed = {}, {}
+  for label, encoder in _sources(f, options):
+    print(f"{label}: results/{encoder.name.replace('/', '__')}/{encoder.revision}/", flush=True)
+    scores[label], more = mteb_run.run_tasks(encoder, task_plan, cache, force=f.force)
+    failed.update(more)
+  types = mteb_run.task_types(tasks)
+  table = mteb_table.summary(scores, types)
+  mteb_table.write(epath.Path(f.output_dir) / TABLE_FILE, table, types)
+  print(mteb_table.markdown(table, types), flush=True)
+  if failed:
+    print(f"{len(failed)} task(s) failed to load from the Hub cache: {', '.join(failed)} (see docs/evaluation.md, "
+          "offline recipe)", flush=True)
 
 
 def cli() -> None:
@@ -86,4 +121,3 @@ def cli() -> None:
 if __name__ == "__main__":
   cli()
   sys.exit(0)
-

@@ -159,6 +159,7 @@ class Embedder:
   options: Options = Options()
   progress: bool = False
   sentences_seen: int = 0
+  tokens_seen: int = 0
   seconds: float = 0.0
 
   def _embed(self, texts: Sequence[str], pairs: Sequence[str] | None) -> np.ndarray:
@@ -194,6 +195,7 @@ class JaxEmbedder(Embedder):
   def _embed(self, texts, pairs):
     seqs = inference.tokenize(self.tok, texts, pairs, max_length=self.options.max_length)
     lengths_N = np.array([len(s) for s in seqs], np.int64)
+    self.tokens_seen += int(lengths_N.sum())
     out_NxD = np.zeros((len(seqs), self.spec.embed_dim), np.float32)
     pack = min(self.pack_length, self.options.max_length)
     short = np.flatnonzero(lengths_N <= pack)
@@ -265,6 +267,7 @@ class HFEmbedder(Embedder):
                           truncation=True, max_length=opts.max_length, return_tensors="pt")
         if not self._takes_token_types:
           enc.pop("token_type_ids", None)
+        self.tokens_seen += int(enc["attention_mask"].sum())
         res = self.model(**enc, output_hidden_states=not final_only)
         mask = enc["attention_mask"].unsqueeze(-1).float()
         # The last entry of hidden_states may precede the final norm: use last_hidden_state, as ours.
