@@ -122,7 +122,9 @@ def run_tasks(encoder, task_plan: TaskPlan, cache, *, force: bool, log: Callable
       continue
     seconds = time.perf_counter() - start
     docs, toks = emb.sentences_seen - seen, getattr(emb, "tokens_seen", 0) - tokens
-    scores[name] = float(result.task_results[0].get_score())
+    del result  # The score is read back from the file mteb wrote: a resumed run's table is the same bitwise.
+    saved = cache.load_task_result(name, encoder.name, encoder.revision, raise_if_not_found=True)
+    scores[name] = float(saved.get_score())
     if docs:
       spent, embedded_tasks = spent + seconds, embedded_tasks + 1
     left = sum(todo[i:])  # Tasks after this one still to embed.

@@ -1,0 +1,117 @@
+"""mteb_eval end to end, offline: a benchmark by name on the tasks with local data, mteb's results layout
+(read back by mteb.ResultCache), the local STS layout against the direct loader, and kill/resume."""
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, cpu_env, run_module
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, spm_model):
+  """A tiny CrossBERT run, 5 steps."""
+  workdir = tmp_path_factory.mktemp("mteb_run") / "run"
+  run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+              f"--config.data.tokenizer={spm_model}", "--config.model.vocab_size=512", "--config.train.steps=5",
+              "--config.metrics.progress_bar=False"])
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def local_data(tmp_path_factory, shared_data):
+  """The shared STS Benchmark and SciFact in mteb_eval's local layout, made by the converter script."""
+  out = tmp_path_factory.mktemp("mteb_data")
+  proc = subprocess.run([sys.executable, "tools/mteb_local_data.py", f"--data_dir={shared_data}", f"--out={out}"],
+                        cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert sorted(p.name for p in out.iterdir()) == ["STSBenchmark", "SciFact"]
+  return out
+
+
+def _mteb_eval(run_dir, local_data, out, *flags, wait=True, check=True):
+  args = ["crossbert_jax.mteb_eval", f"--workdir={run_dir}", f"--data_dir={local_data}", "--max_length=64",
+          f"--output_dir={out}", *flags]
+  return run_module(args, env=cpu_env(**OFFLINE), wait=wait, check=check)
+
+
+def test_benchmark_offline_layout_and_result_cache(run_dir, local_data, tmp_path):
+  """MTEB(eng, v2) offline: STSBenchmark runs from the local layout, the other 40 are named in one line
+  and skipped; mteb.ResultCache reads the written folder back with the table's scores."""
+  import mteb
+
+  out = tmp_path / "mteb"
+  proc = _mteb_eval(run_dir, local_data, out, "--benchmark=MTEB(eng, v2)")
+  skipped = [l for l in proc.stdout.splitlines() if l.startswith("skipping ")]
+  assert len(skipped) == 1 and skipped[0].startswith("skipping 40 task(s)"), proc.stdout[-2000:]
+  assert "STSBenchmark" not in skipped[0] and "ArguAna" in skipped[0]
+  assert "Traceback" not in proc.stderr
+  table = json.loads((out / "mteb_table.json").read_text())
+  assert len(table["tasks"]) == 41 and table["Mean (Task)"] == {"run@5": None}  # 40 tasks not run: no mean.
+  ours = table["tasks"]["STSBenchmark"]["run@5"]
+  folder = out / "results" / "crossbert_jax__run" / "step5"
+  assert sorted(p.name for p in folder.iterdir()) >= ["STSBenchmark.json", "model_meta.json"]
+  results = mteb.ResultCache(out).load_results(models=["crossbert_jax/run"], tasks=["STSBenchmark"])
+  (model,) = results.model_results
+  assert model.model_revision == "step5"
+  assert abs(100 * model.task_results[0].get_score() - ours) < 1e-9
+  assert "| STSBenchmark | STS |" in (out / "mteb_table.md").read_text()
+
+  proc = _mteb_eval(run_dir, local_data, tmp_path / "strict", "--benchmark=MTEB(eng, v2)", "--strict", check=False)
+  assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --strict: 40 task(s)")
+
+
+def test_local_sts_layout_matches_direct_loader(run_dir, local_data, shared_data):
+  """STS Benchmark through the converter + the general loader scores as the shared csv filled directly."""
+  import datasets
+  import mteb
+  from etils import epath
+
+  from crossbert_jax.evaluation import embedder, mteb as mteb_lib, mteb_data, tasks as eval_tasks
+  from crossbert_jax.model.encoder import EncoderSpec
+  from crossbert_jax.run import checkpoint
+  from crossbert_jax.data import tokenizer
+
+  config, params, _ = checkpoint.load_run(str(run_dir))
+  emb = embedder.JaxEmbedder(EncoderSpec.from_config(config.model), params["encoder"],
+                             tokenizer.Tokenizer.load(config.data.tokenizer), embedder.Options(max_length=64))
+  direct = mteb.get_task("STSBenchmark")
+  test = eval_tasks.read_sts_benchmark(epath.Path(str(shared_data)), "test")
+  direct.dataset = datasets.DatasetDict({"test": datasets.Dataset.from_dict(
+      {"sentence1": test.texts, "sentence2": test.pairs, "score": [float(x) for x in test.labels]})})
+  direct.data_loaded = True
+  local = mteb_data.fill_local(mteb.get_task("STSBenchmark"), str(local_data))
+  encoder = mteb_lib.MtebEncoder(emb)
+  a, b = (mteb.evaluate(encoder, t, cache=None).task_results[0].get_score() for t in (direct, local))
+  assert abs(a - b) < 1e-6, (a, b)
+  scifact = mteb_data.fill_local(mteb.get_task("SciFact"), str(local_data)).dataset["default"]["test"]
+  assert (len(scifact["corpus"]), len(scifact["queries"]), len(scifact["relevant_docs"])) == (5183, 300, 300)
+
+
+@pytest.mark.slow  # About 60 s on 2 cores: three runs of two tasks.
+def test_killed_during_second_task_resumes_to_the_same_table(run_dir, local_data, tmp_path):
+  """SIGKILL while the second task runs; the rerun loads the first, runs the second, writes the same
+  table as an uninterrupted run; --force redoes both."""
+  whole = tmp_path / "whole"
+  _mteb_eval(run_dir, local_data, whole, "--tasks=STSBenchmark,SciFact")
+  killed = tmp_path / "killed"
+  proc = _mteb_eval(run_dir, local_data, killed, "--tasks=STSBenchmark,SciFact", wait=False)
+  for line in proc.stdout:
+    if line.startswith("[1/2] STSBenchmark"):
+      proc.send_signal(signal.SIGKILL)
+      break
+  assert proc.wait(timeout=600) == -signal.SIGKILL
+  assert not (killed / "mteb_table.json").exists()
+  resumed = _mteb_eval(run_dir, local_data, killed, "--tasks=STSBenchmark,SciFact")
+  assert "[1/2] STSBenchmark" in resumed.stdout and "(cached" in resumed.stdout
+  assert "[2/2] SciFact" in resumed.stdout and " docs, " in resumed.stdout.split("[2/2] SciFact")[1].splitlines()[0]
+  for name in ("mteb_table.json", "mteb_table.md"):
+    assert (killed / name).read_bytes() == (whole / name).read_bytes()
+  forced = _mteb_eval(run_dir, local_data, killed, "--tasks=STSBenchmark,SciFact", "--force")
+  assert "(cached" not in forced.stdout
+  assert (killed / "mteb_table.json").read_bytes() == (whole / "mteb_table.json").read_bytes()
