@@ -41,3 +41,18 @@ def test_packed_embeddings_equal_one_text_per_row(spm_model):
       x, y = packed.embed(texts, b), alone.embed(texts, b)
       assert x.shape == (200, 32) and np.abs(y).max() > 0.1
       np.testing.assert_allclose(x, y, atol=2e-5, err_msg=f"{options} pairs={b is not None}")
+
+
+def test_rows_sharded_over_all_devices_equal_one_device(spm_model):
+  """The default embedder splits every batch over all local devices (8 fake CPU devices in the suite);
+  its embeddings equal those of the same embedder on one device."""
+  spec, params = _encoder()
+  tok = tokenizer_lib.Tokenizer.load(spm_model)
+  docs = corpus.builtin_documents()[:300]
+  texts = [" ".join(d.split()[:n]) or "x" for d, n in zip(docs, np.random.default_rng(1).integers(1, 90, 300))]
+  options = embedder.Options(max_length=64)
+  sharded = embedder.JaxEmbedder(spec, params, tok, options, pack_length=32, tokens_per_batch=256)
+  single = embedder.JaxEmbedder(spec, params, tok, options, pack_length=32, tokens_per_batch=256,
+                                devices=jax.devices()[:1])
+  assert sharded._n == len(jax.local_devices()) > 1 and single._n == 1
+  np.testing.assert_allclose(sharded.embed(texts), single.embed(texts), atol=2e-5)

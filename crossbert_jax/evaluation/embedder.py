@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import hashlib
 import inspect
+import itertools
 import os
 import time
 from typing import Sequence
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 from etils import epath
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import tokenizer as tokenizer_lib
@@ -136,21 +138,51 @@ def pack_rows(lengths_N: np.ndarray, row_length: int, slots: int) -> list[list[i
   return rows
 
 
+def _scatter(flat_T, starts_N, lengths_N, idx_M, row_M, slot_M, n_rows, length, pad_id) -> dict[str, np.ndarray]:
+  """tokens / segment_ids (slot + 1; 0 pad) / positions [n_rows, length] for texts idx_M placed at
+  (row_M, slot_M), texts of a row in slot order, all in numpy (no Python loop over texts)."""
+  tokens = np.full((n_rows, length), pad_id, np.int32)
+  segment_ids = np.zeros((n_rows, length), np.int32)
+  positions = np.zeros((n_rows, length), np.int32)
+  lens_M = lengths_N[idx_M]
+  ends_M = np.cumsum(lens_M)
+  row_first_M = np.r_[True, row_M[1:] != row_M[:-1]] if len(row_M) else np.zeros(0, bool)
+  row_base_M = np.maximum.accumulate(np.where(row_first_M, ends_M - lens_M, 0)) if len(row_M) else ends_M
+  pos_T = np.arange(int(lens_M.sum())) - np.repeat(ends_M - lens_M, lens_M)
+  rows_T, cols_T = np.repeat(row_M, lens_M), np.repeat(ends_M - lens_M - row_base_M, lens_M) + pos_T
+  tokens[rows_T, cols_T] = flat_T[np.repeat(starts_N[idx_M], lens_M) + pos_T]
+  segment_ids[rows_T, cols_T] = np.repeat(slot_M + 1, lens_M)
+  positions[rows_T, cols_T] = pos_T
+  return {"tokens": tokens, "segment_ids": segment_ids, "positions": positions}
+
+
+def _flatten(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """All token ids in one array, each text's start and length."""
+  lengths_N = np.fromiter(map(len, seqs), np.int64, len(seqs))
+  flat_T = np.fromiter(itertools.chain.from_iterable(seqs), np.int32, int(lengths_N.sum()))
+  return flat_T, np.cumsum(lengths_N) - lengths_N, lengths_N
+
+
 def packed_batch(seqs: Sequence[Sequence[int]], rows: Sequence[Sequence[int]], length: int,
                  pad_id: int = tokenizer_lib.PAD_ID) -> dict[str, np.ndarray]:
   """tokens / segment_ids (1, 2, ... per text; 0 pad) / positions (from 0 per text), [len(rows), length]."""
-  tokens = np.full((len(rows), length), pad_id, np.int32)
-  segment_ids = np.zeros((len(rows), length), np.int32)
-  positions = np.zeros((len(rows), length), np.int32)
-  for r, row in enumerate(rows):
-    at = 0
-    for slot, j in enumerate(row):
-      n = len(seqs[j])
-      tokens[r, at:at + n] = seqs[j]
-      segment_ids[r, at:at + n] = slot + 1
-      positions[r, at:at + n] = np.arange(n)
-      at += n
-  return {"tokens": tokens, "segment_ids": segment_ids, "positions": positions}
+  flat_T, starts_N, lengths_N = _flatten(seqs)
+  idx_M, row_M, slot_M = _placement(rows)
+  return _scatter(flat_T, starts_N, lengths_N, idx_M, row_M, slot_M, len(rows), length, pad_id)
+
+
+def _placement(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(text index, row, slot) per text of packed rows, row-major."""
+  counts = np.fromiter(map(len, rows), np.int64, len(rows))
+  idx_M = np.fromiter(itertools.chain.from_iterable(rows), np.int64, int(counts.sum()))
+  row_M = np.repeat(np.arange(len(rows)), counts)
+  slot_M = np.arange(len(idx_M)) - np.repeat(np.cumsum(counts) - counts, counts)
+  return idx_M, row_M, slot_M
+
+
+def local_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A 1-D ("rows",) mesh over this host's devices: embedding batches are split by rows, params replicated."""
+  return Mesh(np.asarray(list(devices or jax.local_devices())), ("rows",))
 
 
 class Embedder:
@@ -185,46 +217,58 @@ class JaxEmbedder(Embedder):
 
   def __init__(self, spec: EncoderSpec, encoder_params, tok: tokenizer_lib.Tokenizer, options: Options = Options(),
                identity: str = "", progress: bool = False, tokens_per_batch: int = TOKENS_PER_BATCH,
-               pack_length: int = PACK_LENGTH):
-    self.spec, self.params, self.tok, self.options = spec, encoder_params, tok, options
+               pack_length: int = PACK_LENGTH, devices: Sequence[jax.Device] | None = None):
+    self.spec, self.tok, self.options = spec, tok, options
     self.identity, self.progress, self.tokens_per_batch = identity, progress, tokens_per_batch
     self.pack_length = pack_length
+    mesh = local_mesh(devices)
+    self._rows, self._n = NamedSharding(mesh, PartitionSpec("rows")), mesh.size
+    self.params = jax.device_put(encoder_params, NamedSharding(mesh, PartitionSpec()))
     self._fn = _pooled_fn(spec, options.layers, options.pooling)
     self._packed = _pooled_fn(spec, options.layers, options.pooling, PACK_SLOTS)
 
+  def _batch_rows(self, rows: int) -> int:
+    """rows rounded up to a multiple of the device count (each device gets the same share)."""
+    return -(-max(1, rows) // self._n) * self._n
+
+  def _run(self, fn, batch: dict[str, np.ndarray]) -> np.ndarray:
+    args = [jax.device_put(batch[k], self._rows) for k in ("tokens", "positions", "segment_ids")]
+    return np.asarray(fn(self.params, *args))
+
   def _embed(self, texts, pairs):
     seqs = inference.tokenize(self.tok, texts, pairs, max_length=self.options.max_length)
-    lengths_N = np.array([len(s) for s in seqs], np.int64)
+    flat_T, starts_N, lengths_N = _flatten(seqs)
     self.tokens_seen += int(lengths_N.sum())
     out_NxD = np.zeros((len(seqs), self.spec.embed_dim), np.float32)
     pack = min(self.pack_length, self.options.max_length)
     short = np.flatnonzero(lengths_N <= pack)
     with self._bar(len(seqs), "embed") as bar:
-      rows = [[short[j] for j in row] for row in pack_rows(lengths_N[short], pack, PACK_SLOTS)]
-      per_batch = max(1, self.tokens_per_batch // max(pack, 1))
+      rows = pack_rows(lengths_N[short], pack, PACK_SLOTS)
+      per_batch = self._batch_rows(self.tokens_per_batch // max(pack, 1))
       for start in range(0, len(rows), per_batch):
-        chunk = rows[start:start + per_batch]
-        batch = packed_batch(seqs, chunk + [[]] * (per_batch - len(chunk)), pack, self.tok.special_ids.pad)
-        emb_BxSxD = np.asarray(self._packed(self.params, batch["tokens"], batch["positions"], batch["segment_ids"]))
-        for r, row in enumerate(chunk):
-          out_NxD[row] = emb_BxSxD[r, :len(row)]
-        bar.update(sum(map(len, chunk)))
-      self._embed_long(seqs, lengths_N, np.flatnonzero(lengths_N > pack), out_NxD, bar)
+        idx_M, row_M, slot_M = _placement(rows[start:start + per_batch])
+        idx_M = short[idx_M]
+        batch = _scatter(flat_T, starts_N, lengths_N, idx_M, row_M, slot_M, per_batch, pack, self.tok.special_ids.pad)
+        out_NxD[idx_M] = self._run(self._packed, batch)[row_M, slot_M]
+        bar.update(len(idx_M))
+      self._embed_long((flat_T, starts_N, lengths_N), np.flatnonzero(lengths_N > pack), out_NxD, bar)
     return out_NxD
 
-  def _embed_long(self, seqs, lengths_N, long_idx, out_NxD, bar):
+  def _embed_long(self, flat, long_idx, out_NxD, bar):
     """Texts longer than the pack length: one per row, batches of a fixed shape per bucket length."""
+    lengths_N = flat[2]
     order = long_idx[np.argsort(lengths_N[long_idx], kind="stable")]
     buckets = [b for b in BUCKETS if b < self.options.max_length] + [self.options.max_length]
     i = 0
     while i < len(order):
       length = next(b for b in buckets if b >= lengths_N[order[i]])
-      batch = max(1, self.tokens_per_batch // length)
+      batch = self._batch_rows(self.tokens_per_batch // length)
       # Every row of this batch fits the bucket (sorted), so the batch shape is fixed per bucket.
-      idx = [j for j in order[i:i + batch] if lengths_N[j] <= length]
-      padded = inference.pad_batch([seqs[j] for j in idx] + [[]] * (batch - len(idx)), length, self.tok.special_ids.pad)
-      emb_BxD = self._fn(self.params, padded["tokens"], padded["positions"], padded["segment_ids"])
-      out_NxD[idx] = np.asarray(emb_BxD)[:len(idx)]
+      idx = order[i:i + batch]
+      idx = idx[lengths_N[idx] <= length]
+      rows = np.arange(len(idx))
+      padded = _scatter(*flat, idx, rows, np.zeros_like(rows), batch, length, self.tok.special_ids.pad)
+      out_NxD[idx] = self._run(self._fn, padded)[:len(idx)]
       i += len(idx)
       bar.update(len(idx))
 

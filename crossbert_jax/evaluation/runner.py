@@ -110,8 +110,12 @@ def probe_scores(config, encoder_params, tokenizer: tokenizer_lib.Tokenizer) -> 
   eval.max_examples=0 scores the whole splits.
   """
   spec = EncoderSpec.from_config(config.model)
-  emb = embedder_lib.JaxEmbedder(spec, _on_one_device(encoder_params), tokenizer,
-                                 embedder_lib.Options(max_length=min(PROBE_MAX_LENGTH, config.data.seq_len * 2)))
+  import jax  # Local, as in _on_one_device.
+
+  params = _on_one_device(encoder_params)  # Probe batches are small: one device, as the params.
+  emb = embedder_lib.JaxEmbedder(spec, params, tokenizer,
+                                 embedder_lib.Options(max_length=min(PROBE_MAX_LENGTH, config.data.seq_len * 2)),
+                                 devices=list(jax.tree.leaves(params)[0].devices()))
   out = {}
   for name in eval_tasks.parse_tasks(config.eval.tasks, flag="--config.eval.tasks"):
     task = eval_tasks.probe_view(_cached_task(name, str(config.eval.data_dir)), config.eval.splits)
