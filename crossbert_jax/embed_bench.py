@@ -1,0 +1,63 @@
+r"""The embedder's speed against sentence-transformers' encode of the same exported model (JSON).
+
+  python -m crossbert_jax.export --workdir=runs/demo/crossbert --output=runs/demo/hf
+  python -m crossbert_jax.embed_bench --workdir=runs/demo/crossbert --hf=runs/demo/hf --out=embed_bench.json
+
+Library: crossbert_jax.evaluation.embed_bench (texts, timing, the table rows for docs/benchmarks.md).
+"""
+
+import json
+import sys
+from typing import Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.evaluation import embed_bench
+from crossbert_jax.evaluation import embedder as embedder_lib
+
+
+def _define_flags() -> None:
+  flags.DEFINE_string("workdir", "", "Training run whose embedder is timed.")
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+  flags.DEFINE_string("hf", "", "The same run exported (crossbert_jax.export): sentence-transformers loads it.")
+  flags.DEFINE_integer("texts", 20_000, "Texts to embed (10% long documents, the rest sentences).")
+  flags.DEFINE_integer("max_length", 512, "Max tokens per text (both sides).")
+  flags.DEFINE_integer("st_batch_size", 32, "sentence-transformers' encode batch size.")
+  flags.DEFINE_string("out", "", "JSON output path (default: print only).")
+
+
+def main(argv: Sequence[str]) -> None:
+  """CLI entry point."""
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {' '.join(argv[1:])}; every option is a --flag")
+  f = flags.FLAGS
+  if not f.workdir or not f.hf:
+    raise UserError("pass --workdir=RUN and --hf=DIR (that run exported by crossbert_jax.export)")
+  if f.texts < 1:
+    raise UserError(f"--texts={f.texts}: give at least 1")
+  logging.set_verbosity(logging.WARNING)
+  from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
+
+  ours, label = evaluate.jax_model(f.workdir, f.step, embedder_lib.Options(max_length=f.max_length), progress=False)
+  result = embed_bench.compare(ours, f.hf, embed_bench.bench_texts(f.texts), f.st_batch_size)
+  result["model"] = label
+  text = json.dumps(result, indent=1)
+  print(text)
+  print(embed_bench.table_rows(result, label))
+  if f.out:
+    with open(f.out, "w", encoding="utf-8") as fh:
+      fh.write(text + "\n")
+
+
+def cli() -> None:
+  """Console entry point."""
+  _define_flags()
+  app.run(exit_on_user_error(main), flags_parser=parse_flags_or_exit)
+
+
+if __name__ == "__main__":
+  cli()
+  sys.exit(0)
