@@ -13,10 +13,13 @@ from typing import Sequence
 from absl import app
 from absl import flags
 from absl import logging
+from etils import epath
 
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.evaluation import embed_bench
 from crossbert_jax.evaluation import embedder as embedder_lib
+from crossbert_jax.model.encoder import EncoderSpec
 
 
 def _define_flags() -> None:
@@ -39,9 +42,13 @@ def main(argv: Sequence[str]) -> None:
   if f.texts < 1:
     raise UserError(f"--texts={f.texts}: give at least 1")
   logging.set_verbosity(logging.WARNING)
-  from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
+  from crossbert_jax.run import checkpoint  # Local: pulls in the checkpoint stack.
 
-  ours, label = evaluate.jax_model(f.workdir, f.step, embedder_lib.Options(max_length=f.max_length), progress=False)
+  config, params, step = checkpoint.load_run(f.workdir, f.step)
+  tok = tokenizer_lib.Tokenizer.load(tokenizer_lib.resolve_for_run(config.data.tokenizer, f.workdir))
+  ours = embedder_lib.JaxEmbedder(EncoderSpec.from_config(config.model), params["encoder"], tok,
+                                  embedder_lib.Options(max_length=f.max_length))
+  label = f"{epath.Path(f.workdir).name}@{step}"
   result = embed_bench.compare(ours, f.hf, embed_bench.bench_texts(f.texts), f.st_batch_size)
   result["model"] = label
   text = json.dumps(result, indent=1)

@@ -223,7 +223,9 @@ class JaxEmbedder(Embedder):
     self.pack_length = pack_length
     mesh = local_mesh(devices)
     self._rows, self._n = NamedSharding(mesh, PartitionSpec("rows")), mesh.size
-    self.params = jax.device_put(encoder_params, NamedSharding(mesh, PartitionSpec()))
+    # Replicated over the mesh; on one device the params stay as given (no copy).
+    self.params = encoder_params if self._n == 1 else jax.device_put(encoder_params,
+                                                                      NamedSharding(mesh, PartitionSpec()))
     self._fn = _pooled_fn(spec, options.layers, options.pooling)
     self._packed = _pooled_fn(spec, options.layers, options.pooling, PACK_SLOTS)
 
