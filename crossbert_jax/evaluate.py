@@ -87,7 +87,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest) for every --workdir.")
   flags.DEFINE_multi_string("hf", [], "Local Hugging Face encoder folder(s) (transformers, torch CPU).")
   flags.DEFINE_string("tokenizer", "", "SentencePiece .model or HF tokenizer.json / folder for --workdir runs "
-                    "(default: the run's config).")
+                      "(default: the run's config).")
   flags.DEFINE_string("data_dir", "", "Root of the task data (the folder holding SOURCES.md).")
   flags.DEFINE_string("tasks", None, f"Comma-separated tasks ({','.join(eval_tasks.ALL_TASKS)}) or 'all' "
                       "(default: all, or none when --generic_train, --task_file or --retrieval is given).")

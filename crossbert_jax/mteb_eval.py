@@ -38,7 +38,7 @@ def _define_flags() -> None:
   flags.DEFINE_multi_string("pooler", [], "Pooler folder(s) from crossbert_jax.pooler: a '+pooler' column for the "
                             "--workdir / --hf it was trained on (the paper's frozen encoder + pooler).")
   flags.DEFINE_string("tokenizer", "", "SentencePiece .model or HF tokenizer.json / folder for --workdir "
-                    "(default: the run's config).")
+                      "(default: the run's config).")
   flags.DEFINE_string("benchmark", "", "An mteb benchmark name, e.g. 'MTEB(eng, v2)'.")
   flags.DEFINE_string("tasks", "", "Comma-separated MTEB task names (narrows --benchmark when both are given).")
   flags.DEFINE_string("layers", "-1", "Layer(s) to pool (as crossbert_jax.evaluate).")

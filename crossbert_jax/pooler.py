@@ -38,7 +38,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
   flags.DEFINE_string("hf", "", "A local Hugging Face encoder folder instead of --workdir (mean pooler only).")
   flags.DEFINE_string("tokenizer", "", "SentencePiece .model or HF tokenizer.json / folder for --workdir "
-                    "(default: the run's config).")
+                      "(default: the run's config).")
   flags.DEFINE_string("pairs", "", "Training pairs: a SentEval NLI folder (e.g. .../senteval/downstream/SNLI: "
                       "entailments as positives, contradictions as hard negatives) or a .tsv/.jsonl file.")
   flags.DEFINE_string("pairs_split", "dev", "Split of a SentEval NLI folder (SNLI here: dev; keep test for scoring).")
