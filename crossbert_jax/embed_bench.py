@@ -15,6 +15,7 @@ from absl import flags
 from absl import logging
 from etils import epath
 
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.evaluation import embed_bench
@@ -41,6 +42,8 @@ def main(argv: Sequence[str]) -> None:
     raise UserError("pass --workdir=RUN and --hf=DIR (that run exported by crossbert_jax.export)")
   if f.texts < 1:
     raise UserError(f"--texts={f.texts}: give at least 1")
+  if f.out:
+    outputs.check_output_file(f.out, "--out")  # Before minutes of embedding, not after.
   logging.set_verbosity(logging.WARNING)
   from crossbert_jax.run import checkpoint  # Local: pulls in the checkpoint stack.
 

@@ -115,3 +115,11 @@ def test_killed_during_second_task_resumes_to_the_same_table(run_dir, local_data
   forced = _mteb_eval(run_dir, local_data, killed, "--tasks=STSBenchmark,SciFact", "--force")
   assert "(cached" not in forced.stdout
   assert (killed / "mteb_table.json").read_bytes() == (whole / "mteb_table.json").read_bytes()
+
+
+def test_embed_bench_refuses_a_bad_out_before_any_work(run_dir, tmp_path):
+  """embed_bench checks --out first: a folder is one line, exit 2, before the run is loaded or texts embedded."""
+  proc = run_module(["crossbert_jax.embed_bench", f"--workdir={run_dir}", f"--hf={tmp_path}", f"--out={tmp_path}"],
+                    check=False)
+  assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --out"), proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
