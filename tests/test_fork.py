@@ -103,6 +103,61 @@ def test_fork_refusals_are_one_line(tmp_path, spm_model):
     assert "Traceback" not in proc.stderr
 
 
+def _refused(proc, needle):
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().startswith("error: config train.fork_from=") and needle in proc.stderr, proc.stderr
+  assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow  # 60 s: two 4-step runs.
+def test_fork_into_its_source_or_a_workdir_with_other_checkpoints_is_refused_and_writes_nothing(tmp_path, spm_model):
+  """A fork pointed at its source (or inside it), or at a run that is not that fork, exits 2 and leaves
+  every checkpoint in place: it used to resume the source and delete its fork points."""
+  tok = f"--config.data.tokenizer={spm_model}"
+  src, plain = tmp_path / "src", tmp_path / "plain"
+  keep = ["--config.train.steps=4", "--config.checkpoint.every_steps=2", "--config.checkpoint.keep_steps=(2,)",
+          "--config.metrics.tensorboard=False"]
+  _train(src, tok, *keep)
+  _train(plain, tok, *keep)
+  # The refusal inside `plain` comes after its lock was taken (lock.json comes and goes): its checkpoints,
+  # config and metrics must not change; `src` is refused before anything is opened.
+  def state():
+    return _snapshot(src), _snapshot(plain / "checkpoints"), [(plain / f).read_bytes() for f in
+                                                              ("config.json", "metrics.jsonl")]
+
+  before = state()
+  longer = [tok, "--config.train.steps=8", "--config.checkpoint.keep=1", "--config.checkpoint.keep_steps=()",
+            "--config.metrics.tensorboard=False"]
+  _refused(_train(src, *longer, f"--config.train.fork_from={src}:2", check=False), "the source itself")
+  _refused(_train(src / "checkpoints" / "branch", *longer, f"--config.train.fork_from={src}:2", check=False),
+           "inside the source")
+  _refused(_train(plain, *longer, f"--config.train.fork_from={src}:2", check=False), "a run that was not forked")
+  assert state() == before, "a refused fork wrote to a workdir"
+
+
+def test_fork_records_decide_a_resume(tmp_path):
+  """A workdir's checkpoints resume under the fork_from they record (with or without its step), never another."""
+  from crossbert_jax.core.errors import UserError
+  from crossbert_jax.run import fork
+
+  src = tmp_path / "src"
+  recorded = {"train": {"fork_from": f"{src}:20"}}
+  fork.check_recorded(f"{src}:20", tmp_path / "b", 30, recorded)
+  fork.check_recorded(str(src), tmp_path / "b", 30, recorded)
+  for given, needle in ((f"{src}:10", f"a fork of {src}:20"), (str(tmp_path / "other"), f"a fork of {src}:20")):
+    with pytest.raises(UserError, match="already holds checkpoints"):
+      fork.check_recorded(given, tmp_path / "b", 30, recorded)
+  with pytest.raises(UserError, match="a run that was not forked"):
+    fork.check_recorded(f"{src}:20", tmp_path / "b", 30, {"train": {"fork_from": ""}})
+  for inside in (src, src / "checkpoints" / "branch"):
+    with pytest.raises(UserError, match="--workdir"):
+      fork.check_workdir(f"{src}:20", inside)
+  fork.check_workdir(f"{src}:20", tmp_path / "srcx")  # A sibling whose name starts with the source's.
+  with pytest.raises(UserError, match="inside the source"):
+    fork.check_workdir("gs://b/src:20", "gs://b/src/branch")
+  fork.check_workdir("gs://b/src:20", "gs://b/src2")
+
+
 def _gcs_objects(url: str, prefix: str) -> dict[str, tuple]:
   import urllib.parse  # pylint: disable=g-import-not-at-top
   import urllib.request  # pylint: disable=g-import-not-at-top

@@ -50,6 +50,58 @@ def _same_place(a: str, b: str) -> bool:
   return epath.Path(a).resolve() == epath.Path(b).resolve()
 
 
+def _inside(path: str, folder: str) -> bool:
+  """Whether `path` is `folder` or below it."""
+  if "://" in path or "://" in folder:
+    return (path.rstrip("/") + "/").startswith(folder.rstrip("/") + "/")
+  resolved, top = epath.Path(path).resolve(), epath.Path(folder).resolve()
+  return resolved == top or top in resolved.parents
+
+
+def check_workdir(fork_from: str, workdir: epath.Path) -> None:
+  """Refuses a fork whose --workdir is its source or inside it, before anything there is opened."""
+  source, _ = parse(fork_from)
+  if _inside(str(workdir), source):
+    raise UserError(f"config train.fork_from={fork_from}: --workdir={workdir} is "
+                    f"{'the source itself' if _same_place(source, str(workdir)) else 'inside the source'}; "
+                    "a fork writes its own checkpoints: give it a new --workdir outside the source")
+
+
+def check_recorded(fork_from: str, workdir: epath.Path, step: int, saved_config: dict) -> None:
+  """Refuses to resume a workdir whose checkpoint `step` records another fork source (or none).
+
+  A rerun with the fork_from its checkpoints record (with or without the step) resumes as usual.
+  """
+  recorded = str((saved_config.get("train") or {}).get("fork_from") or "")
+  source, want = parse(fork_from)
+  if recorded:
+    had_source, had_step = parse(recorded)
+    if _same_place(source, had_source) and want in (None, had_step):
+      return
+    what = f"a fork of {recorded}"
+  else:
+    what = "a run that was not forked"
+  raise UserError(f"config train.fork_from={fork_from}: --workdir={workdir} already holds checkpoints (step "
+                  f"{step}) of {what}; give the fork a new --workdir, or rerun with the fork_from it records "
+                  "(or none) to resume it")
+
+
+# resume.check's refusals speak of resuming a --workdir; a fork reads another run.
+_FORK_WORDING = (
+    ("these cannot change on resume: use the checkpoint's values or a new --workdir",
+     "these cannot change on a fork: use the source's values or fork from a compatible run"),
+    ("resume with the run's tokenizer or use a new --workdir", "fork with the source's tokenizer"),
+)
+
+
+def _as_fork_refusal(message: str, source: str) -> str:
+  """A resume refusal reworded for a fork (the source, not --workdir, holds the checkpoint)."""
+  message = message.replace(f"--workdir {source} holds", f"the source {source} holds", 1)
+  for resume_words, fork_words in _FORK_WORDING:
+    message = message.replace(resume_words, fork_words)
+  return message
+
+
 def restore(c: ml_collections.ConfigDict, workdir: epath.Path, tokenizer: dict[str, Any], abstract_state: Any,
             shardings: Any, data_for: Callable[[int], Any],
             warn: Callable[[str], None]) -> tuple[int, Any, dict[str, Any]]:
@@ -95,7 +147,7 @@ def restore(c: ml_collections.ConfigDict, workdir: epath.Path, tokenizer: dict[s
       lines, restore_data = resume.check(source, step, saved_config, meta, c, tokenizer, jax.process_count(),
                                          old_count)
     except UserError as e:
-      raise UserError(f"{key}: {e}".replace("use a new --workdir", "fork from a compatible run")) from None
+      raise UserError(f"{key}: {_as_fork_refusal(str(e), source)}") from None
     resharded = (elastic.reshard(source, step, old_count, resume.stream_view(saved_config, step), c,
                                  jax.process_count()) if restore_data else None)
     if resharded is not None:

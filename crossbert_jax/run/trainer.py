@@ -56,6 +56,8 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
   """
   config_lib.validate(c)
   workdir = epath.Path(workdir)
+  if c.train.fork_from:  # Before anything in the workdir is created or opened: it may be the source itself.
+    fork.check_workdir(c.train.fork_from, workdir)
   mesh = sharding.make_mesh(c.mesh)
   phases = phases_lib.expand(c)
 
@@ -192,6 +194,8 @@ class Trainer:
 
   def _accept(self, saved_step: int, saved_config: dict, saved_meta: dict | None) -> bool:
     """Vets a checkpoint before its state is read (UserError refuses the run); True to restore its data state."""
+    if self.c.train.fork_from:
+      fork.check_recorded(self.c.train.fork_from, self.workdir, saved_step, saved_config)
     written_by = elastic.saved_process_count(self.workdir, saved_step)
     old_count = written_by[1] if written_by else None
     lines, restore_data = resume.check(str(self.workdir), saved_step, saved_config, saved_meta, self.c,
