@@ -114,3 +114,19 @@ def test_a_spec_with_phases_is_refused_naming_the_key(tmp_path, key, value):
                                 f"{{**_base()['common'], {key!r}: {value!r}}}}}\n")
   with pytest.raises(UserError, match=f"common sets {key}: a sweep's runs have one shape"):
     plan_lib.load_spec(str(spec_file))
+
+
+@pytest.mark.parametrize("patch, needle", [
+    ("{**_base(), 'seeds': [0, 0]}", "seed 0 is listed twice"),
+    ("{**_base(), 'sizes': {**_base()['sizes'], 'again': next(iter(_base()['sizes'].values()))}}",
+     "sizes['again'] has the same settings as"),
+    ("{**_base(), 'objectives': {**_base()['objectives'], 'again': next(iter(_base()['objectives'].values()))}}",
+     "objectives['again'] has the same settings as"),
+])
+def test_a_spec_that_names_a_run_twice_is_refused(tmp_path, patch, needle):
+  """Duplicate seeds, or two sizes / objectives with the same settings, would train and report runs twice."""
+  spec_file = tmp_path / "twice.py"
+  source = (ROOT / "experiments" / "gutenberg_cpu.py").read_text()
+  spec_file.write_text(source + f"\n_base = get_spec\nget_spec = lambda: {patch}\n")
+  with pytest.raises(UserError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+    plan_lib.load_spec(str(spec_file))

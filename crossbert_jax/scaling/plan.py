@@ -116,6 +116,8 @@ def load_spec(path: str) -> dict[str, Any]:
       _check_seeds(size["seeds"], f"{where} sizes[{name!r}].seeds")
   for name, obj in spec["objectives"].items():
     _check_keys(obj, {"objective", "ratio", "views"}, f"{where} objectives[{name!r}]", OBJECTIVE_KEYS)
+  _check_distinct(spec["sizes"], f"{where} sizes")
+  _check_distinct(spec["objectives"], f"{where} objectives")
   _check_keys(spec["probes"], PROBE_KEYS, f"{where} probes")
   count = spec["probes"]["count"]
   if not isinstance(count, int) or isinstance(count, bool) or count < 0:
@@ -138,6 +140,19 @@ def _check_seeds(seeds: Any, where: str) -> None:
   if not isinstance(seeds, (list, tuple)) or not seeds or not all(
       isinstance(s, int) and not isinstance(s, bool) for s in seeds):
     raise UserError(f"{where}={seeds!r}: must be a non-empty list of integer seeds, e.g. [0]")
+  if len(set(seeds)) != len(seeds):
+    twice = sorted({s for s in seeds if list(seeds).count(s) > 1})
+    raise UserError(f"{where}={seeds!r}: seed {twice[0]} is listed twice; list each seed once")
+
+
+def _check_distinct(entries: dict, where: str) -> None:
+  """Two names with the same settings would train the same runs twice under two labels."""
+  seen: dict[str, str] = {}
+  for name, settings in entries.items():
+    key = repr(sorted(settings.items()))
+    if key in seen:
+      raise UserError(f"{where}[{name!r}] has the same settings as {where}[{seen[key]!r}]; drop one of them")
+    seen[key] = name
 
 
 def _check_flops(value: Any, where: str, wsd: bool) -> None:
