@@ -249,3 +249,32 @@ def test_sweep_stop_exits_75_and_kill_takes_the_trainer_with_it(tmp_path, spm_mo
 def test_random_kills_of_a_sweep_finish_every_run_once(tmp_path, spm_model):
   """tools/fault_inject_sweep.py, short: 2 random kill -9s of a 2-run sweep (make fault-inject-sweep runs 20)."""
   fault_inject_sweep.run(kills=2, root=tmp_path / "sweep", seed=1, max_delay=4.0, flops=5e9, tokenizer=spm_model)
+
+
+def test_archive_refuses_bad_outputs_before_writing(tmp_path):
+  """--out holding another plan, --stable_every < 1, --out / --root that are files: one line, nothing written."""
+  spec, runs = _wsd_plan(tmp_path)
+  root = tmp_path / "root"
+  plan_lib.save_plan(root, spec, runs, "spec.py")
+  other_spec, other_runs = _wsd_plan(tmp_path, "[2e9, 8e9]")
+  other = tmp_path / "other_archive"
+  plan_lib.save_plan(other, other_spec, other_runs, "spec.py")
+  before = (other / plan_lib.PLAN_FILE).read_bytes()
+  with pytest.raises(UserError, match="archives another sweep's plan"):
+    archive_sweep.archive(root, other, stable_every=50)
+  assert (other / plan_lib.PLAN_FILE).read_bytes() == before and sorted(p.name for p in other.iterdir()) == [
+      plan_lib.PLAN_FILE]
+  for every in (0, -3):
+    with pytest.raises(UserError, match=f"--stable_every={every}"):
+      archive_sweep.archive(root, tmp_path / "new", stable_every=every)
+  assert not (tmp_path / "new").exists()
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  for out in (a_file, a_file / "sub"):
+    with pytest.raises(UserError, match="is a file, not a folder"):
+      archive_sweep.archive(root, out, stable_every=50)
+  with pytest.raises(UserError, match="--root=.* is a file, not a folder"):
+    archive_sweep.restore(root, a_file)
+  assert a_file.read_text() == "x"
+  archive_sweep.archive(root, tmp_path / "same", stable_every=50)  # Archiving the same plan again is fine.
+  archive_sweep.archive(root, tmp_path / "same", stable_every=50)

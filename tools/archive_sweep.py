@@ -38,12 +38,29 @@ RESULT_FILES = ("config.json", "sweep_done.json", "sweep_wall.json")
 TOKENIZER = pathlib.Path("tokenizer") / "spm.model"  # As scaling.runner.tokenizer_path, under the root.
 
 
+def _check_folder(path: pathlib.Path, flag: str) -> None:
+  """A folder path that is not a file and has no file on its way up."""
+  for p in (path, *path.parents):
+    if p.exists():
+      if not p.is_dir():
+        raise UserError(f"{flag}={path}: {p} is a file, not a folder: give a folder path")
+      return
+
+
 def archive(root: pathlib.Path, out: pathlib.Path, stable_every: int) -> str:
   from crossbert_jax.run import metrics  # pylint: disable=g-import-not-at-top
   from crossbert_jax.scaling import plan as plan_lib  # pylint: disable=g-import-not-at-top
 
   if out.resolve() == root.resolve():
     raise UserError(f"--out={out} is the sweep root: give another folder")
+  if stable_every < 1:
+    raise UserError(f"--stable_every={stable_every}: keep every N-th stable-run row with N >= 1, e.g. 50")
+  _check_folder(out, "--out")
+  _, runs = plan_lib.load_plan(root)
+  if (out / plan_lib.PLAN_FILE).exists():  # Checked before anything is written: an archive holds one plan.
+    _, theirs = plan_lib.load_plan(out)
+    if plan_lib.plan_hash(theirs) != plan_lib.plan_hash(runs):
+      raise UserError(f"--out={out} archives another sweep's plan than --root={root}: archive into a new folder")
   out.mkdir(parents=True, exist_ok=True)
   prefix = f"{root.resolve()}/"
 
@@ -54,7 +71,6 @@ def archive(root: pathlib.Path, out: pathlib.Path, stable_every: int) -> str:
   if (root / TOKENIZER).is_file():
     (out / TOKENIZER).parent.mkdir(exist_ok=True)
     shutil.copyfile(root / TOKENIZER, out / TOKENIZER)
-  _, runs = plan_lib.load_plan(root)
   copied = 0
   for run in runs:
     src, dst = root / "runs" / run.name, out / "runs" / run.name
@@ -79,6 +95,7 @@ def restore(archive_dir: pathlib.Path, root: pathlib.Path) -> str:
 
   if archive_dir.resolve() == root.resolve():
     raise UserError(f"--root={root} is the archive (--out): give the sweep root to restore into")
+  _check_folder(root, "--root")
   if not (archive_dir / TOKENIZER).is_file():
     raise UserError(f"--out={archive_dir} holds no {TOKENIZER}: rerun the archive on the original root first "
                   "(runs trained with another tokenizer could not be compared)")
