@@ -286,3 +286,26 @@ def test_throughput_compares_only_runs_of_one_machine(tmp_path):
   two = report_text(lambda run: {"machines": ["CPU B, 8 CPUs" if run.label == "bert_r15" else "CPU A, 2 CPUs"]})
   assert "- xs: n/a: its runs span 2 machines (CPU A, 2 CPUs; CPU B, 8 CPUs)" in two and "1.00x" not in two, two
   assert "Finished seeds per size: xs 3." in two
+
+
+def test_check_claims_checks_every_field_and_refuses_unreadable_rows(tmp_path):
+  """On the committed study's claims.json: a changed sd / decisive / seeds_needed is a disagreement (exit 1);
+  a one-element ci95 or a file with no rows cannot be checked (one line, exit 2)."""
+  committed = json.loads((ROOT / "docs" / "results" / "gutenberg_wsd" / "claims.json").read_text())
+  path = tmp_path / "claims.json"
+  run = lambda: subprocess.run([sys.executable, str(ROOT / "tools" / "check_claims.py"), str(path)],
+                               capture_output=True, text=True, timeout=120)
+  paired = next(i for i, r in enumerate(committed["rows"]) if r["seeds"] >= 2)
+  for key, value in (("sd", 1.0), ("decisive", None), ("seeds_needed", 999)):
+    found = json.loads(json.dumps(committed))
+    row = found["rows"][paired]
+    row[key] = (not row[key]) if value is None else value
+    path.write_text(json.dumps(found))
+    done = run()
+    assert done.returncode == 1 and f"{key} is {row[key]}, recomputed" in done.stdout, (key, done.stdout[-800:])
+  for change in (lambda f: f["rows"][paired].update(ci95=[0.1]), lambda f: f.update(rows=[])):
+    found = json.loads(json.dumps(committed))
+    change(found)
+    path.write_text(json.dumps(found))
+    done = run()
+    assert done.returncode == 2 and done.stderr.startswith("error:") and len(done.stderr.splitlines()) == 1, done

@@ -5,9 +5,11 @@ r"""Checks a sweep report's claims.json from its own numbers, without the code t
 For every row it recomputes, from the row's per-seed paired differences (`per_seed_diff`) and the
 file's `rule` (level, margin): the mean, the sample sd, the t interval mean +- t((1 + level) / 2,
 n - 1) * sd / sqrt(n), and the verdict on "A is better than B": "holds" when the interval is above
-0; "does not hold" when it is below 0 or inside +-margin; "inconclusive" otherwise or below 2 seeds.
+0; "does not hold" when it is below 0 or inside +-margin; "inconclusive" otherwise or below 2 seeds;
+`decisive` (not inconclusive) and `seeds_needed` (the fewest seeds, up to 1000, whose interval at the
+same mean and sd would be decisive; null when unknown).
 It prints one line per row that disagrees with what the file says, then a count; exit 0 when every
-row agrees, 1 when one does not, 2 when the file cannot be read. Only json, math and scipy's t
+row agrees, 1 when one does not, 2 when the file cannot be read or holds no rows. Only json, math and scipy's t
 quantile are used, so the check does not share the report's code.
 """
 
@@ -20,6 +22,23 @@ import sys
 from scipy import stats
 
 TOLERANCE = 1e-9
+MAX_SEEDS = 1000
+
+
+class Unreadable(Exception):
+  """The file is not a claims.json this check can read (exit 2, not a disagreement)."""
+
+
+def _seeds_needed(mean: float, sd: float, level: float, margin: float) -> int | None:
+  if not (math.isfinite(mean) and math.isfinite(sd)):
+    return None
+  if sd == 0:
+    return 2
+  target = max(abs(mean), margin - abs(mean))
+  for n in range(2, MAX_SEEDS + 1):
+    if stats.t.ppf((1 + level) / 2, n - 1) * sd / math.sqrt(n) < target:
+      return n
+  return None
 
 
 def expected(row: dict, level: float, margin: float) -> dict:
@@ -28,10 +47,12 @@ def expected(row: dict, level: float, margin: float) -> dict:
   n = len(d)
   nan = float("nan")
   if n == 0:
-    return {"mean": nan, "lo": nan, "hi": nan, "seeds": 0, "verdict": "inconclusive"}
+    return {"mean": nan, "lo": nan, "hi": nan, "sd": nan, "seeds": 0, "verdict": "inconclusive",
+            "decisive": False, "seeds_needed": None}
   mean = sum(d) / n
   if n < 2:
-    return {"mean": mean, "lo": nan, "hi": nan, "seeds": 1, "verdict": "inconclusive"}
+    return {"mean": mean, "lo": nan, "hi": nan, "sd": nan, "seeds": 1, "verdict": "inconclusive",
+            "decisive": False, "seeds_needed": None}
   sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
   half = stats.t.ppf((1 + level) / 2, n - 1) * sd / math.sqrt(n)
   lo, hi = mean - half, mean + half
@@ -41,7 +62,8 @@ def expected(row: dict, level: float, margin: float) -> dict:
     verdict = "does not hold"
   else:
     verdict = "inconclusive"
-  return {"mean": mean, "lo": lo, "hi": hi, "seeds": n, "verdict": verdict}
+  return {"mean": mean, "lo": lo, "hi": hi, "sd": sd, "seeds": n, "verdict": verdict,
+          "decisive": verdict != "inconclusive", "seeds_needed": _seeds_needed(mean, sd, level, margin)}
 
 
 def _same(a, b) -> bool:
@@ -53,13 +75,18 @@ def _same(a, b) -> bool:
 def check(found: dict) -> list[str]:
   """One line per row whose stated numbers or verdict differ from the recomputed ones."""
   level, margin = found["rule"]["level"], found["rule"]["margin"]
+  if not found["rows"]:
+    raise Unreadable("it holds no rows (a report with claims writes at least one)")
   problems = []
-  for row in found["rows"]:
+  for i, row in enumerate(found["rows"]):
+    ci95 = row["ci95"]
+    if not isinstance(ci95, list) or len(ci95) != 2:
+      raise Unreadable(f"row {i} has ci95={ci95!r}, not a [lo, hi] pair")
     want = expected(row, level, margin)
-    got = {"mean": row["mean_diff"], "lo": row["ci95"][0], "hi": row["ci95"][1], "seeds": row["seeds"],
-           "verdict": row["verdict"]}
-    bad = [k for k in ("mean", "lo", "hi") if not _same(got[k], want[k])]
-    bad += [k for k in ("seeds", "verdict") if got[k] != want[k]]
+    got = {"mean": row["mean_diff"], "lo": ci95[0], "hi": ci95[1], "sd": row["sd"], "seeds": row["seeds"],
+           "verdict": row["verdict"], "decisive": row["decisive"], "seeds_needed": row["seeds_needed"]}
+    bad = [k for k in ("mean", "lo", "hi", "sd") if not _same(got[k], want[k])]
+    bad += [k for k in ("seeds", "verdict", "decisive", "seeds_needed") if got[k] != want[k]]
     if bad:
       name = f"{row['claim']} {row['a']} - {row['b']} {row['size']} budget {row['budget_index']} {row['probe']}"
       problems.append(f"{name}: " + ", ".join(f"{k} is {got[k]}, recomputed {want[k]}" for k in bad))
@@ -73,7 +100,7 @@ def main() -> int:
   try:
     found = json.loads(path.read_text())
     problems = check(found)
-  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+  except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, Unreadable) as e:
     print(f"error: {path} is not a readable claims.json ({type(e).__name__}: {e}); give the claims.json beside "
           "a report.md written by `python -m crossbert_jax.report`", file=sys.stderr)
     return 2
