@@ -172,6 +172,8 @@ def test_pretokenized_source_needs_the_run_tokenizer(corpus, tmp_path):
     (({"path": "a.txt", "weight": 1, "name": "a b"},), r"data\.mixture\[0\]\.name"),
     (({"path": "x/a.txt", "weight": 1}, {"path": "y/a.jsonl", "weight": 1}), r"data\.mixture\[1\]: name 'a'"),
     (("a.txt",), r"data\.mixture\[0\]: must be a dict"),
+    (({"path": "a.txt", "weight": 1e308}, {"path": "b.txt", "weight": 1e308}), r"data\.mixture: the weights sum"),
+    (tuple({"path": f"{i}.txt", "weight": 2e307} for i in range(10)), r"data\.mixture: the weights sum"),
 ])
 def test_config_refuses_a_bad_mixture(mix, key):
   c = config_lib.get_config("mlm", "tiny")
