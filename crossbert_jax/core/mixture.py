@@ -65,7 +65,7 @@ def validate(d: ml_collections.ConfigDict) -> None:
     name = src.get("name", "x")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
       raise _err(f"{key}.name", f"must be letters, digits, '_', '.' or '-', got {name!r}")
-  if not math.isfinite(math.fsum(src["weight"] for src in d.mixture)):
+  if not math.isfinite(sum(src["weight"] for src in d.mixture)):  # As data/mixture.py sums them.
     raise _err("data.mixture", "the weights sum past the largest float: scale them down (only their ratios "
                "matter, e.g. 1 and 3)")
   names = source_names(d.mixture)
