@@ -109,6 +109,8 @@ def test_batch_ramp_stairs_pin_the_tokens_per_step_of_each_phase():
     ({"start": 8, "stages": 2}, r"from 8 to 16 in multiples of 8 there are at most 1 stairs"),
     ({"start": 4, "steps": 10, "tokens": 10}, r"set exactly one of train.batch_ramp.steps and"),
     ({"start": 4, "steps": 300, "stages": 3}, r"takes 300 steps in 3 stairs .* the first phase has 300"),
+    ({"start": -4}, r"train.batch_ramp.start=-4 is negative"),
+    ({"start": 4, "steps": 0, "tokens": -5}, r"train.batch_ramp.tokens=-5 is negative"),
 ])
 def test_bad_batch_ramps_are_one_line_errors(ramp, match):
   c = _tiny()

@@ -305,6 +305,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise _err("metrics.log_every", f"must be >= 1, got {c.metrics.log_every}")
   if c.metrics.cpu_peak_tflops <= 0:
     raise _err("metrics.cpu_peak_tflops", f"must be positive, got {c.metrics.cpu_peak_tflops}")
+  phases_lib.check_ramp_signs(c.train.batch_ramp)
   if phases_lib.has_phases(c):
     for phase in phases_lib.expand(c):
       try:

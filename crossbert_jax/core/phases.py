@@ -104,6 +104,14 @@ def _declared_phases(c: ml_collections.ConfigDict) -> list[tuple[int, dict[str, 
   return out
 
 
+def check_ramp_signs(r: ml_collections.ConfigDict) -> None:
+  """A negative start would silently turn the ramp off; a negative length is no length."""
+  for key in ("start", "steps", "tokens"):
+    if r[key] < 0:
+      raise _err(f"train.batch_ramp.{key}={r[key]} is negative: give a count >= 0 "
+                 f"({'0 turns the ramp off' if key == 'start' else 'set steps or tokens, the other 0'})")
+
+
 def _ramp(c: ml_collections.ConfigDict, steps: int, sets: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
   """The first phase as a staircase: `batch_ramp.stages` stairs of growing batches, then the rest."""
   r = c.train.batch_ramp
@@ -150,6 +158,7 @@ def _phase_config(c: ml_collections.ConfigDict, sets: dict[str, Any]) -> ml_coll
 
 def expand(c: ml_collections.ConfigDict) -> list[Phase]:
   """The run's phases in order (one, with config `c`, when it declares none); UserError for bad ones."""
+  check_ramp_signs(c.train.batch_ramp)
   if not has_phases(c):
     return [Phase(0, 0, c.train.steps, c, 0, c.train.batch_size)]
   declared = _declared_phases(c)
