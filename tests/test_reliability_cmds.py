@@ -275,6 +275,9 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
       "compile_out_dir": ["crossbert_jax.compile", "--config=configs/crossbert.py:tiny", f"--out={tmp_path}"],
       "train_eval_dir": ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'w'}",
                          "--config.eval.every_steps=1", f"--config.eval.data_dir={tmp_path}"],
+      "train_workdir_file": ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={a_file}"],
+      "train_workdir_below_file": ["crossbert_jax.train", "--config=configs/crossbert.py:tiny",
+                                   f"--workdir={a_file / 'sub'}"],
       "mteb_task": ["crossbert_jax.mteb_eval", f"--workdir={run}", "--tasks=NoSuchTask", f"--data_dir={shared_data}",
                     f"--output_dir={tmp_path / 'mteb'}"],
       "mteb_output_file": ["crossbert_jax.mteb_eval", f"--workdir={run}", "--tasks=STSBenchmark",
@@ -298,6 +301,9 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
   # Refused before the checkpoint restore: the error is the only line (no Orbax INFO chatter).
   assert results["mteb_task"][2].strip().splitlines() == [_one_error_line(results["mteb_task"], "NoSuchTask")]
   _one_error_line(results["mteb_output_file"], f"--output_dir {a_file} is a file")
+  _one_error_line(results["train_workdir_file"], f"--workdir {a_file} is a file, not a folder")
+  _one_error_line(results["train_workdir_below_file"], f"{a_file} is a file, so no folder can be made below it")
+  assert a_file.read_text() == "x"
   assert _digest(run) == run_before and _digest(hf_folder) == hf_before
   assert (report_out / "report.md").read_text() == "the earlier report" and a_file.read_text() == "x"
   assert earlier.read_text() == "earlier results" and sorted(p.name for p in earlier.parent.iterdir()) == ["results.json"]

@@ -28,6 +28,7 @@ import numpy as np
 from etils import epath
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import outputs
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import mixture, pipeline, tokenizer as tokenizer_lib
@@ -55,6 +56,7 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
   The result's "status" is "finished", "stopped" (a signal: resumable) or "nothing_to_do".
   """
   config_lib.validate(c)
+  outputs.check_folder_path(workdir, "--workdir")  # A file (or one on the way) is one line, not a traceback.
   workdir = epath.Path(workdir)
   if c.train.fork_from:  # Before anything in the workdir is created or opened: it may be the source itself.
     fork.check_workdir(c.train.fork_from, workdir)
