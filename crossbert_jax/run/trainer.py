@@ -214,8 +214,9 @@ class Trainer:
   def _nothing_to_do(self, start: int) -> dict[str, Any]:
     t = self.c.train
     key = "train.stop_at_step" if t.stop_at_step and t.stop_at_step < t.steps else "train.steps"
-    self.warn(f"nothing to train: {self.workdir} already holds step {start} and {key}={t[key.split('.')[1]]}; "
-              f"raise --config.{key} to continue")
+    where = (f"the fork starts at its source's step {start} ({t.fork_from}), nothing written to {self.workdir}"
+             if self._forked else f"{self.workdir} already holds step {start}")
+    self.warn(f"nothing to train: {where}, and {key}={t[key.split('.')[1]]}; raise --config.{key} to continue")
     self.ckpt.close()
     return Outcome(status="nothing_to_do", step=start).as_dict()
 
