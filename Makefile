@@ -58,7 +58,7 @@ test-tpu: setup-tpu
 	JAX_PLATFORMS=cpu $(TPU_VENV)/bin/python -m pytest -q tests/test_compile.py -k topology $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) -m crossbert_jax.bench --config=configs/crossbert.py:small --out=bench_results.json
+	$(PY) -m crossbert_jax.bench --config=configs/crossbert.py:small --out=bench_results.json --force
 
 fault-inject: setup
 	$(PY) tools/fault_inject.py --kills=$(KILLS) --workdir=runs/fault_inject

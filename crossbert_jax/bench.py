@@ -26,7 +26,7 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from crossbert_jax.core import config as config_lib, host, phases, xla_flags
+from crossbert_jax.core import config as config_lib, host, outputs, phases, xla_flags
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.training import feed_bench, flops, program as program_lib, sharding
 
@@ -44,6 +44,10 @@ _LONG_LEN = flags.DEFINE_integer("long_len", 2048, "Length of the dense-vs-chunk
 _LONG_BATCH = flags.DEFINE_integer("long_batch", 2, "Batch of the dense-vs-chunked attention rows.")
 _PHASE = flags.DEFINE_integer("phase", 0, "Of a phased config: the phase whose batch, length, RoPE to time.")
 _DATA = flags.DEFINE_bool("data", False, "Run the input-pipeline benchmark instead (training/feed_bench.py).")
+_FORCE = flags.DEFINE_bool("force", False, "Replace an existing --out file.")
+# The train-step flags `--data` has no use for: given with it, they are refused rather than ignored.
+_TRAIN_STEP_ONLY = ("config", "seq_len", "steps", "warmup", "cases", "long_len", "long_batch", "phase",
+                    "matmul_size", "matmul_repeats")
 
 REFERENCE = "bert_r0.15"
 # Targets (medians, float32; issue #11): the half-width-reconstructor CrossBERT r=0.5 K=1
@@ -372,7 +376,12 @@ def _dumps(obj: Any) -> str:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
+  outputs.check_output_file(_OUT.value, "--out", force=_FORCE.value)  # Before minutes of timing, not after.
   if _DATA.value:
+    given = [f"--{name}" for name in _TRAIN_STEP_ONLY if flags.FLAGS[name].present]
+    if given:
+      raise UserError(f"{given[0]} does nothing with --data (the input-pipeline benchmark has its own fixed "
+                      "cases): drop it, or drop --data to time train steps")
     return feed_bench.main(_OUT.value)
   xla_flags.set_cpu_flags()
   c = config_lib.from_flag(_CONFIG.value)

@@ -308,3 +308,25 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
   assert (report_out / "report.md").read_text() == "the earlier report" and a_file.read_text() == "x"
   assert earlier.read_text() == "earlier results" and sorted(p.name for p in earlier.parent.iterdir()) == ["results.json"]
   assert not (tmp_path / "p").exists() and not (tmp_path / "w").exists() and not (tmp_path / "r2").exists()
+
+
+def test_bench_checks_out_and_data_flags_before_any_work(tmp_path):
+  """bench refuses a folder --out, an existing --out without --force, and train-step flags with --data,
+  in one line before timing anything (it used to fail after minutes, or ignore the flags)."""
+  earlier = tmp_path / "earlier.json"
+  earlier.write_text("earlier results")
+  small = ["crossbert_jax.bench", "--config=configs/crossbert.py:tiny"]
+  results = _run_all({
+      "dir": [*small, f"--out={tmp_path}"],
+      "exists": [*small, f"--out={earlier}"],
+      "below_file": [*small, f"--out={earlier}/x.json"],
+      "data_steps": ["crossbert_jax.bench", "--data", "--steps=-1", f"--out={tmp_path / 'feed.json'}"],
+      "data_config": ["crossbert_jax.bench", "--data", "--config=configs/crossbert.py:tiny",
+                      f"--out={tmp_path / 'feed.json'}"],
+  })
+  _one_error_line(results["dir"], "is a folder")
+  _one_error_line(results["exists"], "exists (earlier results)", "--force")
+  _one_error_line(results["below_file"], "is a file")
+  _one_error_line(results["data_steps"], "--steps does nothing with --data")
+  _one_error_line(results["data_config"], "--config does nothing with --data")
+  assert earlier.read_text() == "earlier results" and not (tmp_path / "feed.json").exists()
