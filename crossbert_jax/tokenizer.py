@@ -4,6 +4,7 @@ r"""Tokenizer entry point: trains a SentencePiece model with our special ids.
 """
 
 import itertools
+import sys
 from collections.abc import Sequence
 
 from absl import app
@@ -47,6 +48,10 @@ def main(argv: Sequence[str]) -> None:
   path = train_tokenizer(docs, f.vocab_size, f.output, model_type=f.model_type)
   tok = Tokenizer.load(path)
   print(f"wrote {path} (vocab_size={tok.vocab_size})")
+  if tok.vocab_size < f.vocab_size:
+    print(f"warning: the input yields {tok.vocab_size:,} pieces, fewer than --vocab_size={f.vocab_size:,} asked: "
+          "give more text for a larger vocabulary (a model's vocab_size may stay larger; the extra ids go unused)",
+          file=sys.stderr, flush=True)
 
 
 def cli() -> None:

@@ -86,6 +86,11 @@ def test_cli_end_to_end(tmp_path):
       capture_output=True, text=True, cwd=REPO, check=False)
   assert result.returncode == 0, result.stderr
   assert str(out) in result.stdout and "vocab_size=" in result.stdout
+  assert "warning" not in result.stderr, result.stderr  # 320 pieces, as asked.
+  small = subprocess.run([sys.executable, "-m", "crossbert_jax.tokenizer", f"--input={tmp_path}/b.jsonl",
+                          "--vocab_size=2000", f"--output={tmp_path / 'small.model'}"],
+                         capture_output=True, text=True, cwd=REPO, check=False)
+  assert small.returncode == 0 and "fewer than --vocab_size=2,000 asked" in small.stderr, small.stderr
   tok = tokenizer_lib.Tokenizer.load(out)
   assert tok.decode(tok.encode("Read the file.")) == "Read the file."
 
