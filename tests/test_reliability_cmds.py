@@ -330,3 +330,20 @@ def test_bench_checks_out_and_data_flags_before_any_work(tmp_path):
   _one_error_line(results["data_steps"], "--steps does nothing with --data")
   _one_error_line(results["data_config"], "--config does nothing with --data")
   assert earlier.read_text() == "earlier results" and not (tmp_path / "feed.json").exists()
+
+
+def test_a_failed_train_start_leaves_no_empty_folders(tmp_path, spm_model):
+  """A start that fails (here: an empty data file) removes the folders it made that hold no file
+  (compilation_cache/, checkpoints/, a workdir it created); a workdir's own files stay."""
+  empty = tmp_path / "empty.txt"
+  empty.write_text("")
+  kept = tmp_path / "kept"
+  kept.mkdir()
+  (kept / "notes.txt").write_text("mine")
+  train = ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--config.data.tokenizer={spm_model}",
+           f"--config.data.path={empty}", "--config.metrics.progress_bar=False"]
+  results = _run_all({"new": [*train, f"--workdir={tmp_path / 'new'}"], "kept": [*train, f"--workdir={kept}"]})
+  for name in ("new", "kept"):
+    _one_error_line(results[name], "holds no documents")
+  assert not (tmp_path / "new").exists()
+  assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"] and (kept / "notes.txt").read_text() == "mine"

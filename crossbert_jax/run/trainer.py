@@ -17,6 +17,7 @@ step's phase, so a restore first enters that phase. The state, its shardings and
 state are the same in every phase.
 """
 
+import os
 import sys
 import time
 from typing import Any, Callable
@@ -76,17 +77,36 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
   tok = load_tokenizer(c)
   progress = Progress(doing=f"creating {workdir}")
   environment.install_log_filter()
-  with environment.reported(workdir, progress), preemption.StopRequest() as stop:
-    workdir.mkdir(parents=True, exist_ok=True)
-    progress.doing = f"taking the lock in {workdir}"
-    warn = _warn if jax.process_index() == 0 else (lambda msg: None)
+  created = not workdir.exists()
+  before = set() if created else {p.name for p in workdir.iterdir()}
+  try:
+    with environment.reported(workdir, progress), preemption.StopRequest() as stop:
+      workdir.mkdir(parents=True, exist_ok=True)
+      progress.doing = f"taking the lock in {workdir}"
+      warn = _warn if jax.process_index() == 0 else (lambda msg: None)
 
-    def lost(msg: str) -> None:  # Another trainer broke our lease (the lock's heartbeat thread).
-      progress.lost_lock = msg
-      stop.request("lock lost")
+      def lost(msg: str) -> None:  # Another trainer broke our lease (the lock's heartbeat thread).
+        progress.lost_lock = msg
+        stop.request("lock lost")
 
-    with lock.held_for_run(workdir, break_lock=break_lock, warn=warn, on_lost=lost):
-      return Trainer(c, workdir, mesh, tok, stop, progress, warn).train()
+      with lock.held_for_run(workdir, break_lock=break_lock, warn=warn, on_lost=lost):
+        return Trainer(c, workdir, mesh, tok, stop, progress, warn).train()
+  except BaseException:
+    if jax.process_index() == 0 and "://" not in str(workdir):
+      _drop_empty_new_folders(workdir, before, created)
+    raise
+
+
+def _drop_empty_new_folders(workdir: epath.Path, before: set[str], created: bool) -> None:
+  """After a failed start: removes the folders this start made that hold no file (checkpoints/,
+  compilation_cache/, the workdir itself when it made it). Anything holding a file stays."""
+  if not workdir.is_dir():
+    return
+  for entry in workdir.iterdir():
+    if entry.name not in before and entry.is_dir() and not any(files for _, _, files in os.walk(entry)):
+      entry.rmtree()
+  if created and not any(workdir.iterdir()):
+    workdir.rmdir()
 
 
 def _warn(msg: str) -> None:
