@@ -105,12 +105,18 @@ def test_bad_outputs_and_flags_are_one_line(corpus, tmp_path):
   (tmp_path / "file").write_text("x")
   with pytest.raises(UserError, match="existing file"):
     prepare.prepare(str(root / "in"), str(tmp_path / "file"), 2, progress=False)
+  with pytest.raises(UserError, match="is a file, so no folder can be made below it"):
+    prepare.prepare(str(root / "in"), str(tmp_path / "file" / "sub"), 2, progress=False)
   with pytest.raises(UserError, match="--workers=-1"):
     prepare.prepare(str(root / "in"), str(tmp_path / "o"), 2, workers=-1, progress=False)
   (tmp_path / "empty.txt").write_text("\n\n")
   with pytest.raises(UserError, match="holds no documents"):
     prepare.prepare(str(tmp_path / "empty.txt"), str(tmp_path / "e"), 2, progress=False)
-  assert list((tmp_path / "e").iterdir()) == [], "nothing of the failed run is left"
+  assert not (tmp_path / "e").exists(), "nothing of the failed run is left, not even its folder"
+  (tmp_path / "mine").mkdir()  # A folder the user made stays (empty, as it was).
+  with pytest.raises(UserError, match="holds no documents"):
+    prepare.prepare(str(tmp_path / "empty.txt"), str(tmp_path / "mine"), 2, progress=False)
+  assert list((tmp_path / "mine").iterdir()) == []
 
 
 def test_a_bad_book_leaves_nothing_and_the_fixed_rerun_works(corpus, tmp_path):
@@ -128,7 +134,7 @@ def test_a_bad_book_leaves_nothing_and_the_fixed_rerun_works(corpus, tmp_path):
     assert bystander.is_alive(), "prepare killed a child process that is not one of its workers"
   finally:
     bystander.kill()
-  assert list((tmp_path / "out").iterdir()) == []
+  assert not (tmp_path / "out").exists(), "the failed prepare left its folder"
   (src / "bad.txt").write_text("café au lait\n")
   assert sum(prepare.prepare(str(src), str(tmp_path / "out"), 5, workers=2, progress=False)) == len(docs) + 1
 

@@ -28,6 +28,7 @@ import numpy as np
 import tqdm
 from etils import epath
 
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import shards as shards_lib
 from crossbert_jax.data import sources
@@ -142,6 +143,7 @@ def _check_output(spec: str, files: list[epath.Path], output: str) -> None:
       raise UserError(f"--input file {f} is inside --output {output}: choose an --output outside the input")
   if epath.Path(output).exists() and not epath.Path(output).is_dir():
     raise UserError(f"--output {output} is an existing file: give a folder (new, or one a stopped prepare left)")
+  outputs.check_folder_path(output, "--output")  # A file on the way (FILE/sub): one line, before any work.
 
 
 def _identity(spec: str, files: list[epath.Path], shards: int, fmt: str, text_field: str, text_unit: str,
@@ -195,12 +197,15 @@ def finished(output: str) -> bool:
     return False
 
 
-def _remove_set(out: epath.Path, kind: str, shards: int) -> None:
-  """Removes the shards, staging files and marker of this set (after a bad input)."""
+def _remove_set(out: epath.Path, kind: str, shards: int, created: bool) -> None:
+  """Removes the shards, staging files and marker of this set (after a bad input), and the folder
+  when this prepare created it and it is now empty."""
   for k in range(shards):
     (out / shard_name(k, shards, kind)).unlink(missing_ok=True)
   for p in [*out.glob(".*.tmp-*"), out / MARKER]:
     p.unlink(missing_ok=True)
+  if created and "://" not in str(out) and out.is_dir() and not any(out.iterdir()):
+    out.rmdir()
 
 
 def _raise_stopped(signum, unused_frame):
@@ -227,6 +232,7 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
   out = epath.Path(output)
   kind = shards_lib.TEXT if tokenizer is None else shards_lib.TOKENS
   identity = _identity(spec, files, shards, fmt, text_field, text_unit, tokenizer)
+  created = not out.exists()
   todo, done = _start(out, identity, kind, shards)
   proto = tokenizer.content if tokenizer is not None else None
   stats = [(0, 0)] * shards
@@ -251,7 +257,7 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
       bar.set_postfix(documents=sum(n for n, _ in stats), refresh=False)
   except UserError:
     _kill(pool)
-    _remove_set(out, kind, shards)
+    _remove_set(out, kind, shards, created)
     raise
   except BaseException:  # Stopped (or worse): finished shards stay, the marker stays; rerun to resume.
     _kill(pool)
@@ -263,11 +269,11 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
   pool.shutdown()
   counts = [n for n, _ in stats]
   if sum(counts) == 0:
-    _remove_set(out, kind, shards)
+    _remove_set(out, kind, shards, created)
     raise UserError(f"--input {spec} holds no documents: give non-empty files")
   empty = [k for k, n in enumerate(counts) if n == 0]
   if empty:
-    _remove_set(out, kind, shards)
+    _remove_set(out, kind, shards, created)
     raise UserError(f"shards {empty} of {shards} got no documents ({sum(counts)} documents in all): use fewer "
                     "--shards (or --text_unit=line)")
   if tokenizer is not None:
