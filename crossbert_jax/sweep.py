@@ -63,7 +63,9 @@ def _main(argv):
           f"as independent runs: {independent:.3g} FLOPs ({independent / cost:.2f}x)")
   else:
     print(f"total cost: {cost:.3g} FLOPs in {len(runs)} independent runs")
-  if _DRY_RUN.value:
+  if _DRY_RUN.value:  # What the real run would say of the root's plan (a refusal is the same line).
+    if added := plan_lib.check_plan(root, spec, runs, _SPEC.value):
+      print(f"would extend the root's plan: {added} new run(s); its {len(runs) - added} runs are unchanged")
     return
   if added := plan_lib.save_plan(root, spec, runs, _SPEC.value):
     print(f"plan extended: {added} new run(s); the root's {len(runs) - added} runs are unchanged")

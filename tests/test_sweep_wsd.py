@@ -105,6 +105,9 @@ def test_one_plan_per_root_and_damaged_state_files_are_one_line(tmp_path):
     plan_lib.save_plan(root, other_spec, other, "b.py")
   msg = str(e.value)
   assert "'tiny_sweep' from a.py" in msg and "--spec=b.py" in msg and "use a new --root" in msg, msg
+  assert "the root's FLOPs budgets 2e+09, 4e+09, this command's 2e+09, 8e+09" in msg, msg
+  with pytest.raises(UserError, match="changes or drops some of its runs"):  # What sweep --dry_run calls.
+    plan_lib.check_plan(root, other_spec, other, "b.py")
   assert (root / plan_lib.PLAN_FILE).read_bytes() == saved, "the old plan was overwritten"
   # A plan that only adds runs (a seed) replaces it; one that then drops them is refused.
   more_spec = plan_lib.load_spec(_spec(tmp_path, WSD_SPEC.replace("count=0", "count=2").replace(

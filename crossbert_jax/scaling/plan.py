@@ -345,6 +345,29 @@ def save_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = 
   drops one of the root's runs is refused (one line naming both specs) and never written: the
   root's finished runs belong to that plan's sizes and steps.
   """
+  added = check_plan(root, spec, runs, spec_file)
+  if added == 0 and (root / PLAN_FILE).exists():  # The same runs: the file stays as it is.
+    return 0
+  root.mkdir(parents=True, exist_ok=True)
+  write_atomic(root / PLAN_FILE, json.dumps({"spec": spec, "spec_file": spec_file, "plan_hash": plan_hash(runs),
+                                             "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
+  return added
+
+
+def _budget_change(old_spec: dict, spec: dict) -> str:
+  """" (size S: the root's budgets B0, this command's B1)" for the first size whose FLOPs differ, else ""."""
+  for name, size in spec["sizes"].items():
+    old = (old_spec.get("sizes") or {}).get(name)
+    if old is not None and budgets(old) != budgets(size):
+      fmt = lambda bs: ", ".join(f"{b:.3g}" for b in bs)
+      return (f" (size {name!r}: the root's FLOPs budgets {fmt(budgets(old))}, this command's {fmt(budgets(size))}; "
+              "--flops_scale multiplies the spec's)")
+  return ""
+
+
+def check_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = "") -> int:
+  """How many runs `runs` adds to the root's plan (0: no plan yet, or the same); UserError when it would
+  change or drop one of the root's runs. Writes nothing (`sweep --dry_run` says what the run would)."""
   if root.exists() and not root.is_dir():
     raise UserError(f"--root={root} is a file: give a folder for the sweep")
   path, new = root / PLAN_FILE, plan_hash(runs)
@@ -361,12 +384,9 @@ def save_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = 
       old_spec = f"{saved['spec'].get('name')!r}" + (f" from {saved['spec_file']}" if saved.get("spec_file") else "")
       raise UserError(f"--root={root} holds the plan of spec {old_spec} (plan {old[:12]}, {len(old_runs)} runs); "
                       f"--spec={spec_file or '?'} (spec {spec.get('name')!r}, plan {new[:12]}, {len(runs)} runs) "
-                      "changes or drops some of its runs: use a new --root, or rerun with the root's spec and "
-                      "--flops_scale (a plan may only add runs, e.g. seeds)")
+                      f"changes or drops some of its runs{_budget_change(saved['spec'], spec)}: use a new --root, "
+                      "or rerun with the root's spec and --flops_scale (a plan may only add runs, e.g. seeds)")
     added = len(runs) - len(old_runs)
-  root.mkdir(parents=True, exist_ok=True)
-  write_atomic(path, json.dumps({"spec": spec, "spec_file": spec_file, "plan_hash": new,
-                                 "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
   return added
 
 
