@@ -196,7 +196,8 @@ def test_a_missing_source_is_named(corpus):
   root, _, tok = corpus
   cfg = _cfg(root)
   cfg.mixture = (*cfg.mixture[:1], {"path": str(root / "nope.txt"), "weight": 1})
-  with pytest.raises(UserError, match=r"^data\.mixture\[1\] \(nope\): data path .*nope\.txt' does not exist"):
+  # The line names the setting to fix: the source's path, not data.path.
+  with pytest.raises(UserError, match=r"^data\.mixture\[1\] \(nope\): data path .*nope\.txt' does not exist: fix data\.mixture\[1\]\.path "):
     pipeline.make_iterator(cfg, tok, batch_size=4, seed=0)
 
 

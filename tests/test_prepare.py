@@ -105,6 +105,8 @@ def test_bad_outputs_and_flags_are_one_line(corpus, tmp_path):
   (tmp_path / "file").write_text("x")
   with pytest.raises(UserError, match="existing file"):
     prepare.prepare(str(root / "in"), str(tmp_path / "file"), 2, progress=False)
+  with pytest.raises(UserError, match="fix --input"):  # Not data.path: prepare has no config.
+    prepare.prepare(str(tmp_path / "missing.txt"), str(tmp_path / "o"), 2, progress=False)
   with pytest.raises(UserError, match="is a file, so no folder can be made below it"):
     prepare.prepare(str(root / "in"), str(tmp_path / "file" / "sub"), 2, progress=False)
   with pytest.raises(UserError, match="--workers=-1"):

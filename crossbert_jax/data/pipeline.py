@@ -258,7 +258,9 @@ class Layout:
         try:
           fetches.append(self._source(cfg, self.seed if k == 0 else _combine_seeds(self.seed, k))[1])
         except UserError as e:
-          raise UserError(f"data.mixture[{k}] ({name}): {e}") from None
+          named = str(e).replace("data.path / --input", f"data.mixture[{k}].path").replace(
+              "(data.path, data.mixture, or --input)", f"(data.mixture[{k}].path)")
+          raise UserError(f"data.mixture[{k}] ({name}): {named}") from None
       selection = mixture.Selection([src["weight"] for src in self.data_cfg.mixture],
                                     _combine_seeds(self.data_cfg.shuffle_seed, self.seed, _MIXTURE_SALT))
       self._fetch = mixture.MixedFetch(fetches, selection)
@@ -324,13 +326,9 @@ def check_paths(data_cfg: ml_collections.ConfigDict) -> None:
 
   For the data of a later phase, checked before the run starts rather than when the phase does.
   """
-  named = ([(f"data.mixture[{k}] ({name})", cfg.path)
+  named = ([(f"data.mixture[{k}].path ({name})", cfg.path)
             for k, (cfg, name) in enumerate(zip(mixture.source_configs(data_cfg), mixture.names(data_cfg)))]
-           if data_cfg.mixture else [("", data_cfg.path)])
-  for where, spec in named:
-    if spec == "builtin":
-      continue
-    try:
-      sources.resolve_paths(spec)
-    except UserError as e:
-      raise UserError(f"{where}: {e}" if where else str(e)) from None
+           if data_cfg.mixture else [("data.path", data_cfg.path)])
+  for key, spec in named:
+    if spec != "builtin":
+      sources.resolve_paths(spec, key)

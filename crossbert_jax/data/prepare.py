@@ -225,7 +225,7 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
     raise UserError(f"--workers={workers}: must be >= 0 (0: one per CPU, at most --shards)")
   if spec == "builtin":
     raise UserError("--input=builtin is in the package already; prepare your own files")
-  files = sources.resolve_paths(spec)  # Fails early, in this process, on a bad --input.
+  files = sources.resolve_paths(spec, "--input")  # Fails early, in this process, on a bad --input.
   if any((shards_lib.parse_name(f.name) or ("",))[0] == shards_lib.TOKENS for f in files):
     raise UserError(f"--input {spec} holds token ids (pre-tokenized shards), not text: give the text they came from")
   _check_output(spec, files, output)
@@ -274,7 +274,8 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
   empty = [k for k, n in enumerate(counts) if n == 0]
   if empty:
     _remove_set(out, kind, shards, created)
-    raise UserError(f"shards {empty} of {shards} got no documents ({sum(counts)} documents in all): use fewer "
+    listed = ", ".join(map(str, empty[:5])) + (f" ... ({len(empty)} in all)" if len(empty) > 5 else "")
+    raise UserError(f"shards {listed} of {shards} got no documents ({sum(counts)} documents in all): use fewer "
                     "--shards (or --text_unit=line)")
   if tokenizer is not None:
     shards_lib.write_manifest(out, {

@@ -33,10 +33,11 @@ _GLOB_CHARS = "*?["
 # ----------------------------------------------------------------------------- paths
 
 
-def resolve_paths(spec: str) -> list[epath.Path]:
+def resolve_paths(spec: str, key: str = "data.path / --input") -> list[epath.Path]:
   """Files named by `spec`: files, directories (recursive), globs, comma-separated.
 
-  A `spec` that exists as a path is taken whole, so names holding commas work as they are.
+  A `spec` that exists as a path is taken whole, so names holding commas work as they are. `key`
+  is the setting the errors tell the user to fix.
   """
   out: list[epath.Path] = []
   seen: set[str] = set()
@@ -63,17 +64,17 @@ def resolve_paths(spec: str) -> list[epath.Path]:
       elif path.is_file():
         files = [path]
       else:
-        raise UserError(f"data path {entry!r} does not exist{split_note}: fix data.path / --input "
+        raise UserError(f"data path {entry!r} does not exist{split_note}: fix {key} "
                         "(a file, directory, glob or comma-separated list)")
     if not files:
-      raise UserError(f"data path {entry!r} matches no files: fix data.path / --input "
+      raise UserError(f"data path {entry!r} matches no files: fix {key} "
                       "(a file, directory, glob or comma-separated list)")
     for f in files:
       if str(f) not in seen:
         seen.add(str(f))
         out.append(f)
   if not out:
-    raise UserError(f"data.path={spec!r} names no files: set it to 'builtin' or to files")
+    raise UserError(f"{key.split(' ')[0]}={spec!r} names no files: name files there")
   return out
 
 
@@ -117,7 +118,8 @@ def _decode(raw: bytes, where: str) -> str:
 
 
 def _no_documents(path: epath.Path) -> UserError:
-  return UserError(f"{path}: holds no documents (empty or blank); remove it from data.path")
+  return UserError(f"{path}: holds no documents (empty or blank); remove it from the files named "
+                   "(data.path, data.mixture, or --input)")
 
 
 def _read(path: epath.Path, part: splits.Part | None, unit: str) -> tuple[bytes, str]:
