@@ -36,8 +36,7 @@ _GLOB_CHARS = "*?["
 def resolve_paths(spec: str, key: str = "data.path / --input") -> list[epath.Path]:
   """Files named by `spec`: files, directories (recursive), globs, comma-separated.
 
-  A `spec` that exists as a path is taken whole, so names holding commas work as they are. `key`
-  is the setting the errors tell the user to fix.
+  A `spec` that exists as a path is taken whole (names may hold commas); errors name `key` to fix.
   """
   out: list[epath.Path] = []
   seen: set[str] = set()
@@ -118,8 +117,7 @@ def _decode(raw: bytes, where: str) -> str:
 
 
 def _no_documents(path: epath.Path) -> UserError:
-  return UserError(f"{path}: holds no documents (empty or blank); remove it from the files named "
-                   "(data.path, data.mixture, or --input)")
+  return UserError(f"{path}: holds no documents (empty or blank); remove it from the files named (data.path, data.mixture, or --input)")
 
 
 def _read(path: epath.Path, part: splits.Part | None, unit: str) -> tuple[bytes, str]:

@@ -6,13 +6,10 @@ analytic training FLOPs per step (`training/flops.py`), rounded to a multiple of
 so the last frozen probe lands on the last step. Runs are plain `python -m crossbert_jax.train`
 commands with `--config.key=value` overrides, so they run here one after another or on a pod.
 
-With a `wsd` key (`dict(decay_fraction=0.2, shape="1-sqrt")`) a size's `flops` may be an ascending
-list of budgets: each (size, objective, seed) then trains ONE stable run (`<run>__stable`: WSD
-schedule of the largest budget's T_max steps, stopped at its decay start, keeping a checkpoint at
-every budget's decay start (1-f) T_i; no probes, not a point) and one decay branch per budget
-(`<run>__T<steps>`: forked from the stable run at (1-f) T_i, decayed to T_i, probed at its last
-step). All budgets share the same absolute warmup, so a branch is bitwise a straight WSD run of
-T_i steps (tests/test_fork.py). The stable run is listed before its branches.
+With a `wsd` key a size's `flops` may be an ascending list of budgets: each (size, objective,
+seed) trains ONE stable run (`<run>__stable`, stopped at the largest budget's decay start, keeping
+a checkpoint at every budget's decay start) and one decay branch per budget (`<run>__T<steps>`,
+forked from it; bitwise a straight WSD run, tests/test_fork.py). See docs/scaling_sweeps.md.
 """
 
 import dataclasses
@@ -140,14 +137,12 @@ def _check_seeds(seeds: Any, where: str) -> None:
   if not isinstance(seeds, (list, tuple)) or not seeds or not all(
       isinstance(s, int) and not isinstance(s, bool) for s in seeds):
     raise UserError(f"{where}={seeds!r}: must be a non-empty list of integer seeds, e.g. [0]")
-  if len(set(seeds)) != len(seeds):
-    twice = sorted({s for s in seeds if list(seeds).count(s) > 1})
+  if twice := sorted({s for s in seeds if list(seeds).count(s) > 1}):
     raise UserError(f"{where}={seeds!r}: seed {twice[0]} is listed twice; list each seed once")
 
 
 def _check_distinct(entries: dict, where: str) -> None:
-  """Two names with the same settings would train the same runs twice under two labels."""
-  seen: dict[str, str] = {}
+  seen: dict[str, str] = {}  # Two names with the same settings would train the same runs twice.
   for name, settings in entries.items():
     key = repr(sorted(settings.items()))
     if key in seen:
@@ -337,13 +332,9 @@ def _as_flag(value: Any) -> Any:
 
 
 def save_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = "") -> int:
-  """ROOT/plan.json: the spec and every run, what the report reads. Returns how many runs it added to
-  the root's plan (0 for a root without one, or the same plan).
+  """ROOT/plan.json (the spec and every run); returns how many runs it added to the root's plan.
 
-  A root's plan may only grow: a plan that keeps every run of the root's unchanged (more seeds, a
-  new objective or size) replaces it, and the runs it adds train next. A plan that changes or
-  drops one of the root's runs is refused (one line naming both specs) and never written: the
-  root's finished runs belong to that plan's sizes and steps.
+  A root's plan may only grow (more seeds, a new objective or size); `check_plan` refuses the rest.
   """
   added = check_plan(root, spec, runs, spec_file)
   if added == 0 and (root / PLAN_FILE).exists():  # The same runs: the file stays as it is.
@@ -355,19 +346,16 @@ def save_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = 
 
 
 def _budget_change(old_spec: dict, spec: dict) -> str:
-  """" (size S: the root's budgets B0, this command's B1)" for the first size whose FLOPs differ, else ""."""
-  for name, size in spec["sizes"].items():
-    old = (old_spec.get("sizes") or {}).get(name)
-    if old is not None and budgets(old) != budgets(size):
-      fmt = lambda bs: ", ".join(f"{b:.3g}" for b in bs)
-      return (f" (size {name!r}: the root's FLOPs budgets {fmt(budgets(old))}, this command's {fmt(budgets(size))}; "
-              "--flops_scale multiplies the spec's)")
-  return ""
+  """" (size S: the root's budgets, this command's)" for the first size whose FLOPs differ, else ""."""
+  fmt = lambda size: ", ".join(f"{b:.3g}" for b in budgets(size))
+  changed = [(n, old_spec["sizes"][n], s) for n, s in spec["sizes"].items()
+             if n in old_spec.get("sizes", {}) and budgets(old_spec["sizes"][n]) != budgets(s)]
+  return (f" (size {changed[0][0]!r}: the root's FLOPs budgets {fmt(changed[0][1])}, this command's "
+          f"{fmt(changed[0][2])}; --flops_scale multiplies the spec's)" if changed else "")
 
 
 def check_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = "") -> int:
-  """How many runs `runs` adds to the root's plan (0: no plan yet, or the same); UserError when it would
-  change or drop one of the root's runs. Writes nothing (`sweep --dry_run` says what the run would)."""
+  """Runs `runs` adds to the root's plan (0: none yet, or the same); UserError if it changes or drops one."""
   if root.exists() and not root.is_dir():
     raise UserError(f"--root={root} is a file: give a folder for the sweep")
   path, new = root / PLAN_FILE, plan_hash(runs)
