@@ -41,7 +41,8 @@ def holds_checkpoints(folder: epath.Path, depth: int = 4) -> bool:
                            for child in folder.iterdir())
 
 
-def _relation(output: epath.Path, other: epath.Path) -> str | None:
+def relation(output: epath.Path, other: epath.Path) -> str | None:
+  """"is", "is inside", "contains" or None: where absolute path `output` stands to `other`."""
   if output == other:
     return "is"
   if other in output.parents:
@@ -78,9 +79,9 @@ def _check_location(path: str | os.PathLike, flag: str, inputs: Mapping[str, str
   for name, given in (inputs or {}).items():
     if not given:
       continue
-    relation = _relation(output, absolute(given))
-    if relation and not (relation == "is inside" and name in may_sit_inside):
-      raise UserError(f"{flag} {path} {relation} {name} {given}: an output may not be, contain or sit inside "
+    where = relation(output, absolute(given))
+    if where and not (where == "is inside" and name in may_sit_inside):
+      raise UserError(f"{flag} {path} {where} {name} {given}: an output may not be, contain or sit inside "
                       f"an input (--force would delete it); choose a {flag} outside it")
   for folder in output.parents:
     # A folder inside a run (even another run) would be replaced with everything in it.

@@ -18,6 +18,7 @@ import jax
 import ml_collections
 from etils import epath
 
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.run import checkpoint, elastic, resume
 
@@ -50,20 +51,13 @@ def _same_place(a: str, b: str) -> bool:
   return epath.Path(a).resolve() == epath.Path(b).resolve()
 
 
-def _inside(path: str, folder: str) -> bool:
-  """Whether `path` is `folder` or below it."""
-  if "://" in path or "://" in folder:
-    return (path.rstrip("/") + "/").startswith(folder.rstrip("/") + "/")
-  resolved, top = epath.Path(path).resolve(), epath.Path(folder).resolve()
-  return resolved == top or top in resolved.parents
-
-
 def check_workdir(fork_from: str, workdir: epath.Path) -> None:
   """Refuses a fork whose --workdir is its source or inside it, before anything there is opened."""
   source, _ = parse(fork_from)
-  if _inside(str(workdir), source):
+  where = outputs.relation(outputs.absolute(workdir), outputs.absolute(source))
+  if where in ("is", "is inside"):
     raise UserError(f"config train.fork_from={fork_from}: --workdir={workdir} is "
-                    f"{'the source itself' if _same_place(source, str(workdir)) else 'inside the source'}; "
+                    f"{'the source itself' if where == 'is' else 'inside the source'}; "
                     "a fork writes its own checkpoints: give it a new --workdir outside the source")
 
 
