@@ -82,7 +82,8 @@ def main(argv: Sequence[str]) -> None:
   if not f.workdir and not f.hf:
     raise UserError("nothing to evaluate: pass --workdir=RUN and/or --hf=DIR")
   logging.set_verbosity(logging.WARNING)  # Orbax restore chatter (dozens of INFO lines before any error).
-  outputs.check_folder_path(f.output_dir, "--output_dir")  # mteb adds its results there, deletes nothing.
+  # mteb adds its results there and deletes nothing.
+  outputs.check_folder_path(f.output_dir, "--output_dir", writes_inside=True)
   if f.data_dir and not epath.Path(f.data_dir).is_dir():
     raise UserError(f"--data_dir={f.data_dir} is not a folder: make one with tools/mteb_local_data.py")
   # The tasks first: a bad name or a missing file is found before the checkpoint restore, not after it.

@@ -94,22 +94,27 @@ def _check_location(path: str | os.PathLike, flag: str, inputs: Mapping[str, str
   return output
 
 
-def check_folder_path(path: str | os.PathLike, flag: str) -> None:
-  """Refuses a folder path that is a file, or (locally) whose parent cannot be made or written."""
+def check_folder_path(path: str | os.PathLike, flag: str, *, writes_inside: bool = False) -> None:
+  """Refuses a folder path that is a file, or (locally) whose parent cannot be made or written.
+
+  writes_inside: the folder is written in place (a workdir) rather than replaced from a sibling, so an
+  existing one must itself be writable; its parent need not be.
+  """
   output = absolute(path)
   if output.exists() and not output.is_dir():
     raise UserError(f"{flag} {path} is a file, not a folder: give a folder path (a file is never replaced)")
   if "://" in str(output):
     return
-  folder = output.parent
+  folder = output if writes_inside and output.exists() else output.parent  # Where the first write goes.
   while not folder.exists() and folder != folder.parent:
     folder = folder.parent
   if not folder.is_dir():
     raise UserError(f"{flag} {path}: {folder} is a file, so no folder can be made below it; choose another path")
   if not os.access(folder, os.W_OK):
     # The words of a failed write (staged_output_dir), said before any slow work.
-    reason = os.strerror(errno.EROFS if _read_only(folder) else errno.EACCES)
-    raise UserError(f"could not write {output} ({reason}: {folder}): choose a writable {flag}; "
+    reason = (f"{os.strerror(errno.EROFS)}: the disk holding {folder} is read-only" if _read_only(folder)
+              else f"{os.strerror(errno.EACCES)}: {folder}")
+    raise UserError(f"could not write {output} ({reason}): choose a writable {flag}; "
                     f"nothing at {output} was changed")
 
 

@@ -143,7 +143,8 @@ def _check_output(spec: str, files: list[epath.Path], output: str) -> None:
       raise UserError(f"--input file {f} is inside --output {output}: choose an --output outside the input")
   if epath.Path(output).exists() and not epath.Path(output).is_dir():
     raise UserError(f"--output {output} is an existing file: give a folder (new, or one a stopped prepare left)")
-  outputs.check_folder_path(output, "--output")  # A file on the way (FILE/sub): one line, before any work.
+  # A file on the way (FILE/sub) or a read-only disk: one line, before any work.
+  outputs.check_folder_path(output, "--output", writes_inside=True)
 
 
 def _identity(spec: str, files: list[epath.Path], shards: int, fmt: str, text_field: str, text_unit: str,

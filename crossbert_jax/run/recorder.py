@@ -44,6 +44,7 @@ class Progress:
   doing: str
   last_good: int | None = None  # The newest saved step whose params' loss was checked finite.
   lost_lock: str | None = None  # Another trainer took the lease: stop, and save nothing over its checkpoints.
+  training: bool = False  # The steps began: a failure now is not a failed start (its folders stay).
 
   def kept(self) -> str:
     if self.last_good is None:

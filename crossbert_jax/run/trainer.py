@@ -57,7 +57,8 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
   The result's "status" is "finished", "stopped" (a signal: resumable) or "nothing_to_do".
   """
   config_lib.validate(c)
-  outputs.check_folder_path(workdir, "--workdir")  # A file (or one on the way) is one line, not a traceback.
+  # A file (or one on the way), or a read-only disk, is one line before any work, not a traceback.
+  outputs.check_folder_path(workdir, "--workdir", writes_inside=True)
   workdir = epath.Path(workdir)
   if c.train.fork_from:  # Before anything in the workdir is created or opened: it may be the source itself.
     fork.check_workdir(c.train.fork_from, workdir)
@@ -92,7 +93,7 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
       with lock.held_for_run(workdir, break_lock=break_lock, warn=warn, on_lost=lost):
         return Trainer(c, workdir, mesh, tok, stop, progress, warn).train()
   except BaseException:
-    if jax.process_index() == 0 and "://" not in str(workdir):
+    if jax.process_index() == 0 and "://" not in str(workdir) and not progress.training:
       _drop_empty_new_folders(workdir, before, created)
     raise
 
@@ -149,7 +150,7 @@ class Trainer:
     if restored and start >= end:
       return self._nothing_to_do(start)
     self._begin(start, restored)
-    finished = False
+    finished, self.progress.training = False, True
     try:
       for step_num in range(start + 1, end + 1):
         self._enter(phases_lib.phase_at(self.phases, step_num))
