@@ -311,8 +311,8 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
 
 
 def test_bench_checks_out_and_data_flags_before_any_work(tmp_path):
-  """bench refuses a folder --out, an existing --out without --force, and train-step flags with --data,
-  in one line before timing anything (it used to fail after minutes, or ignore the flags)."""
+  """bench refuses a folder --out, an existing --out without --force, a negative --long_len and
+  train-step flags with --data, in one line before timing anything (not after minutes, nor ignored)."""
   earlier = tmp_path / "earlier.json"
   earlier.write_text("earlier results")
   small = ["crossbert_jax.bench", "--config=configs/crossbert.py:tiny"]
@@ -320,6 +320,7 @@ def test_bench_checks_out_and_data_flags_before_any_work(tmp_path):
       "dir": [*small, f"--out={tmp_path}"],
       "exists": [*small, f"--out={earlier}"],
       "below_file": [*small, f"--out={earlier}/x.json"],
+      "long_len": [*small, "--long_len=-5", f"--out={tmp_path / 'long.json'}"],
       "data_steps": ["crossbert_jax.bench", "--data", "--steps=-1", f"--out={tmp_path / 'feed.json'}"],
       "data_config": ["crossbert_jax.bench", "--data", "--config=configs/crossbert.py:tiny",
                       f"--out={tmp_path / 'feed.json'}"],
@@ -327,9 +328,11 @@ def test_bench_checks_out_and_data_flags_before_any_work(tmp_path):
   _one_error_line(results["dir"], "is a folder")
   _one_error_line(results["exists"], "exists (earlier results)", "--force")
   _one_error_line(results["below_file"], "is a file")
+  _one_error_line(results["long_len"], "--long_len must be >= 0")
   _one_error_line(results["data_steps"], "--steps does nothing with --data")
   _one_error_line(results["data_config"], "--config does nothing with --data")
   assert earlier.read_text() == "earlier results" and not (tmp_path / "feed.json").exists()
+  assert not (tmp_path / "long.json").exists()
 
 
 def test_a_failed_train_start_leaves_no_empty_folders(tmp_path, spm_model):
