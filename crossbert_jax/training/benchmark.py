@@ -285,22 +285,9 @@ def run(base: ml_collections.ConfigDict, *, seq_len: int, steps: int, warmup: in
                  steps=steps, warmup=warmup, load=(load_start[0], load_end[0]), long_len=long_len,
                  long_batch=long_batch)
   report = {
-      "date": started.isoformat(timespec="seconds"),
-      "jax_version": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-      "device_kind": jax.devices()[0].device_kind,
-      "platform": jax.devices()[0].platform,
-      "cpu_model": host.cpu_model(),
-      "cpu_count": os.cpu_count(),
-      "load_avg_start": list(load_start),
-      "load_avg_end": list(load_end),
-      "seq_len": length,
-      "steps": steps,
-      "warmup": warmup,
-      "matmul": matmul,
-      "matmul_end": matmul_end,
-      "cases": results,
-      "checks": checks,
-      "long": long,
+      **_machine(started, load_start, load_end),
+      "seq_len": length, "steps": steps, "warmup": warmup, "matmul": matmul, "matmul_end": matmul_end,
+      "cases": results, "checks": checks, "long": long,
       "configs": {name: c.to_dict() for name, c in configs.items()},
   }
   path = epath.Path(out)
@@ -309,6 +296,20 @@ def run(base: ml_collections.ConfigDict, *, seq_len: int, steps: int, warmup: in
   path.write_text(_dumps(report))
   print(f"wrote {path}")
   return report
+
+
+def _machine(started: datetime.datetime, load_start: tuple[float, ...], load_end: tuple[float, ...]) -> dict[str, Any]:
+  """Where and when the benchmark ran: the head of its JSON."""
+  return {
+      "date": started.isoformat(timespec="seconds"),
+      "jax_version": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "device_kind": jax.devices()[0].device_kind,
+      "platform": jax.devices()[0].platform,
+      "cpu_model": host.cpu_model(),
+      "cpu_count": os.cpu_count(),
+      "load_avg_start": list(load_start),
+      "load_avg_end": list(load_end),
+  }
 
 
 def _print_summary(c0: ml_collections.ConfigDict, results: dict[str, dict[str, Any]], descriptions: dict[str, str],
