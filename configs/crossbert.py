@@ -1,7 +1,7 @@
 r"""CrossBERT: encoder on the visible tokens, reconstructor for the masked ones (DESIGN §2).
 
 Variants: tiny (CPU tests, minutes), small (benchmark shape), base (~ModernBERT-base), large, and
-two phased recipes (README "Phases and mixtures"): base_recipe (ModernBERT's schedule at our
+two phased recipes (docs/training.md, "Phases"): base_recipe (ModernBERT's schedule at our
 scale) and tiny_recipe (the same on CPU: 70 s on 2 idle cores).
 Launch:
   python -m crossbert_jax.train --config=configs/crossbert.py:tiny --workdir=runs/cb_tiny \

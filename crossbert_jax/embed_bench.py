@@ -1,13 +1,11 @@
-r"""The embedder's speed against sentence-transformers' encode of the same exported model (JSON).
+r"""Time the embedder against sentence-transformers' encode of the same exported model.
 
-  python -m crossbert_jax.export --workdir=runs/demo/crossbert --output=runs/demo/hf
   python -m crossbert_jax.embed_bench --workdir=runs/demo/crossbert --hf=runs/demo/hf --out=embed_bench.json
 
-Library: crossbert_jax.evaluation.embed_bench (texts, timing, the table rows for docs/benchmarks.md).
+Library: crossbert_jax.evaluation.embed_bench. Manual: docs/benchmarks.md.
 """
 
 import json
-import sys
 from typing import Sequence
 
 from absl import app
@@ -33,6 +31,7 @@ def _define_flags() -> None:
   flags.DEFINE_string("out", "", "JSON output path (default: print only).")
 
 
+@exit_on_user_error
 def main(argv: Sequence[str]) -> None:
   """CLI entry point."""
   if len(argv) > 1:
@@ -62,12 +61,6 @@ def main(argv: Sequence[str]) -> None:
       fh.write(text + "\n")
 
 
-def cli() -> None:
-  """Console entry point."""
-  _define_flags()
-  app.run(exit_on_user_error(main), flags_parser=parse_flags_or_exit)
-
-
 if __name__ == "__main__":
-  cli()
-  sys.exit(0)
+  _define_flags()
+  app.run(main, flags_parser=parse_flags_or_exit)

@@ -2,18 +2,13 @@ r"""Frozen evaluation: probe and retrieval scores of checkpoints or Hugging Face
 
   python -m crossbert_jax.evaluate --workdir=runs/demo/crossbert --data_dir=../shared/data \
       --tasks=all --retrieval=beir/scifact --output=results.json
-  python -m crossbert_jax.evaluate --workdir=runs/cb --workdir=runs/bert --data_dir=../shared/data --tasks=sst2,stsb
-  python -m crossbert_jax.evaluate --hf=path/to/hf_model --data_dir=../shared/data --tasks=stsb
 
-Writes JSON (--output) and a markdown table next to it (same name, .md), and prints the table; existing
-results there are refused before any work unless --force.
-During pretraining, `probe_scores` gives the same probes on a small fixed subset.
+Library: crossbert_jax.evaluation.runner. Manual: docs/evaluation.md.
 """
 
 import hashlib
 import json
 import os
-import sys
 import uuid
 from typing import Any, Sequence
 
@@ -175,6 +170,7 @@ def _check_output(f) -> epath.Path | None:
   return outputs.check_output_file(f.output, "--output", force=f.force, companions=(".md",))
 
 
+@exit_on_user_error
 def main(argv: Sequence[str]) -> None:
   """CLI entry point."""
   if len(argv) > 1:
@@ -237,13 +233,6 @@ def _json_default(value):
   raise TypeError(f"not JSON serialisable: {type(value)}")
 
 
-def cli() -> None:
-  """Console entry point."""
-  _define_flags()
-  app.run(exit_on_user_error(main), flags_parser=parse_flags_or_exit)
-
-
 if __name__ == "__main__":
-  cli()
-  sys.exit(0)
-
+  _define_flags()
+  app.run(main, flags_parser=parse_flags_or_exit)

@@ -1,10 +1,10 @@
-r"""Hugging Face export (and import) entry point.
+r"""Export a run to a Hugging Face folder, import one, or print an export's similarities.
 
   python -m crossbert_jax.export --workdir=RUN [--step=N] --output=DIR [--verify] [--force]
   python -m crossbert_jax.export import --hf=DIR --output=PARAMS_DIR [--scan_layers] [--force]
   python -m crossbert_jax.export similarity --model=DIR
 
-The conversion itself is `crossbert_jax.hf.convert`; this module loads runs and parses flags.
+Library: crossbert_jax.hf.convert. Manual: docs/export.md.
 """
 
 import sys
@@ -63,6 +63,7 @@ def _require(*names: str) -> None:
       raise UserError(f"--{name} is required (see the usage in `python -m crossbert_jax.export --help`)")
 
 
+@exit_on_user_error
 def main(argv: Sequence[str]) -> None:
   """CLI: export (default), `import` or `similarity`."""
   f = flags.FLAGS
@@ -88,11 +89,6 @@ def main(argv: Sequence[str]) -> None:
   sys.stdout.flush()
 
 
-def cli() -> None:
-  """Entry point of `python -m crossbert_jax.export`."""
-  _define_flags()
-  app.run(exit_on_user_error(main), flags_parser=parse_flags_or_exit)
-
-
 if __name__ == "__main__":
-  cli()
+  _define_flags()
+  app.run(main, flags_parser=parse_flags_or_exit)

@@ -3,16 +3,9 @@ r"""MTEB on our checkpoints, scored by mteb's own evaluators, with mteb's result
   python -m crossbert_jax.mteb_eval --benchmark="MTEB(eng, v2)" --workdir=runs/demo/crossbert \
       --workdir=runs/demo/bert --data_dir=data/mteb --output_dir=runs/demo/mteb
 
-Tasks come from --benchmark (any name mteb.get_benchmark knows) and/or --tasks. Each task reads
---data_dir/<TaskName>/ when it exists (layouts in docs/evaluation.md), else the Hugging Face Hub
-(or its local cache under HF_HUB_OFFLINE=1); tasks with neither are named in one line and skipped
-(refused with --strict). Results go to OUTPUT_DIR/results/<model>/<revision>/<Task>.json, as
-mteb.ResultCache reads them; finished tasks are loaded, not rerun (--force redoes them). The
-table (every task's main score, per-type means, Mean (Task), Mean (TaskType); one column per
-source) is OUTPUT_DIR/mteb_table.json and .md.
+Library: crossbert_jax.evaluation.mteb_run. Manual: docs/evaluation.md.
 """
 
-import sys
 from typing import Sequence
 
 from absl import app
@@ -74,6 +67,7 @@ def _sources(f, options) -> list[tuple[str, MtebEncoder]]:
   return out
 
 
+@exit_on_user_error
 def main(argv: Sequence[str]) -> None:
   """CLI entry point."""
   if len(argv) > 1:
@@ -114,12 +108,6 @@ def main(argv: Sequence[str]) -> None:
           "offline recipe)", flush=True)
 
 
-def cli() -> None:
-  """Console entry point."""
-  _define_flags()
-  app.run(exit_on_user_error(main), flags_parser=parse_flags_or_exit)
-
-
 if __name__ == "__main__":
-  cli()
-  sys.exit(0)
+  _define_flags()
+  app.run(main, flags_parser=parse_flags_or_exit)

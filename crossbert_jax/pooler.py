@@ -1,19 +1,13 @@
-r"""Pooler-only training on a frozen encoder (the paper's "frozen" protocol), and its export.
+r"""Train a pooler on a frozen encoder (the paper's "frozen" protocol) and export it.
 
   python -m crossbert_jax.pooler --workdir=runs/demo/crossbert \
       --pairs=../shared/data/senteval/downstream/SNLI --export=runs/demo/st_pooler
-  python -m crossbert_jax.pooler --hf=DIR --pairs=pairs.tsv --output=DIR/pooler
 
-Trains only a pooler (`evaluation.pooler`: mean + linear map, or --kind=attention) with an
-in-batch-negatives contrastive loss on cached frozen-encoder outputs; writes it to --output
-(default <workdir>/pooler), and with --export a sentence-transformers folder (Transformer,
-Pooling, Dense) checked against the JAX pooler within 1e-4. Score it next to the plain encoder
-with `crossbert_jax.evaluate --workdir=RUN --pooler=RUN/pooler`.
+Library: crossbert_jax.evaluation.pooler. Manual: docs/evaluation.md.
 """
 
 import os
 import shutil
-import sys
 import time
 from typing import Sequence
 
@@ -118,6 +112,7 @@ def emb_path(emb) -> str:
   return emb.identity.removeprefix("hf:")
 
 
+@exit_on_user_error
 def main(argv: Sequence[str]) -> None:
   """CLI entry point."""
   if len(argv) > 1:
@@ -169,12 +164,6 @@ def main(argv: Sequence[str]) -> None:
           f"max abs diff vs JAX {diff:.2e} (tolerance {convert.TOLERANCE:g}): verified", flush=True)
 
 
-def cli() -> None:
-  """Console entry point."""
-  _define_flags()
-  app.run(exit_on_user_error(main), flags_parser=parse_flags_or_exit)
-
-
 if __name__ == "__main__":
-  cli()
-  sys.exit(0)
+  _define_flags()
+  app.run(main, flags_parser=parse_flags_or_exit)

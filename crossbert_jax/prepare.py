@@ -1,12 +1,9 @@
-r"""Converts a corpus to ArrayRecord shards for pod training.
+r"""Convert a corpus to ArrayRecord shards, text or pre-tokenized, for pod training.
 
   python -m crossbert_jax.prepare --input=PATH[,PATH...] --output=DIR_or_gs://BUCKET/corpus --shards=N \
       [--tokenizer=spm.model]
 
-Then train with --config.data.path=OUTPUT (see docs/pod.md). With --tokenizer the shards hold token
-ids (read without tokenizing; train with that --config.data.tokenizer). Exit status: 0 done, 2 a
-bad input (one `error:` line; nothing of this run is left), 75 stopped by SIGTERM/SIGINT (rerun the
-same command: finished shards are kept). The work is `crossbert_jax.data.prepare`.
+Library: crossbert_jax.data.prepare. Exit status 0, 2 or 75 (rerun to resume). Manual: docs/data.md.
 """
 
 from collections.abc import Sequence
@@ -38,6 +35,7 @@ def _define_flags() -> None:
                       "(pre-tokenized shards), not text.")
 
 
+@exit_on_user_error
 def main(argv: Sequence[str]) -> None:
   """CLI body: writes the shards and prints a summary line."""
   f = flags.FLAGS
@@ -61,11 +59,6 @@ def main(argv: Sequence[str]) -> None:
         f"to {f.output}; train with --config.data.path={f.output}{also}")
 
 
-def cli() -> None:
-  """Entry point of `python -m crossbert_jax.prepare`."""
-  _define_flags()
-  app.run(exit_on_user_error(main), flags_parser=parse_flags_or_exit)
-
-
 if __name__ == "__main__":
-  cli()
+  _define_flags()
+  app.run(main, flags_parser=parse_flags_or_exit)

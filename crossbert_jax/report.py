@@ -1,10 +1,8 @@
-r"""Scaling report: Markdown and PNG plots from a sweep directory.
+r"""Write a sweep's scaling report: Markdown and PNG plots.
 
   python -m crossbert_jax.report --root=runs/sweeps/gutenberg_cpu --output=docs/results/gutenberg_cpu [--force]
 
-Reads ROOT/plan.json and each run's metrics; unfinished runs are included and marked partial.
-An existing report.md in --output is replaced only with --force (other files there are kept).
-Details: docs/scaling_sweeps.md.
+Library: crossbert_jax.scaling.report. Manual: docs/scaling_sweeps.md.
 """
 
 import pathlib
@@ -23,7 +21,7 @@ _FORCE = flags.DEFINE_bool("force", False, "Replace the report.md (and PNGs) alr
 
 
 @exit_on_user_error
-def _main(argv):
+def main(argv):
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; use --root=... --output=...")
   if not _ROOT.value or not _OUTPUT.value:
@@ -35,9 +33,5 @@ def _main(argv):
   print(f"wrote {output / written.name}")
 
 
-def main():
-  app.run(_main, flags_parser=parse_flags_or_exit)
-
-
 if __name__ == "__main__":
-  main()
+  app.run(main, flags_parser=parse_flags_or_exit)

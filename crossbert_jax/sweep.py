@@ -1,15 +1,10 @@
-r"""Scaling sweep: a ladder of sizes x objectives x seeds at equal FLOPs per size.
+r"""Run a scaling sweep: a ladder of sizes x objectives x seeds at equal FLOPs per size.
 
   python -m crossbert_jax.sweep --spec=experiments/gutenberg_cpu.py --root=runs/sweeps/gutenberg_cpu \
       [--dry_run] [--print_commands] [--flops_scale=0.01]
 
-Writes ROOT/plan.json, trains ROOT/tokenizer/spm.model if missing, then each run in
-ROOT/runs/<name> one after another (finished runs skipped, interrupted ones resumed); a spec with
-`wsd` trains each stable run before its decay branches. The plan and its total cost (with WSD
-branches: stable + branches vs independent runs) are printed first. A root holding another plan is
-refused. SIGTERM / Ctrl-C: the trainer saves, the sweep exits 75 (rerun to resume). Run it from
-the repo root (the spec's paths are relative to it). `--print_commands` prints the per-run
-commands for a pod launcher instead. Details: docs/scaling_sweeps.md.
+Run it from the repo root (a spec's paths are relative to it). Library: crossbert_jax.scaling.
+Manual: docs/scaling_sweeps.md.
 """
 
 import math
@@ -32,7 +27,7 @@ _SCALE = flags.DEFINE_float("flops_scale", 1.0, "Multiply every size's FLOPs bud
 
 
 @exit_on_user_error
-def _main(argv):
+def main(argv):
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; use --spec=... --root=...")
   if not _SPEC.value or not _ROOT.value:
@@ -83,9 +78,5 @@ def _main(argv):
   print(f"sweep done: {len(runs)} runs in {root}; report: python -m crossbert_jax.report --root={root} --output=DIR")
 
 
-def main():
-  app.run(_main, flags_parser=parse_flags_or_exit)
-
-
 if __name__ == "__main__":
-  main()
+  app.run(main, flags_parser=parse_flags_or_exit)

@@ -1,6 +1,8 @@
-r"""Tokenizer entry point: trains a SentencePiece model with our special ids.
+r"""Train a SentencePiece model with our special ids.
 
   python -m crossbert_jax.tokenizer --input=PATH[,PATH...] --vocab_size=32768 --output=spm.model
+
+Library: crossbert_jax.data.tokenizer. Manual: docs/data.md.
 """
 
 import itertools
@@ -32,6 +34,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer("max_documents", 0, "Use at most this many documents (0: all).")
 
 
+@exit_on_user_error
 def main(argv: Sequence[str]) -> None:
   """CLI body: trains a tokenizer from --input and prints the output path and vocab size."""
   f = flags.FLAGS
@@ -54,11 +57,6 @@ def main(argv: Sequence[str]) -> None:
           file=sys.stderr, flush=True)
 
 
-def cli() -> None:
-  """Entry point of `python -m crossbert_jax.tokenizer`."""
-  _define_flags()
-  app.run(exit_on_user_error(main), flags_parser=parse_flags_or_exit)
-
-
 if __name__ == "__main__":
-  cli()
+  _define_flags()
+  app.run(main, flags_parser=parse_flags_or_exit)

@@ -1,11 +1,10 @@
-r"""Pretraining entry point: CrossBERT or flat BERT on a device mesh.
+r"""Pretrain CrossBERT or flat BERT on a device mesh.
 
   python -m crossbert_jax.train --config=configs/crossbert.py:tiny --workdir=runs/cb \
       --config.data.tokenizer=runs/tok/spm.model [--config.key=value ...]
 
-Flags, `jax.distributed` set-up, then one call into `crossbert_jax.run.trainer.run`.
-Exit status: 0 finished (or nothing left to train), 2 a bad input or environment (one `error:`
-line), 75 (EXIT_STOPPED) stopped by SIGTERM/SIGINT after saving: rerun the same command to resume.
+Library: crossbert_jax.run.trainer.run. Exit status 0, 2 or 75 (crossbert_jax.core.errors).
+Manual: docs/training.md.
 """
 
 import sys
@@ -64,7 +63,7 @@ def _check_probe_inputs(c) -> None:
 
 
 @exit_on_user_error
-def _main(argv):
+def main(argv):
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; use --config=..., --workdir=..., --config.key=value")
   if not _WORKDIR.value:
@@ -89,10 +88,5 @@ def _main(argv):
           f"{last['loss']:.4f}, accuracy {last['accuracy']:.4f} ({_WORKDIR.value})", flush=True)
 
 
-def main():
-  app.run(_main, flags_parser=parse_flags_or_exit)
-
-
 if __name__ == "__main__":
-  main()
-
+  app.run(main, flags_parser=parse_flags_or_exit)

@@ -1,4 +1,4 @@
-r"""CPU reproduction of CrossBERT's scaling claims on the shared Gutenberg books (issue #12).
+r"""CPU reproduction of CrossBERT's scaling claims on the shared Gutenberg books.
 
 Three encoder sizes x six objectives, one seed (three at the smallest size, to measure the seed
 spread), every objective of a size at the same training FLOPs, frozen probes four times per run on

@@ -1,4 +1,4 @@
-r"""CPU ladder with the power to tell CrossBERT from BERT: WSD decay branches, 3-7 seeds, whole probe sets (#18).
+r"""CPU ladder with the power to tell CrossBERT from BERT: WSD decay branches, 3-7 seeds, whole probe sets.
 
 Four objectives (BERT r=0.15 and r=0.30, CrossBERT r=0.5 with K=1 and K=2) x three sizes x three
 seeds (seven at m: three, then five left most of its intervals undecided). Each (size, objective,

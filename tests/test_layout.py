@@ -61,3 +61,24 @@ def test_commands_do_not_import_each_other_except_mteb_eval():
 def test_modules_stay_small():
   big = {name: n for name, path in _modules() if (n := len(path.read_text().splitlines())) > MAX_LINES}
   assert not big, f"modules over {MAX_LINES} lines (split them by concern): {big}"
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+  return isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+
+
+def test_commands_share_one_skeleton():
+  """Every command: `main` wrapped by exit_on_user_error (a UserError is one line, exit 2), run by
+  `app.run(main, flags_parser=parse_flags_or_exit)` (a bad flag is one line too)."""
+  bad = []
+  for name, path in _modules():
+    if _layer(name)[1] != TOP:
+      continue
+    tree = ast.parse(path.read_text())
+    mains = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    if not mains or "exit_on_user_error" not in [ast.unparse(d) for d in mains[0].decorator_list]:
+      bad.append(f"{name}: no `@exit_on_user_error def main(argv)`")
+    guards = [n for n in tree.body if _is_main_guard(n)]
+    if not guards or ast.unparse(guards[0].body[-1]) != "app.run(main, flags_parser=parse_flags_or_exit)":
+      bad.append(f"{name}: the __main__ block does not end in app.run(main, flags_parser=parse_flags_or_exit)")
+  assert not bad, "\n".join(bad)

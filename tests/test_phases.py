@@ -1,4 +1,4 @@
-"""Training phases and the batch ramp (issue #20): validation, the lr across phases, tokens per step,
+"""Training phases and the batch ramp: validation, the lr across phases, tokens per step,
 resume checks, and real runs: exact resume at and across phase boundaries, a kill -9 near one.
 
 The runs are subprocesses on one CPU device sharing one compilation cache (each phase's step

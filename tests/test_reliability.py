@@ -1,4 +1,4 @@
-"""Reliability of training runs (issue 8): resume checks, finite checkpoints, damaged checkpoints,
+"""Reliability of training runs: resume checks, finite checkpoints, damaged checkpoints,
 workdir locks, exit codes, orphaned data workers, full and read-only disks.
 
 Training runs are subprocesses on one CPU device through the real CLI (tests/test_train.py's

@@ -1,4 +1,4 @@
-"""Reliability of the newer commands (issue 21): outputs that never delete inputs or runs, bad
+"""Reliability of the commands other than train: outputs that never delete inputs or runs, bad
 inputs refused before slow work, one `error:` line and exit 2 instead of tracebacks.
 
 pooler, export import, report, compile, train (probe inputs), mteb_eval and evaluate --task_file
@@ -85,7 +85,7 @@ def hf_folder(tmp_path_factory, spm_model) -> pathlib.Path:
 
 
 def test_output_folder_rules(tmp_path):
-  """#1, #2: no output is, contains or sits inside an input or a run; a file is never replaced."""
+  """No output is, contains or sits inside an input or a run; a file is never replaced."""
   run = tmp_path / "run"
   (run / "checkpoints" / "2").mkdir(parents=True)
   src = tmp_path / "src"
@@ -120,7 +120,7 @@ def test_output_folder_rules(tmp_path):
 
 
 def test_staged_files_keep_other_files_and_need_force(tmp_path):
-  """#13: report.md is replaced only with --force; files of the user's own in the folder stay."""
+  """`report.md` is replaced only with --force; files of the user's own in the folder stay."""
   out = tmp_path / "results"
   out.mkdir()
   (out / "summary.md").write_text("hand-written")
@@ -136,7 +136,7 @@ def test_staged_files_keep_other_files_and_need_force(tmp_path):
 
 
 def test_output_file_is_probed_and_left_absent(tmp_path):
-  """#15: compile --out a folder or below a file is refused; a probed new file is not left behind."""
+  """`compile --out` a folder or below a file is refused; a probed new file is not left behind."""
   with pytest.raises(UserError, match="is a folder: give a file path"):
     outputs.check_output_file(str(tmp_path), "--out")
   (tmp_path / "f").write_text("x")
@@ -155,7 +155,7 @@ def test_output_file_is_probed_and_left_absent(tmp_path):
 
 
 def test_damaged_hf_folders_are_one_line(tmp_path, hf_folder):
-  """#15: export import of a garbage config.json or a truncated model.safetensors: UserError, one line."""
+  """`export import` of a garbage config.json or a truncated model.safetensors: UserError, one line."""
   import shutil  # pylint: disable=g-import-not-at-top
 
   garbage, truncated = tmp_path / "garbage", tmp_path / "truncated"
@@ -174,7 +174,7 @@ def test_damaged_hf_folders_are_one_line(tmp_path, hf_folder):
 
 
 def test_pooler_options_are_checked():
-  """#11, #15: a batch of 0 (NaN pooler), a negative learning rate, 0 steps, a negative width."""
+  """A batch of 0 (NaN pooler), a negative learning rate, 0 steps, a negative width."""
   for change, flag in (({"batch_size": 0}, "--batch_size=0"), ({"batch_size": 1}, "--batch_size=1"),
                        ({"learning_rate": -1e-3}, "--learning_rate=-0.001"), ({"steps": 0}, "--steps=0"),
                        ({"steps": -5}, "--steps=-5"), ({"out_dim": -3}, "--out_dim=-3"),
@@ -185,7 +185,7 @@ def test_pooler_options_are_checked():
 
 
 def test_task_file_names_and_hints(tmp_path):
-  """#16 and the hints: `name: null` is no task "None"; a missing file or a folder says task file."""
+  """`name: null` is no task "None"; a missing file or a folder says task file."""
   (tmp_path / "t.tsv").write_text("text\tlabel\na\t1\n")
   task_file = tmp_path / "tasks.json"
   task_file.write_text(json.dumps([{"name": None, "type": "classification", "train": "t.tsv"}]))
@@ -197,7 +197,7 @@ def test_task_file_names_and_hints(tmp_path):
 
 
 def test_probe_inputs_are_checked_with_config_key_names(tmp_path, shared_data):
-  """#7: a bad eval.data_dir / eval.tasks is found before training, named as the config key."""
+  """A bad eval.data_dir / eval.tasks is found before training, named as the config key."""
   c = config_lib.get_config("crossbert", "tiny")
   c.unlock()
   c.eval.every_steps = 2
@@ -213,7 +213,7 @@ def test_probe_inputs_are_checked_with_config_key_names(tmp_path, shared_data):
 
 
 def test_config_files_lacking_keys_are_one_line(tmp_path):
-  """#15 and the hints: no `objective`, or a missing section, named; core/config.py, not config.py."""
+  """No `objective`, or a missing section, named; core/config.py, not config.py."""
   import ml_collections  # pylint: disable=g-import-not-at-top
 
   with pytest.raises(UserError, match="sets no `objective`.*crossbert_jax/core/config.py"):
@@ -244,7 +244,7 @@ def _sweep_root(root: pathlib.Path, rows: int, data: pathlib.Path) -> pathlib.Pa
 
 
 def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, hf_folder, shared_data):
-  """#1, #2, #7, #11, #12, #13, #15: every case is one `error:` line, exit 2, and nothing is lost."""
+  """Every case is one `error:` line, exit 2, and nothing is lost."""
   run = _finished(tiny_run)
   run_before, hf_before = _digest(run), _digest(hf_folder)
   snli = str(shared_data / "senteval/downstream/SNLI")
@@ -311,8 +311,8 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
 
 
 def test_bench_checks_out_and_data_flags_before_any_work(tmp_path):
-  """bench refuses a folder --out, an existing --out without --force, and train-step flags with --data,
-  in one line before timing anything (it used to fail after minutes, or ignore the flags)."""
+  """bench refuses a folder --out, an existing --out without --force, a negative --long_len and
+  train-step flags with --data, in one line before timing anything (not after minutes, nor ignored)."""
   earlier = tmp_path / "earlier.json"
   earlier.write_text("earlier results")
   small = ["crossbert_jax.bench", "--config=configs/crossbert.py:tiny"]
@@ -320,6 +320,7 @@ def test_bench_checks_out_and_data_flags_before_any_work(tmp_path):
       "dir": [*small, f"--out={tmp_path}"],
       "exists": [*small, f"--out={earlier}"],
       "below_file": [*small, f"--out={earlier}/x.json"],
+      "long_len": [*small, "--long_len=-5", f"--out={tmp_path / 'long.json'}"],
       "data_steps": ["crossbert_jax.bench", "--data", "--steps=-1", f"--out={tmp_path / 'feed.json'}"],
       "data_config": ["crossbert_jax.bench", "--data", "--config=configs/crossbert.py:tiny",
                       f"--out={tmp_path / 'feed.json'}"],
@@ -327,9 +328,11 @@ def test_bench_checks_out_and_data_flags_before_any_work(tmp_path):
   _one_error_line(results["dir"], "is a folder")
   _one_error_line(results["exists"], "exists (earlier results)", "--force")
   _one_error_line(results["below_file"], "is a file")
+  _one_error_line(results["long_len"], "--long_len must be >= 0")
   _one_error_line(results["data_steps"], "--steps does nothing with --data")
   _one_error_line(results["data_config"], "--config does nothing with --data")
   assert earlier.read_text() == "earlier results" and not (tmp_path / "feed.json").exists()
+  assert not (tmp_path / "long.json").exists()
 
 
 def test_a_failed_train_start_leaves_no_empty_folders(tmp_path, spm_model):

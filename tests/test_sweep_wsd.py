@@ -1,5 +1,5 @@
-"""WSD decay branches in the sweep (planner, cost, runner) and the sweep's reliability (issue #21
-items 3, 8, 9, 10, 14): bad specs refused in one line, one plan per root, atomic state files,
+"""WSD decay branches in the sweep (planner, cost, runner) and the sweep's reliability:
+bad specs refused in one line, one plan per root, atomic state files,
 a stop exits 75, a killed sweep takes its trainer with it."""
 
 import json

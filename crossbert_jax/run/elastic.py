@@ -1,4 +1,4 @@
-"""Restarts on another process count: the saved data-iterator states, re-sharded (issue #9 item 4).
+"""Restarts on another process count: the saved data-iterator states, re-sharded.
 
 Orbax restores params and optimizer state onto any mesh. The Grain iterator is saved as one state
 per process (`checkpoints/STEP/data/process_P-of-N.json`); a run restarted on M != N processes
