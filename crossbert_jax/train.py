@@ -21,8 +21,8 @@ from crossbert_jax.core import xla_flags
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.evaluation import runner
 from crossbert_jax.hf import import_config
-from crossbert_jax.run import compile_cache
-from crossbert_jax.run.trainer import run
+from crossbert_jax.run import compile_cache, environment
+from crossbert_jax.run.trainer import run, run_folders
 
 FLAGS = flags.FLAGS
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and variant, e.g. configs/crossbert.py:tiny.")
@@ -75,10 +75,11 @@ def _main(argv):
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   logging.set_verbosity(logging.WARNING)
-  compile_cache.enable(_WORKDIR.value, _COMPILATION_CACHE.value)
-  c = import_config.resolve(config_lib.from_flag(_CONFIG.value))  # from_hf: the imported model's shape.
-  _check_probe_inputs(c)
-  last = run(c, _WORKDIR.value, break_lock=_BREAK_LOCK.value)
+  with environment.removes_empty_on_failure(*run_folders(_WORKDIR.value)):
+    compile_cache.enable(_WORKDIR.value, _COMPILATION_CACHE.value)
+    c = import_config.resolve(config_lib.from_flag(_CONFIG.value))  # from_hf: the imported model's shape.
+    _check_probe_inputs(c)
+    last = run(c, _WORKDIR.value, break_lock=_BREAK_LOCK.value)
   if last["status"] == "stopped":
     if jax.process_index() == 0:
       print(f"stopped: step {last.get('step')} saved in {_WORKDIR.value}; rerun the same command to resume "

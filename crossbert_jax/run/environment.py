@@ -5,6 +5,8 @@ writer threads) into a UserError that says what the run was doing (`progress.doi
 checkpoints are intact, and to rerun the same command once the disk is fixed. Orbax's writer
 threads log their own tracebacks for the same error: `install_log_filter` drops them, and
 `without_stderr` closes the checkpointer quietly when a first error is already on its way.
+Before any of it, `check_workdir` refuses a workdir path that is, or sits below, a file; after a
+failed command `removes_empty_on_failure` takes back the empty folders the command made.
 """
 
 import contextlib
@@ -18,6 +20,7 @@ from typing import Callable, Iterator, Protocol
 from etils import epath
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.run import checkpoint
 
 # OSError numbers of a full or read-only workdir: reported in one line, not a traceback.
 ENV_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
@@ -62,12 +65,37 @@ def install_log_filter() -> None:
       handler.addFilter(_EnvironmentLogFilter())
 
 
-def intact_steps(workdir: epath.Path) -> list[int]:
-  """The checkpoint steps on disk (not the trainer's view: an async save may have failed late)."""
+def check_workdir(workdir: str | epath.Path) -> None:
+  """UserError when `workdir` is a file or (locally) sits below one: no folder can be made there."""
+  path = epath.Path(workdir)
+  if path.exists() and not path.is_dir():
+    raise UserError(f"--workdir {workdir} is a file, not a folder: give a folder path (a new one starts a new run)")
+  if "://" in str(workdir):
+    return
+  folder = epath.Path(os.path.abspath(str(workdir))).parent
+  while not folder.exists() and folder != folder.parent:
+    folder = folder.parent
+  if not folder.is_dir():
+    raise UserError(f"--workdir {workdir}: {folder} is a file, so no folder can be made below it; give another "
+                    "--workdir")
+
+
+@contextlib.contextmanager
+def removes_empty_on_failure(*folders: epath.Path) -> Iterator[None]:
+  """On an exception, removes those of `folders` that did not exist before and are empty then (in the
+  order given: list a folder before its parent), so a failed command leaves no empty folder it made.
+  A folder with anything in it stays."""
+  made = [f for f in folders if not f.exists()]
   try:
-    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-  except OSError:
-    return []
+    yield
+  except BaseException:
+    for folder in made:
+      try:
+        if folder.is_dir() and not any(folder.iterdir()):
+          folder.rmdir()
+      except OSError:
+        pass  # Already failing: keep the first error.
+    raise
 
 
 @contextlib.contextmanager
@@ -84,8 +112,9 @@ def reported(workdir: epath.Path, progress: Doing) -> Iterator[None]:
     reason, path = env
     # Orbax's unfinished writes would add "coroutine ... was never awaited" lines at exit.
     warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
-    intact = intact_steps(workdir)
-    kept = (f"the checkpoints of steps {intact} in {workdir / 'checkpoints'} are intact" if intact
+    layout = checkpoint.CheckpointLayout.of(workdir)
+    intact = layout.steps_on_disk()  # Not the trainer's view: an async save may have failed late.
+    kept = (f"the checkpoints of steps {intact} in {layout.directory} are intact" if intact
             else "no checkpoint was written")
     raise UserError(f"{reason} while {progress.doing}{' (' + path + ')' if path else ''}; {kept}: "
                     f"free space or make {workdir} writable, then rerun the same command to resume") from None

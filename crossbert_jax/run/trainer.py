@@ -2,10 +2,12 @@
 
 `run` validates the config, takes the workdir's lease (`lock`) and turns a full or read-only
 disk into one error line (`environment`); `Trainer.train` is the run itself, top to bottom:
-restore the newest checkpoint (after `resume.check` vetted the config and tokenizer; a damaged
-step falls back to the previous one) or initialise, then the steps, with periodic saves, then
-the final save. Only params whose next loss was checked finite are saved
-(`TrainProgram.check_loss`). SIGTERM / SIGINT stop every process at the same step, which is
+restore the newest checkpoint (the restore policy, `restore`, vets its config and tokenizer; a
+damaged step falls back to the previous one), or a fork's source checkpoint (`fork`), or
+initialise; then the steps, with periodic saves, then the final save. Only params whose next
+loss was checked finite are saved (`TrainProgram.check_loss`; at a save where the next step
+starts another data stream, on one more batch of the current one, so a save never depends on the
+next phase's data, which `feed.check_streams` read before step 1 anyway). SIGTERM / SIGINT stop every process at the same step, which is
 saved (`preemption`); the status is then "stopped" (exit code EXIT_STOPPED). Metrics are
 fetched one step late, so the host never blocks the device (`recorder`). The CLI is
 `crossbert_jax.train`.
@@ -31,8 +33,8 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import mixture, pipeline, tokenizer as tokenizer_lib
-from crossbert_jax.run import (checkpoint, elastic, environment, feed as feed_lib, fork, lock, metrics, preemption,
-                               recorder, resume, warm_start)
+from crossbert_jax.run import (checkpoint, compile_cache, environment, feed as feed_lib, fork, lock, metrics,
+                               preemption, recorder, restore, resume, warm_start)
 from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # noqa: F401 - re-exported.
 from crossbert_jax.training import objectives, program as program_lib, sharding
 
@@ -49,27 +51,27 @@ def load_tokenizer(c: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer:
   return tok
 
 
+def run_folders(workdir: str) -> list[epath.Path]:
+  """The folders a run makes, inner ones first: its checkpoints, its compilation cache, the workdir."""
+  workdir = epath.Path(workdir)
+  return [workdir / checkpoint.DIRECTORY, workdir / compile_cache.CACHE_DIR, workdir]
+
+
 def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False) -> dict[str, Any]:
   """Trains `c` in `workdir` (resuming if it holds a checkpoint); returns the last logged scalars.
 
   The result's "status" is "finished", "stopped" (a signal: resumable) or "nothing_to_do".
   """
   config_lib.validate(c)
+  environment.check_workdir(workdir)
+  fork.check_workdir(c, workdir)
   workdir = epath.Path(workdir)
   mesh = sharding.make_mesh(c.mesh)
   phases = phases_lib.expand(c)
-
-  def check(phase: phases_lib.Phase) -> None:
-    if phase.index > 0 and phase.stream != phases[phase.index - 1].stream:
-      pipeline.check_paths(phase.config.data)  # Phase 0's data is read now; a later phase's fails here, not then.
-    sharding.check_batch_divisible(phase.config.train.batch_size, c.train.grad_accum, mesh)
-    if phase.read_batch % jax.process_count():
-      raise UserError(f"config train.batch_size: the phases' data stream is read {phase.read_batch} rows at a "
-                      f"time, which {jax.process_count()} processes cannot split; make the batch sizes of "
-                      "consecutive phases multiples of the process count")
-
-  phases_lib.check_each(phases, check)
+  phases_lib.check_each(phases, lambda phase: _check_phase(c, phases, phase, mesh))
   tok = load_tokenizer(c)
+  feed_lib.check_streams(phases, tok, seed=c.train.seed, process_index=jax.process_index(),
+                         process_count=jax.process_count())
   progress = Progress(doing=f"creating {workdir}")
   environment.install_log_filter()
   with environment.reported(workdir, progress), preemption.StopRequest() as stop:
@@ -83,6 +85,18 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
 
     with lock.held_for_run(workdir, break_lock=break_lock, warn=warn, on_lost=lost):
       return Trainer(c, workdir, mesh, tok, stop, progress, warn).train()
+
+
+def _check_phase(c: ml_collections.ConfigDict, phases: list[phases_lib.Phase], phase: phases_lib.Phase,
+                 mesh: jax.sharding.Mesh) -> None:
+  """UserError for a phase the run cannot train: its data path, its batch on this mesh and processes."""
+  if phase.index > 0 and phase.stream != phases[phase.index - 1].stream:
+    pipeline.check_paths(phase.config.data)  # Before the tokenizer loads; `feed.check_streams` reads it then.
+  sharding.check_batch_divisible(phase.config.train.batch_size, c.train.grad_accum, mesh)
+  if phase.read_batch % jax.process_count():
+    raise UserError(f"config train.batch_size: the phases' data stream is read {phase.read_batch} rows at a "
+                    f"time, which {jax.process_count()} processes cannot split; make the batch sizes of "
+                    "consecutive phases multiples of the process count")
 
 
 def _warn(msg: str) -> None:
@@ -105,16 +119,18 @@ class Trainer:
                                             specials=tok.special_ids)
     self.data = feed_lib.PhaseFeed(tok, seed=c.train.seed, process_index=jax.process_index(),
                                    process_count=jax.process_count())
-    self.data.enter(self.phase)  # A restore into a later phase's stream replaces it (`_data_for`).
+    self.data.enter(self.phase)  # A restore into a later phase's stream replaces it (`_enter_phase_of`).
     progress.doing = f"reading the checkpoints in {workdir}"
     self.ckpt = checkpoint.Checkpointer(workdir, c.checkpoint)
     self.outcome = Outcome()
-    self._resharded_data: dict | None = None  # The data state of a checkpoint saved on another process count.
     self._next_batch = None  # The batch a checked save already read for the next step.
     self._data_wait = 0.0  # Seconds blocked on input since the last dispatched step.
     self._forked = False  # Started from train.fork_from's checkpoint (this process start).
+    self._counted_stream: int | None = None  # The stream whose per-source tokens `_end_stream` counted.
     # Per-source tokens of the run's streams before the current one, all processes (in checkpoint meta).
     self._source_tokens_before: dict[str, float] = {}
+    self.tokens_at_start = 0  # Tokens trained on before this process start's first step (`_restore_or_init`).
+    self.start = 0  # The step this process start resumes after (`_begin`).
     self.logger: metrics.MetricsLogger | None = None
 
   def train(self) -> dict[str, Any]:
@@ -153,15 +169,28 @@ class Trainer:
         self.logger.log_text(f"{phase.describe()}: {', '.join(f'{k}={v!r}' for k, v in changed.items())}")
       self.program = program_lib.TrainProgram(phase.config, self.mesh, replacement_vocab=self._replacement_vocab,
                                               specials=self.tok.special_ids)
-      if self.logger is not None and phase.stream != self.phase.stream and self.phase.config.data.mixture:
-        # The stream ends here: its sources' tokens join the run's count (a restore reads it from meta).
-        self._source_tokens_before = recorder.add_tokens(
-            self._source_tokens_before, recorder.summed_over_processes(mixture.source_tokens(self.data.iterator)))
+      if self.logger is not None and phase.stream != self.phase.stream:
+        self._end_stream()
     self.phase = phase
-    self.data.enter(phase)
+    try:
+      self.data.enter(phase)
+    except UserError as e:  # Data that went bad since `feed.check_streams` read it.
+      raise self._in_phase(e) from None
 
-  def _data_for(self, step: int):
-    """The iterator a checkpoint of `step` restores: that of its step's phase."""
+  def _in_phase(self, error: UserError) -> UserError:
+    """`error`, naming the current phase (in a run with phases)."""
+    return UserError(f"{error} (in {self.phase.describe()})" if len(self.phases) > 1 else str(error))
+
+  def _end_stream(self) -> None:
+    """The current stream ends here: a mixture's per-source tokens join the run's count (once; a
+    restore reads the count from the checkpoint's meta)."""
+    if self.phase.config.data.mixture and self._counted_stream != self.phase.stream:
+      self._source_tokens_before = recorder.add_tokens(
+          self._source_tokens_before, recorder.summed_over_processes(mixture.source_tokens(self.data.iterator)))
+    self._counted_stream = self.phase.stream
+
+  def _enter_phase_of(self, step: int) -> Any:
+    """Makes `step`'s phase current; its iterator, the one a checkpoint of `step` restores."""
     self._enter(phases_lib.phase_at(self.phases, step))
     return self.data.iterator
 
@@ -170,40 +199,29 @@ class Trainer:
   def _restore_or_init(self) -> tuple[program_lib.TrainState, int, bool]:
     """(state, its step, whether it came from a checkpoint); sets `tokens_at_start`."""
     p = self.program
-    found = self.ckpt.restore_latest(self._accept, p.abstract, p.shardings, self._data_for, self.warn, self.primary)
+    read = lambda reader, step, plan: restore.read(reader, step, plan, p.abstract, p.shardings, self._enter_phase_of)
+    found = self.ckpt.restore_latest(self._vet_own, lambda step, plan: read(self.ckpt, step, plan), self.warn,
+                                     self.primary)
     if found is not None:
-      start, state, meta = found
-      if self._resharded_data is not None:
-        self._data_for(start).set_state(self._resharded_data)
-      self.tokens_at_start = resume.saved_tokens_seen(start, self.ckpt.saved_config(start), meta)
-      self._source_tokens_before = dict((meta or {}).get("source_tokens_before", {}))
-      self.progress.last_good = start
-      return state, start, True
-    if self.c.train.fork_from:  # A fork's first start: its source's checkpoint, read only.
-      start, state, meta = fork.restore(self.c, self.workdir, self.tok_id, p.abstract, p.shardings,
-                                        self._data_for, self.warn)
-      self.tokens_at_start = meta["tokens_seen"]
-      self._source_tokens_before = dict(meta.get("source_tokens_before", {}))
+      self.progress.last_good = found.step
+    elif self.c.train.fork_from:  # A fork's first start: its source's checkpoint, read only.
+      found = fork.restore(self.c, self.workdir, self.tok_id, p.abstract, p.shardings, self._enter_phase_of,
+                           self.warn)
       self._forked = True
-      return state, start, True
-    self.tokens_at_start = 0
+    if found is not None:
+      self.tokens_at_start = found.meta.tokens_at(found.step, found.config)
+      self._source_tokens_before = dict(found.meta.source_tokens_before)
+      return found.state, found.step, True
     state = p.init_state()
     return (warm_start.from_imported(self.phases[0].config, state) if self.c.train.init_from else state), 0, False
 
-  def _accept(self, saved_step: int, saved_config: dict, saved_meta: dict | None) -> bool:
-    """Vets a checkpoint before its state is read (UserError refuses the run); True to restore its data state."""
-    written_by = elastic.saved_process_count(self.workdir, saved_step)
-    old_count = written_by[1] if written_by else None
-    lines, restore_data = resume.check(str(self.workdir), saved_step, saved_config, saved_meta, self.c,
-                                       self.tok_id, jax.process_count(), old_count)
-    if restore_data and (other := elastic.reshard(self.workdir, saved_step, old_count,
-                                                  resume.stream_view(saved_config, saved_step), self.c,
-                                                  jax.process_count())):
-      lines.append(other[0])
-      self._resharded_data, restore_data = other[1], False
-    for line in lines:
+  def _vet_own(self, step: int, saved_config: dict, meta: checkpoint.CheckpointMeta) -> restore.Plan:
+    """Vets this run's checkpoint `step` before its state is read (UserError refuses the run); how to read it."""
+    fork.check_resumed(self.c, self.workdir, step, saved_config)
+    plan = restore.vet(self.workdir, step, saved_config, meta, self.c, self.tok_id, forking=False)
+    for line in plan.lines:
       self.warn(line)
-    return restore_data
+    return plan
 
   def _nothing_to_do(self, start: int) -> dict[str, Any]:
     t = self.c.train
@@ -235,16 +253,19 @@ class Trainer:
 
   # -- The steps --------------------------------------------------------------------------------
 
-  def _read_batch(self) -> dict[str, jax.Array]:
-    """The next global batch, timing how long the host was blocked on the input."""
+  def _next_global_batch(self) -> dict[str, jax.Array]:
+    """The current phase's next global batch, timing how long the host was blocked on the input."""
     t0 = time.perf_counter()
-    batch = self.program.global_batch(next(self.data))
+    try:
+      batch = self.program.global_batch(next(self.data))
+    except UserError as e:  # Data that went bad since `feed.check_streams` read it.
+      raise self._in_phase(e) from None
     self._data_wait += time.perf_counter() - t0
     return batch
 
   def _step(self, state: program_lib.TrainState, step_num: int) -> tuple[program_lib.TrainState, bool]:
     """Dispatches step `step_num`; logs the previous one meanwhile. True when every process agreed to stop."""
-    batch = self._next_batch if self._next_batch is not None else self._read_batch()
+    batch = self._next_batch if self._next_batch is not None else self._next_global_batch()
     self._next_batch = None
     dispatched_at = time.perf_counter()
     state, device_metrics = self.program.step(state, batch)
@@ -275,17 +296,21 @@ class Trainer:
     """Saves `state` once the loss of its params on the next batch is finite; keeps that batch for the next step."""
     position = self.data.get_state()  # The stream of step_num's phase.
     source_tokens_before = dict(self._source_tokens_before)  # As of step_num's phase, like the position.
-    self._enter(phases_lib.phase_at(self.phases, step_num + 1))  # Step N + 1 runs in its own phase.
-    self._next_batch = self._read_batch()
-    loss = float(np.asarray(self.program.check_loss(state, self._next_batch).addressable_data(0)))
+    following = phases_lib.phase_at(self.phases, step_num + 1)
+    if following.stream == self.phase.stream:  # Step N + 1 reads on: its batch is checked and kept for it.
+      self._enter(following)
+      self._next_batch = check_batch = self._next_global_batch()
+    else:  # Step N + 1 starts another stream: check on one more batch of this one, never on the next phase's data.
+      self._end_stream()
+      check_batch = self._next_global_batch()
+    loss = float(np.asarray(self.program.check_loss(state, check_batch).addressable_data(0)))
     if not np.isfinite(loss):
       raise TrainingDiverged(f"loss is {loss} at step {step_num + 1} (checked before saving step {step_num}, which "
                              f"is not saved); stopping. In {self.workdir}, {self.progress.kept()}; lower "
                              "train.learning_rate or raise train.warmup_steps")
     self.progress.doing = f"saving the checkpoint of step {step_num} in {self.workdir}"
-    meta = {"tokenizer": self.tok_id, "tokens_seen": self._tokens_at(step_num), "process_count": jax.process_count()}
-    if source_tokens_before:
-      meta["source_tokens_before"] = source_tokens_before
+    meta = checkpoint.CheckpointMeta(tokenizer=self.tok_id, tokens_seen=self._tokens_at(step_num),
+                                     process_count=jax.process_count(), source_tokens_before=source_tokens_before)
     self.ckpt.save(step_num, state, position, self.c, meta)
     self.progress.last_good = step_num
 
