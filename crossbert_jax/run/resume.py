@@ -63,13 +63,8 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
   return out
 
 
-def _refused_sections(c: ml_collections.ConfigDict) -> tuple[str, ...]:  # pylint: disable=unused-argument
-  """The config sections (besides `_REFUSED_KEYS`) whose change `check` refuses for `c`'s objective."""
-  return _REFUSED_SECTIONS
-
-
-def _refused(key: str, sections: tuple[str, ...]) -> bool:
-  return key in _REFUSED_KEYS or (key.split(".")[0] in sections and key not in _ALLOWED_IN_REFUSED)
+def _refused(key: str) -> bool:
+  return key in _REFUSED_KEYS or (key.split(".")[0] in _REFUSED_SECTIONS and key not in _ALLOWED_IN_REFUSED)
 
 
 def _lr(train: dict, step: int) -> float:
@@ -136,8 +131,7 @@ def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta 
   changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
   phased = phases_lib.has_phases(now) or phases_lib.has_phases(config_lib.from_dict(saved))
   phase_lines, phase_data = _check_phases(where, step, saved, now) if phased else ([], True)
-  sections = _refused_sections(now)
-  refused = [k for k in changed if _refused(k, sections) and not (phased and k in phases_lib.OVERRIDABLE)]
+  refused = [k for k in changed if _refused(k) and not (phased and k in phases_lib.OVERRIDABLE)]
   if refused:
     diffs = ", ".join(f"{k}={a[k]!r} (config: {b[k]!r})" for k in refused)
     fix = ("cannot change in a fork: use the source's values or fork from a compatible run" if forking

@@ -1,16 +1,15 @@
 """The pretraining run: CrossBERT or flat BERT on a device mesh (`run(config, workdir)`).
 
-`run` validates the config, takes the workdir's lease (`lock`) and turns a full or read-only
-disk into one error line (`environment`); `Trainer.train` is the run itself, top to bottom:
-restore the newest checkpoint (the restore policy, `restore`, vets its config and tokenizer; a
-damaged step falls back to the previous one), or a fork's source checkpoint (`fork`), or
-initialise; then the steps, with periodic saves, then the final save. Only params whose next
-loss was checked finite are saved (`TrainProgram.check_loss`; at a save where the next step
-starts another data stream, on one more batch of the current one, so a save never depends on the
-next phase's data, which `feed.check_streams` read before step 1 anyway). SIGTERM / SIGINT stop every process at the same step, which is
-saved (`preemption`); the status is then "stopped" (exit code EXIT_STOPPED). Metrics are
-fetched one step late, so the host never blocks the device (`recorder`). The CLI is
-`crossbert_jax.train`.
+`run` validates the config, reads every phase's data once (`feed.check_streams`), takes the
+workdir's lease (`lock`) and turns a full or read-only disk into one error line (`environment`);
+`Trainer.train` is the run itself, top to bottom: restore the newest checkpoint (the restore
+policy, `restore`, vets its config and tokenizer; a damaged step falls back to the previous one),
+or a fork's source checkpoint (`fork`), or initialise; then the steps, each followed by the hooks
+due at it (`hooks`: metrics, probes, periodic saves); then the final save. Only params whose next
+loss was checked finite are saved (`TrainProgram.check_loss`; where the next step starts another
+data stream, on one more batch of the current one, so a save never reads the next phase's data).
+SIGTERM / SIGINT stop every process at the same step, which is saved (`preemption`); the status
+is then "stopped" (exit code EXIT_STOPPED). The CLI is `crossbert_jax.train`.
 
 A run with phases (`core/phases.py`) trains each phase under its own config: at its first step
 the loop makes it current (`_enter`), rebuilding the TrainProgram for its config and, when it
@@ -25,7 +24,6 @@ from typing import Any, Callable
 
 import jax
 import ml_collections
-from jax.experimental import multihost_utils
 import numpy as np
 from etils import epath
 
@@ -33,8 +31,8 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import mixture, pipeline, tokenizer as tokenizer_lib
-from crossbert_jax.run import (checkpoint, compile_cache, environment, feed as feed_lib, fork, lock, metrics,
-                               preemption, recorder, restore, resume, warm_start)
+from crossbert_jax.run import (checkpoint, compile_cache, environment, feed as feed_lib, fork, hooks as hooks_lib, lock,
+                               metrics, preemption, recorder, restore, resume, warm_start)
 from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # noqa: F401 - re-exported.
 from crossbert_jax.training import objectives, program as program_lib, sharding
 
@@ -131,7 +129,11 @@ class Trainer:
     self._source_tokens_before: dict[str, float] = {}
     self.tokens_at_start = 0  # Tokens trained on before this process start's first step (`_restore_or_init`).
     self.start = 0  # The step this process start resumes after (`_begin`).
+    self.sync = preemption.StopSync(mesh)
+    # Made by `_begin` once the run is known to train (a run with nothing to do writes no log).
     self.logger: metrics.MetricsLogger | None = None
+    self.recorder: recorder.StepRecorder | None = None
+    self.hooks: list[hooks_lib.Hook] = []  # The loop's side duties, in order (`hooks`).
 
   def train(self) -> dict[str, Any]:
     """The run, top to bottom; its outcome (`Outcome.as_dict`)."""
@@ -145,13 +147,12 @@ class Trainer:
     try:
       for step_num in range(start + 1, end + 1):
         self._enter(phases_lib.phase_at(self.phases, step_num))
-        state, stopping = self._step(state, step_num)
-        if stopping:
+        info = self._step(state, step_num)
+        state = info.state
+        hooks_lib.run_due(self.hooks, info)  # Metrics, probes, saves: each at its own steps.
+        if info.stopping:
           self._log_stop(step_num)
           break
-        if step_num % c.checkpoint.every_steps == 0 or step_num in c.checkpoint.keep_steps:
-          self.recorder.flush()
-          self._checked_save(step_num, state)
       self._finish(state, start, restored)
       finished = True
     finally:
@@ -238,12 +239,15 @@ class Trainer:
     self.progress.doing = f"writing {self.workdir / 'config.json'}"
     if self.primary:
       (self.workdir / "config.json").write_text(c.to_json_best_effort(indent=2))
-    self.sync = preemption.StopSync(mesh)
     self.logger = metrics.MetricsLogger(str(self.workdir), total_steps=c.train.steps, start_step=start,
                                         enabled=self.primary, tensorboard=c.metrics.tensorboard,
                                         progress_bar=c.metrics.progress_bar, eta_by_work=len(self.phases) > 1)
     self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress,
                                           self.outcome, str(self.workdir), self.warn, phases=self.phases)
+    phase_config = lambda: self.phase.config
+    self.hooks = [hooks_lib.metrics(self.recorder, self._source_tokens),
+                  hooks_lib.probes(c.eval.every_steps, self.recorder, phase_config, self.tok, self.primary),
+                  hooks_lib.saves(c.checkpoint, self.recorder, self._checked_save)]
     how = (f"forked from {c.train.fork_from}" if self._forked else f"resuming from step {start}" if restored
            else "starting")
     self.logger.log_text(f"{c.objective}: {how} in {self.workdir} on {mesh.size} device(s), mesh {dict(mesh.shape)}")
@@ -263,27 +267,22 @@ class Trainer:
     self._data_wait += time.perf_counter() - t0
     return batch
 
-  def _step(self, state: program_lib.TrainState, step_num: int) -> tuple[program_lib.TrainState, bool]:
-    """Dispatches step `step_num`; logs the previous one meanwhile. True when every process agreed to stop."""
+  def _step(self, state: program_lib.TrainState, step_num: int) -> hooks_lib.StepInfo:
+    """Dispatches step `step_num` (its batch: the one a checked save read ahead, or the next) and asks
+    every process whether to stop."""
     batch = self._next_batch if self._next_batch is not None else self._next_global_batch()
     self._next_batch = None
     dispatched_at = time.perf_counter()
     state, device_metrics = self.program.step(state, batch)
     stopping = self.sync.agreed(self.stop.signal_name is not None)
-    self.recorder.dispatched(step_num, device_metrics, dispatched_at, self._data_wait,
-                             mixture.source_tokens(self.data.iterator) if self.phase.config.data.mixture else None,
-                             self._source_tokens_before)
+    info = hooks_lib.StepInfo(step_num, state, device_metrics, dispatched_at, self._data_wait, stopping)
     self._data_wait = 0.0
-    if self.c.eval.every_steps and step_num % self.c.eval.every_steps == 0:
-      self.recorder.flush(probes=lambda: self._probe_scores(state))  # In this step's metrics row.
-    return state, stopping
+    return info
 
-  def _probe_scores(self, state: program_lib.TrainState) -> dict[str, float]:
-    """Frozen probes (eval.tasks) on the encoder: gathered to every host, scored on process 0."""
-    from crossbert_jax.evaluation import runner  # Local: scikit-learn and the task readers load only when used.
-
-    encoder = multihost_utils.process_allgather(state.params["encoder"], tiled=True)
-    return runner.probe_scores(self.phase.config, encoder, self.tok) if self.primary else {}
+  def _source_tokens(self) -> tuple[dict[str, int] | None, dict[str, float]]:
+    """A mixture's per-source tokens of the current stream (None for one source), and the earlier streams'."""
+    current = mixture.source_tokens(self.data.iterator) if self.phase.config.data.mixture else None
+    return current, self._source_tokens_before
 
   def _log_stop(self, step_num: int) -> None:
     self.logger.log_text(f"{self.stop.signal_name or 'a stop signal on another process'} received: saving step "
