@@ -20,7 +20,7 @@ from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.run import feed as feed_lib
-from crossbert_jax.run import fork, resume
+from crossbert_jax.run import checkpoint, fork, resume
 from crossbert_jax.training import program as program_lib
 from crossbert_jax.training import sharding
 from tests.helpers import cpu_env, run_module
@@ -179,3 +179,14 @@ def test_a_source_step_removed_while_it_is_read(tmp_path, source, spm_model):
   with pytest.raises(UserError, match=r"step 4 was removed from .* while it was read"):
     fork.restore(c, tmp_path / "fork2", tok_id, program.abstract, program.shardings, iterator_of, print)
   feed.close()
+
+
+def test_checkpoint_meta_reads_what_older_runs_wrote():
+  tok = {"path": "t.model", "sha256": "0" * 64, "vocab_size": 512}
+  oldest = checkpoint.CheckpointMeta.from_json(None)  # Written before the meta item existed.
+  assert oldest == checkpoint.CheckpointMeta() and oldest.tokens_at(10, {"train": {"batch_size": 4},
+                                                                         "data": {"seq_len": 8}}) == 320
+  older = checkpoint.CheckpointMeta.from_json({"tokenizer": tok, "tokens_seen": 99})  # Before process_count.
+  assert (older.tokenizer, older.tokens_seen, older.process_count, older.source_tokens_before) == (tok, 99, None, {})
+  now = {"tokenizer": tok, "tokens_seen": 99, "process_count": 2, "source_tokens_before": {"a": 5.0}}
+  assert checkpoint.CheckpointMeta.from_json(now).to_json() == now

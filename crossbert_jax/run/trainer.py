@@ -200,9 +200,8 @@ class Trainer:
   def _restore_or_init(self) -> tuple[program_lib.TrainState, int, bool]:
     """(state, its step, whether it came from a checkpoint); sets `tokens_at_start`."""
     p = self.program
-    read = lambda reader, step, plan: restore.read(reader, step, plan, p.abstract, p.shardings, self._enter_phase_of)
-    found = self.ckpt.restore_latest(self._vet_own, lambda step, plan: read(self.ckpt, step, plan), self.warn,
-                                     self.primary)
+    read = lambda step, plan: restore.read(self.ckpt, step, plan, p.abstract, p.shardings, self._enter_phase_of)
+    found = self.ckpt.restore_latest(self._vet_own, read, self.warn, self.primary)
     if found is not None:
       self.progress.last_good = found.step
     elif self.c.train.fork_from:  # A fork's first start: its source's checkpoint, read only.
