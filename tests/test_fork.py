@@ -141,25 +141,33 @@ def test_fork_into_its_source_or_a_workdir_with_other_checkpoints_is_refused_and
 
 def test_fork_records_decide_a_resume(tmp_path):
   """A workdir's checkpoints resume under the fork_from they record (with or without its step), never another."""
+  from crossbert_jax.core import config as config_lib
   from crossbert_jax.core.errors import UserError
   from crossbert_jax.run import fork
 
+  def given(fork_from):
+    c = config_lib.get_config("crossbert", "tiny")
+    c.train.fork_from = fork_from
+    return c
+
   src = tmp_path / "src"
   recorded = {"train": {"fork_from": f"{src}:20"}}
-  fork.check_recorded(f"{src}:20", tmp_path / "b", 30, recorded)
-  fork.check_recorded(str(src), tmp_path / "b", 30, recorded)
-  for given, needle in ((f"{src}:10", f"a fork of {src}:20"), (str(tmp_path / "other"), f"a fork of {src}:20")):
-    with pytest.raises(UserError, match="already holds checkpoints"):
-      fork.check_recorded(given, tmp_path / "b", 30, recorded)
-  with pytest.raises(UserError, match="a run that was not forked"):
-    fork.check_recorded(f"{src}:20", tmp_path / "b", 30, {"train": {"fork_from": ""}})
+  fork.check_resumed(given(f"{src}:20"), tmp_path / "b", 30, recorded)
+  bare = given(str(src))
+  fork.check_resumed(bare, tmp_path / "b", 30, recorded)
+  assert bare.train.fork_from == f"{src}:20", "a rerun without the step records the resolved SOURCE:STEP"
+  for other in (f"{src}:10", str(tmp_path / "other")):
+    with pytest.raises(UserError, match=f"of a fork from {src}:20"):
+      fork.check_resumed(given(other), tmp_path / "b", 30, recorded)
+  with pytest.raises(UserError, match="of a run that was not forked"):
+    fork.check_resumed(given(f"{src}:20"), tmp_path / "b", 30, {"train": {"fork_from": ""}})
   for inside in (src, src / "checkpoints" / "branch"):
     with pytest.raises(UserError, match="--workdir"):
-      fork.check_workdir(f"{src}:20", inside)
-  fork.check_workdir(f"{src}:20", tmp_path / "srcx")  # A sibling whose name starts with the source's.
+      fork.check_workdir(given(f"{src}:20"), inside)
+  fork.check_workdir(given(f"{src}:20"), tmp_path / "srcx")  # A sibling whose name starts with the source's.
   with pytest.raises(UserError, match="inside the source"):
-    fork.check_workdir("gs://b/src:20", "gs://b/src/branch")
-  fork.check_workdir("gs://b/src:20", "gs://b/src2")
+    fork.check_workdir(given("gs://b/src:20"), "gs://b/src/branch")
+  fork.check_workdir(given("gs://b/src:20"), "gs://b/src2")
 
 
 def _gcs_objects(url: str, prefix: str) -> dict[str, tuple]:

@@ -288,7 +288,7 @@ def test_resume_policy_per_key():
   import json as json_lib
 
   from crossbert_jax.core import config as config_lib
-  from crossbert_jax.run import resume
+  from crossbert_jax.run import checkpoint, resume
 
   def saved_and(**changes):
     base = config_lib.get_config("crossbert", "tiny")
@@ -322,4 +322,4 @@ def test_resume_policy_per_key():
   other = {"path": "b.model", "sha256": "1" * 64, "vocab_size": 400}
   saved, now = saved_and()
   with pytest.raises(UserError, match="a.model .* data.tokenizer=b.model"):
-    resume.check("w", 10, saved, {"tokenizer": tok}, now, other, 1)
+    resume.check("w", 10, saved, checkpoint.CheckpointMeta.from_json({"tokenizer": tok}), now, other, 1)

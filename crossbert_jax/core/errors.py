@@ -20,6 +20,14 @@ def error_line(message: str) -> None:
   sys.stderr.flush()
 
 
+def one_line(error: BaseException, limit: int = 200) -> str:
+  """`error` as `Type: message` on one line of at most `limit` characters, for the reason part of an
+  error line. TensorStore's trailing pointer to its details (a bound-method repr) is dropped."""
+  text = " ".join(f"{type(error).__name__}: {error}".split())
+  text = text.split(" See full TensorStore details")[0]
+  return text[:limit]
+
+
 def exit_on_user_error(fn: Callable[..., object]) -> Callable[..., object]:
   """Wraps a CLI entry point: a UserError prints `error: <message>` and exits with status 2."""
 

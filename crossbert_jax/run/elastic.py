@@ -1,13 +1,11 @@
 """Restarts on another process count: the saved data-iterator states, re-sharded.
 
 Orbax restores params and optimizer state onto any mesh. The Grain iterator is saved as one state
-per process (`checkpoints/STEP/data/process_P-of-N.json`); a run restarted on M != N processes
+per process (`checkpoint.CheckpointLayout`); a run restarted on M != N processes
 reads the N states here and gives every new process the same re-shard state, from which its
 iterator first drains the old layout's interrupted epoch (`data/elastic.py` holds the rule).
 """
 
-import json
-import re
 from typing import Any
 
 import ml_collections
@@ -16,31 +14,21 @@ from etils import epath
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import elastic as data_elastic
 from crossbert_jax.data import pipeline
-
-_STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
+from crossbert_jax.run import checkpoint
 
 
 def saved_process_count(workdir: str | epath.Path, step: int | None = None) -> tuple[int, int] | None:
   """(step, process count) of `step` (default: the newest committed checkpoint with a data iterator)."""
-  root = epath.Path(workdir) / "checkpoints"
-  if not root.is_dir():
-    return None
-  steps = [step] if step is not None else sorted((int(p.name) for p in root.iterdir() if p.name.isdigit()),
-                                                 reverse=True)
-  for s in steps:
-    data = root / str(s) / "data"
-    if not (root / str(s) / "_CHECKPOINT_METADATA").exists() or not data.is_dir():
-      continue
-    counts = {int(m.group(2)) for p in data.iterdir() if (m := _STATE_FILE.fullmatch(p.name))}
-    if len(counts) == 1:
-      return s, counts.pop()
+  layout = checkpoint.CheckpointLayout.of(workdir)
+  for s in [step] if step is not None else reversed(layout.steps_on_disk()):
+    if (count := layout.process_count(s)) is not None:
+      return s, count
   return None
 
 
 def saved_states(workdir: str | epath.Path, step: int, count: int) -> list[dict[str, Any]]:
   """The `count` per-process iterator states saved with `step`, in process order."""
-  data = epath.Path(workdir) / "checkpoints" / str(step) / "data"
-  return [json.loads((data / f"process_{p}-of-{count}.json").read_text()) for p in range(count)]
+  return checkpoint.CheckpointLayout.of(workdir).iterator_states(step, count)
 
 
 def reshard(workdir: str | epath.Path, step: int, old: int | None, saved: dict[str, Any],

@@ -18,6 +18,7 @@ from typing import Callable, Iterator, Protocol
 from etils import epath
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.run import checkpoint
 
 # OSError numbers of a full or read-only workdir: reported in one line, not a traceback.
 ENV_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
@@ -62,14 +63,6 @@ def install_log_filter() -> None:
       handler.addFilter(_EnvironmentLogFilter())
 
 
-def intact_steps(workdir: epath.Path) -> list[int]:
-  """The checkpoint steps on disk (not the trainer's view: an async save may have failed late)."""
-  try:
-    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-  except OSError:
-    return []
-
-
 @contextlib.contextmanager
 def reported(workdir: epath.Path, progress: Doing) -> Iterator[None]:
   """Re-raises a full or read-only workdir as one UserError line; everything else unchanged."""
@@ -84,8 +77,9 @@ def reported(workdir: epath.Path, progress: Doing) -> Iterator[None]:
     reason, path = env
     # Orbax's unfinished writes would add "coroutine ... was never awaited" lines at exit.
     warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
-    intact = intact_steps(workdir)
-    kept = (f"the checkpoints of steps {intact} in {workdir / 'checkpoints'} are intact" if intact
+    layout = checkpoint.CheckpointLayout.of(workdir)
+    intact = layout.steps_on_disk()  # Not the trainer's view: an async save may have failed late.
+    kept = (f"the checkpoints of steps {intact} in {layout.directory} are intact" if intact
             else "no checkpoint was written")
     raise UserError(f"{reason} while {progress.doing}{' (' + path + ')' if path else ''}; {kept}: "
                     f"free space or make {workdir} writable, then rerun the same command to resume") from None

@@ -6,6 +6,7 @@ fresh, from the start of its source, packed at its phase's length (`core/phases.
 returns this process's rows of the current phase's batch: `reads_per_step` reads of
 `read_batch / process_count` rows, concatenated. `get_state` / `set_state` are the current
 stream's iterator position: what a checkpoint of a step in this phase saves and restores.
+`check_streams` opens every stream of a run with phases and reads its first batch before step 1.
 """
 
 from typing import Any
@@ -52,3 +53,23 @@ class PhaseFeed:
     if hasattr(self.iterator, "close"):
       self.iterator.close()  # Stops Grain's worker processes now rather than at interpreter exit.
     self.iterator = None
+
+
+def check_streams(phases: list[phases_lib.Phase], tok: tokenizer_lib.Tokenizer, *, seed: int, process_index: int,
+                  process_count: int) -> None:
+  """Opens the data stream of every phase that starts one and reads its first batch: unusable data
+  (an empty or non-UTF-8 file, shards of another tokenizer) is refused now, naming its phase, not
+  when the phase starts. Nothing for a run of one phase (its stream is read at its first step)."""
+  if len(phases) < 2:
+    return
+
+  def check(phase: phases_lib.Phase) -> None:
+    if phase.index > 0 and phase.stream == phases[phase.index - 1].stream:
+      return
+    feed = PhaseFeed(tok, seed=seed, process_index=process_index, process_count=process_count)
+    try:
+      next(feed.enter(phase))
+    finally:
+      feed.close()
+
+  phases_lib.check_each(phases, check)

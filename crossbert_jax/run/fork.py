@@ -2,25 +2,27 @@
 
 The fork takes the source's params, optimizer state (its step counter included), data-iterator
 position and tokens_seen, and trains on under its own config's schedule: this is how a WSD decay
-branch leaves its stable run (scaling/plan.py). The source's config is vetted as a resume would
-vet it (`resume.check`: the keys that cannot change on a resume cannot change on a fork; the
-schedule keys may). The source is only read: no lock, no lease, no renamed damaged step, nothing
-created (a read-only Orbax manager), so it can be a finished run, a running one or on gs://.
-Once the fork holds a checkpoint of its own, the loop resumes from that and never reads the source.
+branch leaves its stable run (scaling/plan.py). The source's checkpoint goes through the
+resume's restore policy (`run/restore.py`: the keys that cannot change on a resume cannot change on
+a fork; the schedule keys may). The source is only read: no lock, no lease, no renamed damaged
+step, nothing created (a read-only Orbax manager), so it can be a finished run, a running one or on
+gs://. The fork's workdir may not be the source or inside it (`check_workdir`). Once the fork holds
+a checkpoint of its own, the loop resumes from that and never reads the source; such a workdir
+resumes only with the `train.fork_from` its checkpoints record (`check_resumed`).
 """
 
 import contextlib
+import dataclasses
 import logging
 import re
 from typing import Any, Callable, Iterator
 
-import jax
 import ml_collections
 from etils import epath
 
 from crossbert_jax.core import outputs
-from crossbert_jax.core.errors import UserError
-from crossbert_jax.run import checkpoint, elastic, resume
+from crossbert_jax.core.errors import UserError, one_line
+from crossbert_jax.run import checkpoint, restore as restore_policy
 
 _WITH_STEP = re.compile(r"^(?P<source>.+):(?P<step>\d+)$")
 
@@ -51,118 +53,128 @@ def _same_place(a: str, b: str) -> bool:
   return epath.Path(a).resolve() == epath.Path(b).resolve()
 
 
-def check_workdir(fork_from: str, workdir: epath.Path) -> None:
-  """Refuses a fork whose --workdir is its source or inside it, before anything there is opened."""
-  source, _ = parse(fork_from)
+def check_workdir(c: ml_collections.ConfigDict, workdir: str | epath.Path) -> None:
+  """UserError when a fork's --workdir is its source or inside it (its saves would delete the
+  source's fork points). Checked before the workdir is touched, and before any resume."""
+  if not c.train.fork_from:
+    return
+  key = f"config train.fork_from={c.train.fork_from}"
+  source, _ = parse(c.train.fork_from)
   where = outputs.relation(outputs.absolute(workdir), outputs.absolute(source))
-  if where in ("is", "is inside"):
-    raise UserError(f"config train.fork_from={fork_from}: --workdir={workdir} is "
-                    f"{'the source itself' if where == 'is' else 'inside the source'}; "
-                    "a fork writes its own checkpoints: give it a new --workdir outside the source")
+  if where == "is":
+    raise UserError(f"{key} is this run's own --workdir: fork into a new --workdir")
+  if where == "is inside":
+    raise UserError(f"{key}: --workdir {workdir} is inside the source run {source}; fork into a new --workdir "
+                    "outside it")
 
 
-def check_recorded(fork_from: str, workdir: epath.Path, step: int, saved_config: dict) -> None:
-  """Refuses to resume a workdir whose checkpoint `step` records another fork source (or none).
-
-  A rerun with the fork_from its checkpoints record (with or without the step) resumes as usual.
-  """
-  recorded = str((saved_config.get("train") or {}).get("fork_from") or "")
-  source, want = parse(fork_from)
-  if recorded:
-    had_source, had_step = parse(recorded)
-    if _same_place(source, had_source) and want in (None, had_step):
-      return
-    what = f"a fork of {recorded}"
-  else:
-    what = "a run that was not forked"
-  raise UserError(f"config train.fork_from={fork_from}: --workdir={workdir} already holds checkpoints (step "
-                  f"{step}) of {what}; give the fork a new --workdir, or rerun with the fork_from it records "
-                  "(or none) to resume it")
-
-
-# resume.check's refusals speak of resuming a --workdir; a fork reads another run.
-_FORK_WORDING = (
-    ("these cannot change on resume: use the checkpoint's values or a new --workdir",
-     "these cannot change on a fork: use the source's values or fork from a compatible run"),
-    ("resume with the run's tokenizer or use a new --workdir", "fork with the source's tokenizer"),
-)
+def check_resumed(c: ml_collections.ConfigDict, workdir: str | epath.Path, step: int, saved: dict[str, Any]) -> None:
+  """A workdir holding checkpoints resumes as the run they record: UserError when `c`'s
+  `train.fork_from` names another source or step than its checkpoint `step` records (or it records
+  none). A rerun with the same value resumes, recording the resolved "SOURCE:STEP" again."""
+  given = c.train.fork_from
+  if not given:
+    return
+  recorded = saved.get("train", {}).get("fork_from") or ""
+  where = f"config train.fork_from={given}: --workdir {workdir} holds checkpoints (step {step})"
+  if not recorded:
+    raise UserError(f"{where} of a run that was not forked; drop train.fork_from to resume it, or fork into a "
+                    "new --workdir")
+  (source, fork_step), (given_source, given_step) = parse(recorded), parse(given)
+  if not _same_place(source, given_source) or None not in (fork_step, given_step) and fork_step != given_step:
+    raise UserError(f"{where} of a fork from {recorded}; give train.fork_from={recorded} to resume it, or fork "
+                    "into a new --workdir")
+  if fork_step is not None:
+    c.train.fork_from = recorded
 
 
-def _as_fork_refusal(message: str, source: str) -> str:
-  """A resume refusal reworded for a fork (the source, not --workdir, holds the checkpoint)."""
-  message = message.replace(f"--workdir {source} holds", f"the source {source} holds", 1)
-  for resume_words, fork_words in _FORK_WORDING:
-    message = message.replace(resume_words, fork_words)
-  return message
+class _Removed(Exception):
+  """The source's step folder went away while it was read (the source's own cleanup)."""
 
 
 def restore(c: ml_collections.ConfigDict, workdir: epath.Path, tokenizer: dict[str, Any], abstract_state: Any,
-            shardings: Any, data_for: Callable[[int], Any],
-            warn: Callable[[str], None]) -> tuple[int, Any, dict[str, Any]]:
-  """(step, state, meta) of the fork's source checkpoint, restored into `shardings` and `data_for(step)`
-  (the data iterator of the step's phase).
+            shardings: Any, iterator_of: Callable[[int], Any],
+            warn: Callable[[str], None]) -> checkpoint.Restored:
+  """The fork's source checkpoint, restored into `shardings` and `iterator_of(step)` (the data
+  iterator of the step's phase), through the resume's restore policy (`restore_policy.vet`, `read`).
 
-  `meta["tokens_seen"]` is always set. `c.train.fork_from` is rewritten to the resolved
+  Its meta's `tokens_seen` is always set. `c.train.fork_from` is rewritten to the resolved
   "SOURCE:STEP", so the fork's config.json and checkpoints record exactly where it came from.
-  UserError (naming train.fork_from) for a missing source or step, a refused config change, or a
-  step that is not before train.steps.
+  UserError (naming train.fork_from) for a missing source or step, a refused config change, a
+  step that is not before train.steps (or train.stop_at_step), or an unreadable step. A step the
+  running source removes while it is read is retried once when the newest was asked for.
   """
   key = f"config train.fork_from={c.train.fork_from}"
   source, step = parse(c.train.fork_from)
-  if _same_place(source, str(workdir)):
-    raise UserError(f"{key} is this run's own --workdir: fork from another run's workdir")
-  ckpt_dir = epath.Path(source) / "checkpoints"
-  if not ckpt_dir.is_dir():
-    raise UserError(f"{key}: {source} holds no checkpoints/; point it at a training run's workdir")
-  # keep/keep_steps only matter to a writer; a read-only manager deletes nothing.
+  check_workdir(c, workdir)
+  if not checkpoint.CheckpointLayout.of(source).directory.is_dir():
+    raise UserError(f"{key}: {source} holds no {checkpoint.DIRECTORY}/; point it at a training run's workdir")
   with _quiet_absl():
-    reader = checkpoint.Checkpointer(
-        source, ml_collections.ConfigDict({"keep": 1, "keep_steps": (), "async_save": False}), read_only=True)
+    reader = checkpoint.Checkpointer.reader(source)
   try:
-    steps = sorted(reader.all_steps())
-    if not steps:
-      raise UserError(f"{key}: {source} holds no finished checkpoint yet")
-    if step is None:
-      step = steps[-1]
-    elif step not in steps:
-      raise UserError(f"{key}: {source} has checkpoints at steps {steps}, not {step}; fork from one of them "
-                      "(a WSD stable run keeps its fork points through checkpoint.keep_steps)")
-    if step >= c.train.steps:
-      raise UserError(f"{key}: step {step} is not before train.steps={c.train.steps}; raise train.steps or "
-                      "fork from an earlier step")
-    try:
-      saved_config, meta = reader.saved_config(step), reader.saved_meta(step)
-    except Exception as e:  # noqa: BLE001 - an unreadable item: the source's damaged step, left as it is.
-      raise UserError(f"{key}: checkpoint step {step} in {source} is unreadable "
-                      f"({' '.join(f'{type(e).__name__}: {e}'.split())[:200]}); fork from another step") from None
-    written_by = elastic.saved_process_count(source, step)
-    old_count = written_by[1] if written_by else None
-    try:
-      lines, restore_data = resume.check(source, step, saved_config, meta, c, tokenizer, jax.process_count(),
-                                         old_count)
-    except UserError as e:
-      raise UserError(f"{key}: {_as_fork_refusal(str(e), source)}") from None
-    resharded = (elastic.reshard(source, step, old_count, resume.stream_view(saved_config, step), c,
-                                 jax.process_count()) if restore_data else None)
-    if resharded is not None:
-      lines.append(resharded[0])
-      restore_data = False
-    # A fork changes its schedule, probes and checkpointing by design: only the other changes are worth a line.
-    for line in lines:
-      if not line.startswith(("warning: resuming with train.", "warning: resuming with eval.",
-                              "warning: resuming with checkpoint.")) and "learning-rate schedule" not in line:
-        warn(line.replace("resuming with", "forking with"))
-    try:
-      state = reader.restore(step, abstract_state, shardings, data_for(step) if restore_data else None)
-    except Exception as e:  # noqa: BLE001
-      raise UserError(f"{key}: checkpoint step {step} in {source} is unreadable "
-                      f"({' '.join(f'{type(e).__name__}: {e}'.split())[:200]}); fork from another step") from None
-    if resharded is not None and resharded[1] is not None:
-      data_for(step).set_state(resharded[1])
+    for retry in (False, True):
+      chosen = _chosen_step(key, source, reader, step, c)
+      try:
+        found = _read_step(key, source, reader, chosen, c, tokenizer, abstract_state, shardings, iterator_of, warn)
+        break
+      except _Removed:
+        if step is not None or retry:
+          raise UserError(f"{key}: checkpoint step {chosen} was removed from {source} while it was read (the "
+                          "source run is running and its checkpoint.keep deletes older steps); fork from a step "
+                          "it keeps (checkpoint.keep_steps)") from None
+        reader.reload()
   finally:
     reader.close()
-  meta = dict(meta or {})
-  meta["tokens_seen"] = resume.saved_tokens_seen(step, saved_config, meta or None)
-  c.train.fork_from = f"{source}:{step}"
-  warn(f"forked from {source} at step {step}")
-  return step, state, meta
+  c.train.fork_from = f"{source}:{found.step}"
+  warn(f"forked from {source} at step {found.step}")
+  return found
+
+
+def _chosen_step(key: str, source: str, reader: checkpoint.Checkpointer, step: int | None,
+                 c: ml_collections.ConfigDict) -> int:
+  """The source step to fork from (`step`, or the newest), checked against the fork's schedule."""
+  steps = sorted(reader.all_steps())
+  if not steps:
+    raise UserError(f"{key}: {source} holds no finished checkpoint yet")
+  if step is None:
+    step = steps[-1]
+  elif step not in steps:
+    raise UserError(f"{key}: {source} has checkpoints at steps {steps}, not {step}; fork from one of them "
+                    "(a WSD stable run keeps its fork points through checkpoint.keep_steps)")
+  if step >= c.train.steps:
+    raise UserError(f"{key}: step {step} is not before train.steps={c.train.steps}; raise train.steps or "
+                    "fork from an earlier step")
+  if c.train.stop_at_step and step >= c.train.stop_at_step:
+    raise UserError(f"{key}: step {step} is not before train.stop_at_step={c.train.stop_at_step}, so the fork "
+                    f"would train nothing; raise train.stop_at_step above {step} or fork from an earlier step")
+  return step
+
+
+def _read_step(key: str, source: str, reader: checkpoint.Checkpointer, step: int, c: ml_collections.ConfigDict,
+               tokenizer: dict[str, Any], abstract_state: Any, shardings: Any, iterator_of: Callable[[int], Any],
+               warn: Callable[[str], None]) -> checkpoint.Restored:
+  """`step` of the source, vetted and read; _Removed if its folder went away meanwhile."""
+  def attempt(_: int) -> tuple[checkpoint.Restored | None, str | None]:
+    try:
+      saved, meta = reader.saved_config(step), reader.saved_meta(step)
+    except Exception as e:  # noqa: BLE001 - an unreadable item: the source's damaged step, left as it is.
+      return None, one_line(e)
+    try:
+      plan = restore_policy.vet(source, step, saved, meta, c, tokenizer, forking=True)
+    except UserError as e:
+      raise UserError(f"{key}: {e}") from None
+    for line in plan.lines:
+      warn(line)
+    try:
+      state = restore_policy.read(reader, step, plan, abstract_state, shardings, iterator_of)
+    except Exception as e:  # noqa: BLE001
+      return None, one_line(e)
+    meta = dataclasses.replace(meta, tokens_seen=meta.tokens_at(step, saved))
+    return checkpoint.Restored(step, state, meta, saved), None
+
+  def unreadable(_: int, reason: str) -> None:
+    if not checkpoint.CheckpointLayout.of(source).step_dir(step).exists():
+      raise _Removed()
+    raise UserError(f"{key}: checkpoint step {step} in {source} is unreadable ({reason}); fork from another step")
+
+  return checkpoint.first_readable([step], attempt, unreadable)[1]

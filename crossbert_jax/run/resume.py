@@ -32,6 +32,7 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import pipeline
+from crossbert_jax.run import checkpoint
 from crossbert_jax.training import optimizer
 
 _REFUSED_SECTIONS = ("model", "reconstructor", "masking", "mlm")
@@ -106,23 +107,26 @@ def _check_phases(where: str, step: int, saved: dict, now: ml_collections.Config
   return [], True
 
 
-def check(workdir: str, step: int, saved: dict, meta: dict | None, now: ml_collections.ConfigDict,
-          tokenizer: dict[str, Any], process_count: int,
-          saved_process_count: int | None = None) -> tuple[list[str], bool]:
+def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta | None,
+          now: ml_collections.ConfigDict, tokenizer: dict[str, Any], process_count: int,
+          saved_process_count: int | None = None, *, forking: bool = False) -> tuple[list[str], bool]:
   """(warning lines, whether the saved data-iterator state applies); UserError if refused.
 
   `saved_process_count`: the processes that wrote the checkpoint, if known. When it differs from
   `process_count` the stream is re-sharded (training/elastic.py), which re-packs the old rounds
-  with their own bins, so a batch-size change does not restart it.
+  with their own bins, so a batch-size change does not restart it. `forking`: the checkpoint is
+  another run's, which a fork starts from (the refusals' fixes say so).
   """
   where = f"--workdir {workdir} holds a checkpoint (step {step})"
-  if meta is not None and "tokenizer" in meta:
-    old = meta["tokenizer"]
+  if meta is not None and meta.tokenizer is not None:
+    old = meta.tokenizer
     if old["sha256"] != tokenizer["sha256"]:
+      fix = ("fork with the source's tokenizer or from a run trained with this one" if forking
+             else "resume with the run's tokenizer or use a new --workdir")
       raise UserError(
           f"{where} trained with the tokenizer {old['path']} (sha256 {old['sha256'][:12]}, {old['vocab_size']} "
           f"pieces), but data.tokenizer={tokenizer['path']} differs (sha256 {tokenizer['sha256'][:12]}, "
-          f"{tokenizer['vocab_size']} pieces); resume with the run's tokenizer or use a new --workdir")
+          f"{tokenizer['vocab_size']} pieces); {fix}")
   a, b = _flat(saved), _flat(json.loads(json.dumps(now.to_dict())))  # As saved: tuples become lists.
   changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
   phased = phases_lib.has_phases(now) or phases_lib.has_phases(config_lib.from_dict(saved))
@@ -130,8 +134,9 @@ def check(workdir: str, step: int, saved: dict, meta: dict | None, now: ml_colle
   refused = [k for k in changed if _refused(k) and not (phased and k in phases_lib.OVERRIDABLE)]
   if refused:
     diffs = ", ".join(f"{k}={a[k]!r} (config: {b[k]!r})" for k in refused)
-    raise UserError(f"{where} made with {diffs}; these cannot change on resume: use the checkpoint's values "
-                    "or a new --workdir")
+    fix = ("cannot change in a fork: use the source's values or fork from a compatible run" if forking
+           else "cannot change on resume: use the checkpoint's values or a new --workdir")
+    raise UserError(f"{where} made with {diffs}; these {fix}")
   warnings, restore_data = phase_lines, phase_data
   for k in changed:
     warnings.append(f"warning: resuming with {k}={b[k]!r} (checkpoint: {a[k]!r})")
@@ -160,10 +165,3 @@ def check(workdir: str, step: int, saved: dict, meta: dict | None, now: ml_colle
       warnings.append("warning: the new batch size changes the number of packing bins, so the data stream "
                       "starts over from its first batch")
   return warnings, restore_data
-
-
-def saved_tokens_seen(step: int, saved: dict, meta: dict | None) -> int:
-  """Tokens trained on up to `step` (older checkpoints: step x their batch x length)."""
-  if meta is not None and "tokens_seen" in meta:
-    return int(meta["tokens_seen"])
-  return step * saved["train"]["batch_size"] * saved["data"]["seq_len"]

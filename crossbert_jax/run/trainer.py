@@ -1,14 +1,15 @@
 """The pretraining run: CrossBERT or flat BERT on a device mesh (`run(config, workdir)`).
 
-`run` validates the config, takes the workdir's lease (`lock`) and turns a full or read-only
-disk into one error line (`environment`); `Trainer.train` is the run itself, top to bottom:
-restore the newest checkpoint (after `resume.check` vetted the config and tokenizer; a damaged
-step falls back to the previous one) or initialise, then the steps, with periodic saves, then
-the final save. Only params whose next loss was checked finite are saved
-(`TrainProgram.check_loss`). SIGTERM / SIGINT stop every process at the same step, which is
-saved (`preemption`); the status is then "stopped" (exit code EXIT_STOPPED). Metrics are
-fetched one step late, so the host never blocks the device (`recorder`). The CLI is
-`crossbert_jax.train`.
+`run` validates the config, reads every phase's data once (`feed.check_streams`), takes the
+workdir's lease (`lock`) and turns a full or read-only disk into one error line (`environment`);
+`Trainer.train` is the run itself, top to bottom: restore the newest checkpoint (the restore
+policy, `restore`, vets its config and tokenizer; a damaged step falls back to the previous one),
+or a fork's source checkpoint (`fork`), or initialise; then the steps, each followed by the hooks
+due at it (`hooks`: metrics, probes, periodic saves); then the final save. Only params whose next
+loss was checked finite are saved (`TrainProgram.check_loss`; where the next step starts another
+data stream, on one more batch of the current one, so a save never reads the next phase's data).
+SIGTERM / SIGINT stop every process at the same step, which is saved (`preemption`); the status
+is then "stopped" (exit code EXIT_STOPPED). The CLI is `crossbert_jax.train`.
 
 A run with phases (`core/phases.py`) trains each phase under its own config: at its first step
 the loop makes it current (`_enter`), rebuilding the TrainProgram for its config and, when it
@@ -24,7 +25,6 @@ from typing import Any, Callable
 
 import jax
 import ml_collections
-from jax.experimental import multihost_utils
 import numpy as np
 from etils import epath
 
@@ -33,8 +33,8 @@ from crossbert_jax.core import outputs
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import mixture, pipeline, tokenizer as tokenizer_lib
-from crossbert_jax.run import (checkpoint, elastic, environment, feed as feed_lib, fork, lock, metrics, preemption,
-                               recorder, resume, warm_start)
+from crossbert_jax.run import (checkpoint, compile_cache, environment, feed as feed_lib, fork, hooks as hooks_lib, lock,
+                               metrics, preemption, recorder, restore, resume, warm_start)
 from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # noqa: F401 - re-exported.
 from crossbert_jax.training import objectives, program as program_lib, sharding
 
@@ -59,23 +59,14 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
   config_lib.validate(c)
   # A file (or one on the way), or a read-only disk, is one line before any work, not a traceback.
   outputs.check_folder_path(workdir, "--workdir", writes_inside=True)
+  fork.check_workdir(c, workdir)
   workdir = epath.Path(workdir)
-  if c.train.fork_from:  # Before anything in the workdir is created or opened: it may be the source itself.
-    fork.check_workdir(c.train.fork_from, workdir)
   mesh = sharding.make_mesh(c.mesh)
   phases = phases_lib.expand(c)
-
-  def check(phase: phases_lib.Phase) -> None:
-    if phase.index > 0 and phase.stream != phases[phase.index - 1].stream:
-      pipeline.check_paths(phase.config.data)  # Phase 0's data is read now; a later phase's fails here, not then.
-    sharding.check_batch_divisible(phase.config.train.batch_size, c.train.grad_accum, mesh)
-    if phase.read_batch % jax.process_count():
-      raise UserError(f"config train.batch_size: the phases' data stream is read {phase.read_batch} rows at a "
-                      f"time, which {jax.process_count()} processes cannot split; make the batch sizes of "
-                      "consecutive phases multiples of the process count")
-
-  phases_lib.check_each(phases, check)
+  phases_lib.check_each(phases, lambda phase: _check_phase(c, phases, phase, mesh))
   tok = load_tokenizer(c)
+  feed_lib.check_streams(phases, tok, seed=c.train.seed, process_index=jax.process_index(),
+                         process_count=jax.process_count())
   progress = Progress(doing=f"creating {workdir}")
   environment.install_log_filter()
   created = not workdir.exists()
@@ -110,6 +101,18 @@ def _drop_empty_new_folders(workdir: epath.Path, before: set[str], created: bool
     workdir.rmdir()
 
 
+def _check_phase(c: ml_collections.ConfigDict, phases: list[phases_lib.Phase], phase: phases_lib.Phase,
+                 mesh: jax.sharding.Mesh) -> None:
+  """UserError for a phase the run cannot train: its data path, its batch on this mesh and processes."""
+  if phase.index > 0 and phase.stream != phases[phase.index - 1].stream:
+    pipeline.check_paths(phase.config.data)  # Before the tokenizer loads; `feed.check_streams` reads it then.
+  sharding.check_batch_divisible(phase.config.train.batch_size, c.train.grad_accum, mesh)
+  if phase.read_batch % jax.process_count():
+    raise UserError(f"config train.batch_size: the phases' data stream is read {phase.read_batch} rows at a "
+                    f"time, which {jax.process_count()} processes cannot split; make the batch sizes of "
+                    "consecutive phases multiples of the process count")
+
+
 def _warn(msg: str) -> None:
   print(msg, file=sys.stderr, flush=True)
 
@@ -130,17 +133,23 @@ class Trainer:
                                             specials=tok.special_ids)
     self.data = feed_lib.PhaseFeed(tok, seed=c.train.seed, process_index=jax.process_index(),
                                    process_count=jax.process_count())
-    self.data.enter(self.phase)  # A restore into a later phase's stream replaces it (`_data_for`).
+    self.data.enter(self.phase)  # A restore into a later phase's stream replaces it (`_enter_phase_of`).
     progress.doing = f"reading the checkpoints in {workdir}"
     self.ckpt = checkpoint.Checkpointer(workdir, c.checkpoint)
     self.outcome = Outcome()
-    self._resharded_data: dict | None = None  # The data state of a checkpoint saved on another process count.
     self._next_batch = None  # The batch a checked save already read for the next step.
     self._data_wait = 0.0  # Seconds blocked on input since the last dispatched step.
     self._forked = False  # Started from train.fork_from's checkpoint (this process start).
+    self._counted_stream: int | None = None  # The stream whose per-source tokens `_end_stream` counted.
     # Per-source tokens of the run's streams before the current one, all processes (in checkpoint meta).
     self._source_tokens_before: dict[str, float] = {}
+    self.tokens_at_start = 0  # Tokens trained on before this process start's first step (`_restore_or_init`).
+    self.start = 0  # The step this process start resumes after (`_begin`).
+    self.sync = preemption.StopSync(mesh)
+    # Made by `_begin` once the run is known to train (a run with nothing to do writes no log).
     self.logger: metrics.MetricsLogger | None = None
+    self.recorder: recorder.StepRecorder | None = None
+    self.hooks: list[hooks_lib.Hook] = []  # The loop's side duties, in order (`hooks`).
 
   def train(self) -> dict[str, Any]:
     """The run, top to bottom; its outcome (`Outcome.as_dict`)."""
@@ -154,13 +163,12 @@ class Trainer:
     try:
       for step_num in range(start + 1, end + 1):
         self._enter(phases_lib.phase_at(self.phases, step_num))
-        state, stopping = self._step(state, step_num)
-        if stopping:
+        info = self._step(state, step_num)
+        state = info.state
+        hooks_lib.run_due(self.hooks, info)  # Metrics, probes, saves: each at its own steps.
+        if info.stopping:
           self._log_stop(step_num)
           break
-        if step_num % c.checkpoint.every_steps == 0 or step_num in c.checkpoint.keep_steps:
-          self.recorder.flush()
-          self._checked_save(step_num, state)
       self._finish(state, start, restored)
       finished = True
     finally:
@@ -178,15 +186,28 @@ class Trainer:
         self.logger.log_text(f"{phase.describe()}: {', '.join(f'{k}={v!r}' for k, v in changed.items())}")
       self.program = program_lib.TrainProgram(phase.config, self.mesh, replacement_vocab=self._replacement_vocab,
                                               specials=self.tok.special_ids)
-      if self.logger is not None and phase.stream != self.phase.stream and self.phase.config.data.mixture:
-        # The stream ends here: its sources' tokens join the run's count (a restore reads it from meta).
-        self._source_tokens_before = recorder.add_tokens(
-            self._source_tokens_before, recorder.summed_over_processes(mixture.source_tokens(self.data.iterator)))
+      if self.logger is not None and phase.stream != self.phase.stream:
+        self._end_stream()
     self.phase = phase
-    self.data.enter(phase)
+    try:
+      self.data.enter(phase)
+    except UserError as e:  # Data that went bad since `feed.check_streams` read it.
+      raise self._in_phase(e) from None
 
-  def _data_for(self, step: int):
-    """The iterator a checkpoint of `step` restores: that of its step's phase."""
+  def _in_phase(self, error: UserError) -> UserError:
+    """`error`, naming the current phase (in a run with phases)."""
+    return UserError(f"{error} (in {self.phase.describe()})" if len(self.phases) > 1 else str(error))
+
+  def _end_stream(self) -> None:
+    """The current stream ends here: a mixture's per-source tokens join the run's count (once; a
+    restore reads the count from the checkpoint's meta)."""
+    if self.phase.config.data.mixture and self._counted_stream != self.phase.stream:
+      self._source_tokens_before = recorder.add_tokens(
+          self._source_tokens_before, recorder.summed_over_processes(mixture.source_tokens(self.data.iterator)))
+    self._counted_stream = self.phase.stream
+
+  def _enter_phase_of(self, step: int) -> Any:
+    """Makes `step`'s phase current; its iterator, the one a checkpoint of `step` restores."""
     self._enter(phases_lib.phase_at(self.phases, step))
     return self.data.iterator
 
@@ -195,42 +216,28 @@ class Trainer:
   def _restore_or_init(self) -> tuple[program_lib.TrainState, int, bool]:
     """(state, its step, whether it came from a checkpoint); sets `tokens_at_start`."""
     p = self.program
-    found = self.ckpt.restore_latest(self._accept, p.abstract, p.shardings, self._data_for, self.warn, self.primary)
+    read = lambda step, plan: restore.read(self.ckpt, step, plan, p.abstract, p.shardings, self._enter_phase_of)
+    found = self.ckpt.restore_latest(self._vet_own, read, self.warn, self.primary)
     if found is not None:
-      start, state, meta = found
-      if self._resharded_data is not None:
-        self._data_for(start).set_state(self._resharded_data)
-      self.tokens_at_start = resume.saved_tokens_seen(start, self.ckpt.saved_config(start), meta)
-      self._source_tokens_before = dict((meta or {}).get("source_tokens_before", {}))
-      self.progress.last_good = start
-      return state, start, True
-    if self.c.train.fork_from:  # A fork's first start: its source's checkpoint, read only.
-      start, state, meta = fork.restore(self.c, self.workdir, self.tok_id, p.abstract, p.shardings,
-                                        self._data_for, self.warn)
-      self.tokens_at_start = meta["tokens_seen"]
-      self._source_tokens_before = dict(meta.get("source_tokens_before", {}))
+      self.progress.last_good = found.step
+    elif self.c.train.fork_from:  # A fork's first start: its source's checkpoint, read only.
+      found = fork.restore(self.c, self.workdir, self.tok_id, p.abstract, p.shardings, self._enter_phase_of,
+                           self.warn)
       self._forked = True
-      return state, start, True
-    self.tokens_at_start = 0
+    if found is not None:
+      self.tokens_at_start = found.meta.tokens_at(found.step, found.config)
+      self._source_tokens_before = dict(found.meta.source_tokens_before)
+      return found.state, found.step, True
     state = p.init_state()
     return (warm_start.from_imported(self.phases[0].config, state) if self.c.train.init_from else state), 0, False
 
-  def _accept(self, saved_step: int, saved_config: dict, saved_meta: dict | None) -> bool:
-    """Vets a checkpoint before its state is read (UserError refuses the run); True to restore its data state."""
-    if self.c.train.fork_from:
-      fork.check_recorded(self.c.train.fork_from, self.workdir, saved_step, saved_config)
-    written_by = elastic.saved_process_count(self.workdir, saved_step)
-    old_count = written_by[1] if written_by else None
-    lines, restore_data = resume.check(str(self.workdir), saved_step, saved_config, saved_meta, self.c,
-                                       self.tok_id, jax.process_count(), old_count)
-    if restore_data and (other := elastic.reshard(self.workdir, saved_step, old_count,
-                                                  resume.stream_view(saved_config, saved_step), self.c,
-                                                  jax.process_count())):
-      lines.append(other[0])
-      self._resharded_data, restore_data = other[1], False
-    for line in lines:
+  def _vet_own(self, step: int, saved_config: dict, meta: checkpoint.CheckpointMeta) -> restore.Plan:
+    """Vets this run's checkpoint `step` before its state is read (UserError refuses the run); how to read it."""
+    fork.check_resumed(self.c, self.workdir, step, saved_config)
+    plan = restore.vet(self.workdir, step, saved_config, meta, self.c, self.tok_id, forking=False)
+    for line in plan.lines:
       self.warn(line)
-    return restore_data
+    return plan
 
   def _nothing_to_do(self, start: int) -> dict[str, Any]:
     t = self.c.train
@@ -248,12 +255,15 @@ class Trainer:
     self.progress.doing = f"writing {self.workdir / 'config.json'}"
     if self.primary:
       (self.workdir / "config.json").write_text(c.to_json_best_effort(indent=2))
-    self.sync = preemption.StopSync(mesh)
     self.logger = metrics.MetricsLogger(str(self.workdir), total_steps=c.train.steps, start_step=start,
                                         enabled=self.primary, tensorboard=c.metrics.tensorboard,
                                         progress_bar=c.metrics.progress_bar, eta_by_work=len(self.phases) > 1)
     self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress,
                                           self.outcome, str(self.workdir), self.warn, phases=self.phases)
+    phase_config = lambda: self.phase.config
+    self.hooks = [hooks_lib.metrics(self.recorder, self._source_tokens),
+                  hooks_lib.probes(c.eval.every_steps, self.recorder, phase_config, self.tok, self.primary),
+                  hooks_lib.saves(c.checkpoint, self.recorder, self._checked_save)]
     how = (f"forked from {c.train.fork_from}" if self._forked else f"resuming from step {start}" if restored
            else "starting")
     self.logger.log_text(f"{c.objective}: {how} in {self.workdir} on {mesh.size} device(s), mesh {dict(mesh.shape)}")
@@ -263,34 +273,32 @@ class Trainer:
 
   # -- The steps --------------------------------------------------------------------------------
 
-  def _read_batch(self) -> dict[str, jax.Array]:
-    """The next global batch, timing how long the host was blocked on the input."""
+  def _next_global_batch(self) -> dict[str, jax.Array]:
+    """The current phase's next global batch, timing how long the host was blocked on the input."""
     t0 = time.perf_counter()
-    batch = self.program.global_batch(next(self.data))
+    try:
+      batch = self.program.global_batch(next(self.data))
+    except UserError as e:  # Data that went bad since `feed.check_streams` read it.
+      raise self._in_phase(e) from None
     self._data_wait += time.perf_counter() - t0
     return batch
 
-  def _step(self, state: program_lib.TrainState, step_num: int) -> tuple[program_lib.TrainState, bool]:
-    """Dispatches step `step_num`; logs the previous one meanwhile. True when every process agreed to stop."""
-    batch = self._next_batch if self._next_batch is not None else self._read_batch()
+  def _step(self, state: program_lib.TrainState, step_num: int) -> hooks_lib.StepInfo:
+    """Dispatches step `step_num` (its batch: the one a checked save read ahead, or the next) and asks
+    every process whether to stop."""
+    batch = self._next_batch if self._next_batch is not None else self._next_global_batch()
     self._next_batch = None
     dispatched_at = time.perf_counter()
     state, device_metrics = self.program.step(state, batch)
     stopping = self.sync.agreed(self.stop.signal_name is not None)
-    self.recorder.dispatched(step_num, device_metrics, dispatched_at, self._data_wait,
-                             mixture.source_tokens(self.data.iterator) if self.phase.config.data.mixture else None,
-                             self._source_tokens_before)
+    info = hooks_lib.StepInfo(step_num, state, device_metrics, dispatched_at, self._data_wait, stopping)
     self._data_wait = 0.0
-    if self.c.eval.every_steps and step_num % self.c.eval.every_steps == 0:
-      self.recorder.flush(probes=lambda: self._probe_scores(state))  # In this step's metrics row.
-    return state, stopping
+    return info
 
-  def _probe_scores(self, state: program_lib.TrainState) -> dict[str, float]:
-    """Frozen probes (eval.tasks) on the encoder: gathered to every host, scored on process 0."""
-    from crossbert_jax.evaluation import runner  # Local: scikit-learn and the task readers load only when used.
-
-    encoder = multihost_utils.process_allgather(state.params["encoder"], tiled=True)
-    return runner.probe_scores(self.phase.config, encoder, self.tok) if self.primary else {}
+  def _source_tokens(self) -> tuple[dict[str, int] | None, dict[str, float]]:
+    """A mixture's per-source tokens of the current stream (None for one source), and the earlier streams'."""
+    current = mixture.source_tokens(self.data.iterator) if self.phase.config.data.mixture else None
+    return current, self._source_tokens_before
 
   def _log_stop(self, step_num: int) -> None:
     self.logger.log_text(f"{self.stop.signal_name or 'a stop signal on another process'} received: saving step "
@@ -303,17 +311,21 @@ class Trainer:
     """Saves `state` once the loss of its params on the next batch is finite; keeps that batch for the next step."""
     position = self.data.get_state()  # The stream of step_num's phase.
     source_tokens_before = dict(self._source_tokens_before)  # As of step_num's phase, like the position.
-    self._enter(phases_lib.phase_at(self.phases, step_num + 1))  # Step N + 1 runs in its own phase.
-    self._next_batch = self._read_batch()
-    loss = float(np.asarray(self.program.check_loss(state, self._next_batch).addressable_data(0)))
+    following = phases_lib.phase_at(self.phases, step_num + 1)
+    if following.stream == self.phase.stream:  # Step N + 1 reads on: its batch is checked and kept for it.
+      self._enter(following)
+      self._next_batch = check_batch = self._next_global_batch()
+    else:  # Step N + 1 starts another stream: check on one more batch of this one, never on the next phase's data.
+      self._end_stream()
+      check_batch = self._next_global_batch()
+    loss = float(np.asarray(self.program.check_loss(state, check_batch).addressable_data(0)))
     if not np.isfinite(loss):
       raise TrainingDiverged(f"loss is {loss} at step {step_num + 1} (checked before saving step {step_num}, which "
                              f"is not saved); stopping. In {self.workdir}, {self.progress.kept()}; lower "
                              "train.learning_rate or raise train.warmup_steps")
     self.progress.doing = f"saving the checkpoint of step {step_num} in {self.workdir}"
-    meta = {"tokenizer": self.tok_id, "tokens_seen": self._tokens_at(step_num), "process_count": jax.process_count()}
-    if source_tokens_before:
-      meta["source_tokens_before"] = source_tokens_before
+    meta = checkpoint.CheckpointMeta(tokenizer=self.tok_id, tokens_seen=self._tokens_at(step_num),
+                                     process_count=jax.process_count(), source_tokens_before=source_tokens_before)
     self.ckpt.save(step_num, state, position, self.c, meta)
     self.progress.last_good = step_num
 
