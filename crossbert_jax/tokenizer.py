@@ -23,7 +23,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer("vocab_size", None, "Vocabulary size, specials included.")
   flags.DEFINE_string("output", None, "Where to write the .model file (gs:// works).")
   flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"], "SentencePiece model type.")
-  flags.DEFINE_enum("format", "auto", ["auto", "text", "jsonl", "parquet", "arrayrecord"],
+  flags.DEFINE_enum("format", "auto", list(sources.format_choices()),
                     "Input format; auto picks by file extension.")
   flags.DEFINE_string("text_field", "text", "Field with the text (jsonl/parquet/arrayrecord).")
   flags.DEFINE_enum("text_unit", "paragraph", ["line", "paragraph", "file"],

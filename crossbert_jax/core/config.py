@@ -93,7 +93,7 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   c.data.path = "builtin"  # "builtin", or file / directory / glob, comma-separated; gs:// works.
-  c.data.format = "auto"  # "auto" (by extension) | "text" | "jsonl" | "parquet" | "arrayrecord".
+  c.data.format = "auto"  # "auto" (by extension), or a format of data/sources.py FORMAT_TABLE: text, jsonl, ...
   c.data.text_field = "text"  # Field holding the text in jsonl / parquet / arrayrecord records.
   c.data.text_unit = "paragraph"  # Plain text: "line" | "paragraph" (blank-line separated) | "file".
   c.data.tokenizer = ""  # SentencePiece .model from `python -m crossbert_jax.tokenizer`, or a HF tokenizer.json / folder.
@@ -242,8 +242,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if c.objective == "mlm" and mk.reconstruct_ratio != 1.0:
     raise _err("masking.reconstruct_ratio", "applies to objective=crossbert only; leave it at 1.0")
   d = c.data
-  if d.format not in ("auto", "text", "jsonl", "parquet", "arrayrecord"):
-    raise _err("data.format", f"{d.format!r}: use auto, text, jsonl, parquet or arrayrecord")
+  from crossbert_jax.data import sources  # pylint: disable=g-import-not-at-top  (Local: the readers import Grain.)
+
+  if fix := sources.format_check(d.format):
+    raise _err("data.format", f"{d.format!r}: {fix}")
   if d.text_unit not in ("line", "paragraph", "file"):
     raise _err("data.text_unit", f"{d.text_unit!r}: use line, paragraph or file")
   mixture.validate(d)

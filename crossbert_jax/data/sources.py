@@ -8,7 +8,7 @@ random-access source for the pipeline; `iter_documents` streams documents (token
 from collections.abc import Callable, Iterator, Sequence
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from array_record.python import array_record_module
 from etils import epath
@@ -20,13 +20,6 @@ from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import shards
 from crossbert_jax.data import splits
 
-FORMATS = ("text", "jsonl", "parquet", "arrayrecord")
-_EXTENSIONS = {
-    "": "text", ".txt": "text", ".text": "text", ".tokens": "text",
-    ".jsonl": "jsonl", ".json": "jsonl",
-    ".parquet": "parquet",
-    ".arrayrecord": "arrayrecord", ".array_record": "arrayrecord",
-}
 _GLOB_CHARS = "*?["
 
 
@@ -93,16 +86,18 @@ def _files_under(root: epath.Path) -> list[epath.Path]:
 
 def file_format(path: epath.Path, fmt: str = "auto") -> str:
   """The reader for `path`: `fmt` unless "auto", else by extension."""
+  formats = format_names()
   if fmt != "auto":
-    if fmt not in FORMATS:
-      raise UserError(f"data.format={fmt!r}: use auto, {', '.join(FORMATS)}")
+    if fmt not in formats:
+      raise UserError(f"data.format={fmt!r}: use auto, {', '.join(formats)}")
     return fmt
   name = path.name
   ext = os.path.splitext(name)[1].lower()
-  if ext not in _EXTENSIONS:
-    raise UserError(f"{path}: unknown extension {ext!r}; set data.format (prepare, tokenizer: --format) to one of {FORMATS} "
-                    f"or rename it ({', '.join(e for e in _EXTENSIONS if e)})")
-  return _EXTENSIONS[ext]
+  extensions = {e: name for name, f in FORMAT_TABLE.items() for e in f.extensions}
+  if ext not in extensions:
+    raise UserError(f"{path}: unknown extension {ext!r}; set data.format (prepare, tokenizer: --format) to one of "
+                    f"{formats} or rename it ({', '.join(e for e in extensions if e)})")
+  return extensions[ext]
 
 
 # ----------------------------------------------------------------------------- readers
@@ -209,6 +204,43 @@ def read_parquet(path: epath.Path, text_field: str, part: splits.Part | None = N
   if not docs and (part is None or part.count == 1):
     raise _no_documents(path)
   return docs
+
+
+class Format(NamedTuple):
+  """A document format: the file extensions data.format=auto reads as it, and its reader."""
+  extensions: tuple[str, ...]
+  # (path, text_field, text_unit, this host's part or None) -> documents; None: ArrayRecord, read lazily
+  # by index (every process sees all documents and strides them).
+  read: Callable[[epath.Path, str, str, splits.Part | None], list[str]] | None
+  # Whether `read` takes a part of a file (splits.py), so hosts may share one file; else each file is
+  # read whole, by one host.
+  splittable: bool = True
+
+
+# The one table of document formats: data.format, data.mixture's "format", and the --format of
+# prepare and tokenizer all read their choices from it.
+FORMAT_TABLE: dict[str, Format] = {
+    "text": Format(("", ".txt", ".text", ".tokens"), lambda path, _, unit, part: read_text(path, unit, part)),
+    "jsonl": Format((".jsonl", ".json"), lambda path, field, _, part: read_jsonl(path, field, part)),
+    "parquet": Format((".parquet",), lambda path, field, _, part: read_parquet(path, field, part)),
+    "arrayrecord": Format((".arrayrecord", ".array_record"), None),
+}
+
+
+def format_names() -> tuple[str, ...]:
+  """The formats of FORMAT_TABLE, in order (data.format also takes "auto")."""
+  return tuple(FORMAT_TABLE)
+
+
+def format_choices() -> tuple[str, ...]:
+  """What data.format and --format accept: "auto" (by extension), then every format."""
+  return ("auto", *FORMAT_TABLE)
+
+
+def format_check(fmt: str) -> str | None:
+  """None if `fmt` is a format choice, else the fix for an error line ("use auto, text, ... or arrayrecord")."""
+  choices = format_choices()
+  return None if fmt in choices else f"use {', '.join(choices[:-1])} or {choices[-1]}"
 
 
 def _decode_record(raw: bytes, text_field: str, where: str) -> str:
@@ -327,24 +359,20 @@ def _file_parts(spec: str, fmt: str, text_field: str, text_unit: str, process_in
   if tokens is not None:
     return [tokens], False
   kinds = [file_format(p, fmt) for p in paths]
-  per_process = process_count > 1 and "arrayrecord" not in kinds
+  per_process = process_count > 1 and all(FORMAT_TABLE[k].read is not None for k in kinds)
   if per_process:
-    splittable = [k != "text" or text_unit != "file" for k in kinds]
+    splittable = [FORMAT_TABLE[k].splittable and (k != "text" or text_unit != "file") for k in kinds]
     shares = splits.host_parts(paths, process_index, process_count, splittable)
   else:
     shares = [splits.Part(p) for p in paths]
   parts: list[Sequence[str]] = []
   array_records: list[epath.Path] = []
   for share in shares:
-    kind = file_format(share.path, fmt)
-    if kind == "text":
-      parts.append(read_text(share.path, text_unit, share))
-    elif kind == "jsonl":
-      parts.append(read_jsonl(share.path, text_field, share))
-    elif kind == "parquet":
-      parts.append(read_parquet(share.path, text_field, share))
-    else:
+    read = FORMAT_TABLE[file_format(share.path, fmt)].read
+    if read is None:
       array_records.append(share.path)
+    else:
+      parts.append(read(share.path, text_field, text_unit, share))
   if array_records:
     parts.append(_ArrayRecordDocuments(array_records, text_field))
   return [p for p in parts if len(p)], per_process
