@@ -15,13 +15,13 @@ from absl import flags
 from absl import logging
 from etils import epath
 
-from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.hf import files as hf_files
 from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, export, import_hf, similarity
 from crossbert_jax.run import checkpoint, metrics
+from crossbert_jax.training import objectives
 
 def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "",
                do_verify: bool = False, force: bool = False) -> dict | None:
@@ -50,7 +50,7 @@ def _define_flags() -> None:
   flags.DEFINE_bool("verify", False, "export: check the folder against transformers and sentence-transformers.")
   flags.DEFINE_bool("force", False, "Overwrite a non-empty --output.")
   flags.DEFINE_string("hf", None, "import: a ModernBERT folder (config.json + model.safetensors).")
-  flags.DEFINE_enum("objective", "crossbert", list(config_lib.OBJECTIVES),
+  flags.DEFINE_enum("objective", "crossbert", list(objectives.names()),
                     "import: objective of the written config (mlm also imports an MLM head).")
   flags.DEFINE_bool("scan_layers", False, "import: write params in the scan-over-layers layout.")
   flags.DEFINE_string("model", None, "similarity: an exported folder.")
