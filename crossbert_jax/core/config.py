@@ -60,7 +60,8 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
 
 
 def _objectives():
-  """The objectives package (training/objectives), imported on first use: it imports the model, which imports this module."""
+  """The objectives package (training/objectives), imported on first use: it imports the model,
+  which imports this module."""
   from crossbert_jax.training import objectives  # pylint: disable=g-import-not-at-top
 
   return objectives

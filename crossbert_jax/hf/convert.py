@@ -258,7 +258,8 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
             keep_head: bool = False) -> tuple[ml_collections.ConfigDict, dict]:
   """(our config, params {'encoder': ...[, 'head': ...]}) from a ModernBERT safetensors folder.
 
-  The MLM head is read for an objective that exports one (mlm), and with `keep_head` whenever the folder has one.
+  The MLM head is read for an objective that exports one (mlm), and with `keep_head` whenever the
+  folder has one.
   """
   folder = epath.Path(folder)
   source = f"--hf {folder}"

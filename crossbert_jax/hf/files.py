@@ -104,7 +104,8 @@ def dense_module_files(out: epath.Path, kernel_DxE: Any, bias_E: Any) -> None:
 
 
 def hf_config(config: ml_collections.ConfigDict, specials: SpecialIds = SENTENCEPIECE) -> dict:
-  """config.json contents for `config` (ModernBertModel, or ModernBertForMaskedLM for an objective that exports its MLM head)."""
+  """config.json contents for `config` (ModernBertModel, or ModernBertForMaskedLM for an objective that
+  exports its MLM head)."""
   from transformers import ModernBertConfig  # pylint: disable=g-import-not-at-top  (no torch needed)
 
   with_head = objectives.get(config.objective).exports_mlm_head
