@@ -44,9 +44,9 @@ def main(argv: Sequence[str]) -> None:
   if f.out:
     outputs.check_output_file(f.out, "--out")  # Before minutes of embedding, not after.
   logging.set_verbosity(logging.WARNING)
-  from crossbert_jax.run import checkpoint  # Local: pulls in the checkpoint stack.
+  from crossbert_jax.run import load  # Local: pulls in the checkpoint stack.
 
-  config, params, step = checkpoint.load_run(f.workdir, f.step)
+  config, params, step = load.load_run(f.workdir, f.step)
   tok = tokenizer_lib.Tokenizer.load(tokenizer_lib.resolve_for_run(config.data.tokenizer, f.workdir))
   ours = embedder_lib.JaxEmbedder(EncoderSpec.from_config(config.model), params["encoder"], tok,
                                   embedder_lib.Options(max_length=f.max_length))

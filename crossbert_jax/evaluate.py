@@ -27,7 +27,7 @@ from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.evaluation import tasks as eval_tasks
 from crossbert_jax.evaluation.runner import evaluate_model, markdown_table
 from crossbert_jax.model.encoder import EncoderSpec
-from crossbert_jax.run import checkpoint
+from crossbert_jax.run import load
 
 def absolute(path: str) -> str:
   """`path` made absolute (local paths); URLs such as gs://... are absolute already."""
@@ -68,7 +68,7 @@ def run_cache_dir(workdir: str) -> epath.Path:
 def jax_model(workdir: str, step: int | None, options: embedder_lib.Options, tokenizer_path: str = "",
               progress: bool = True) -> tuple[embedder_lib.JaxEmbedder, str]:
   """(embedder, label) for a training run's checkpoint."""
-  config, params, step = checkpoint.load_run(workdir, step)
+  config, params, step = load.load_run(workdir, step)
   tok = tokenizer_lib.Tokenizer.load(tokenizer_path or tokenizer_lib.resolve_for_run(config.data.tokenizer, workdir))
   spec = EncoderSpec.from_config(config.model)
   identity = f"{absolute(workdir)}@{step}"

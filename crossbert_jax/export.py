@@ -15,19 +15,19 @@ from absl import flags
 from absl import logging
 from etils import epath
 
-from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.hf import files as hf_files
 from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, export, import_hf, similarity
-from crossbert_jax.run import checkpoint, metrics
+from crossbert_jax.run import load, metrics
+from crossbert_jax.training import objectives
 
 def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "",
                do_verify: bool = False, force: bool = False) -> dict | None:
   """Exports a training run's checkpoint (latest, or `step`) to the HF folder `output`."""
   outputs.check_output_dir(output, force, inputs={"--workdir": workdir})  # Before the slow restore.
-  config, params, step = checkpoint.load_run(workdir, step)
+  config, params, step = load.load_run(workdir, step)
   tok = tokenizer_lib.Tokenizer.load(tokenizer or tokenizer_lib.resolve_for_run(config.data.tokenizer, workdir))
   rows = metrics.read_metrics(workdir) if metrics.metrics_files(workdir) else None
   info = hf_files.run_summary(epath.Path(workdir), config, step, rows)
@@ -50,7 +50,7 @@ def _define_flags() -> None:
   flags.DEFINE_bool("verify", False, "export: check the folder against transformers and sentence-transformers.")
   flags.DEFINE_bool("force", False, "Overwrite a non-empty --output.")
   flags.DEFINE_string("hf", None, "import: a ModernBERT folder (config.json + model.safetensors).")
-  flags.DEFINE_enum("objective", "crossbert", list(config_lib.OBJECTIVES),
+  flags.DEFINE_enum("objective", "crossbert", list(objectives.names()),
                     "import: objective of the written config (mlm also imports an MLM head).")
   flags.DEFINE_bool("scan_layers", False, "import: write params in the scan-over-layers layout.")
   flags.DEFINE_string("model", None, "similarity: an exported folder.")

@@ -24,7 +24,7 @@ from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.hf import convert
 from crossbert_jax.hf import files as hf_files
 from crossbert_jax.model.encoder import EncoderSpec
-from crossbert_jax.run import checkpoint
+from crossbert_jax.run import load
 
 
 def _define_flags() -> None:
@@ -59,7 +59,7 @@ def _load_encoder(f, options: embedder_lib.Options):
   if f.hf:
     emb = embedder_lib.HFEmbedder(f.hf, options)
     return emb, {"kind": "hf", "path": os.path.abspath(f.hf)}, None
-  config, params, step = checkpoint.load_run(f.workdir, f.step)
+  config, params, step = load.load_run(f.workdir, f.step)
   tok = tokenizer_lib.Tokenizer.load(f.tokenizer or tokenizer_lib.resolve_for_run(config.data.tokenizer, f.workdir))
   identity = f"{os.path.abspath(f.workdir)}@{step}"  # As crossbert_jax.evaluate names the run.
   emb = embedder_lib.JaxEmbedder(EncoderSpec.from_config(config.model), params["encoder"], tok, options, identity)

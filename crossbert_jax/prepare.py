@@ -12,6 +12,7 @@ import sys
 from absl import app
 from absl import flags
 
+from crossbert_jax.core import formats
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.data import prepare
 from crossbert_jax.data import tokenizer as tokenizer_lib
@@ -24,7 +25,7 @@ def _define_flags() -> None:
   flags.DEFINE_string("input", None, "File / dir / glob, comma-separated (a path holding commas is taken whole).")
   flags.DEFINE_string("output", None, "Folder for the shards (local or gs://).")
   flags.DEFINE_integer("shards", None, "Number of ArrayRecord shards (e.g. the number of hosts, or a multiple).")
-  flags.DEFINE_enum("format", "auto", ["auto", "text", "jsonl", "parquet", "arrayrecord"],
+  flags.DEFINE_enum("format", "auto", list(formats.choices()),
                     "Input format; auto picks by file extension.")
   flags.DEFINE_string("text_field", "text", "Field with the text (jsonl/parquet/arrayrecord input).")
   flags.DEFINE_enum("text_unit", "paragraph", ["line", "paragraph", "file"],

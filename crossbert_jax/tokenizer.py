@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from absl import app
 from absl import flags
 
+from crossbert_jax.core import formats
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.data import sources
 from crossbert_jax.data.tokenizer import Tokenizer, train_tokenizer
@@ -26,7 +27,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer("vocab_size", None, "Vocabulary size, specials included.")
   flags.DEFINE_string("output", None, "Where to write the .model file (gs:// works).")
   flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"], "SentencePiece model type.")
-  flags.DEFINE_enum("format", "auto", ["auto", "text", "jsonl", "parquet", "arrayrecord"],
+  flags.DEFINE_enum("format", "auto", list(formats.choices()),
                     "Input format; auto picks by file extension.")
   flags.DEFINE_string("text_field", "text", "Field with the text (jsonl/parquet/arrayrecord).")
   flags.DEFINE_enum("text_unit", "paragraph", ["line", "paragraph", "file"],

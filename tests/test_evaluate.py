@@ -101,11 +101,11 @@ def test_cli_user_errors(tmp_path):
 
 def test_probe_scores_cache_and_mteb_wrapper(run_dir, shared_data, tmp_path):
   """probe_scores: the expected keys, finite, deterministic; the mteb wrapper's encode contract."""
-  from crossbert_jax.run import checkpoint
+  from crossbert_jax.run import load
   from crossbert_jax.evaluation import embedder, runner, mteb as mteb_eval
 
   cache_dir = tmp_path / "cache"
-  config, params, _ = checkpoint.load_run(run_dir)
+  config, params, _ = load.load_run(run_dir)
   config.eval.data_dir = str(shared_data)
   config.eval.max_examples = 200
   tok = tokenizer.Tokenizer.load(config.data.tokenizer)
@@ -141,9 +141,9 @@ def _tsv(path: pathlib.Path, header: list[str], rows) -> str:
 def _run_embedder(run_dir, max_length=64):
   from crossbert_jax.evaluation import embedder
   from crossbert_jax.model.encoder import EncoderSpec
-  from crossbert_jax.run import checkpoint
+  from crossbert_jax.run import load
 
-  config, params, step = checkpoint.load_run(run_dir)
+  config, params, step = load.load_run(run_dir)
   tok = tokenizer.Tokenizer.load(config.data.tokenizer)
   emb = embedder.JaxEmbedder(EncoderSpec.from_config(config.model), params["encoder"], tok,
                              embedder.Options(max_length=max_length), identity=f"{os.path.abspath(run_dir)}@{step}")
@@ -315,7 +315,7 @@ def test_load_run_restores_only_the_params(run_dir, monkeypatch):
 
   import jax
 
-  from crossbert_jax.run import checkpoint
+  from crossbert_jax.run import load
   from crossbert_jax.training import optimizer, program
 
   def no_optimizer(*args, **kwargs):
@@ -324,7 +324,7 @@ def test_load_run_restores_only_the_params(run_dir, monkeypatch):
   monkeypatch.setattr(optimizer, "make_optimizer", no_optimizer)
   gc.collect()
   before = {id(a) for a in jax.live_arrays()}
-  config, params, step = checkpoint.load_run(run_dir)
+  config, params, step = load.load_run(run_dir)
   gc.collect()
   restored = sum(a.nbytes for a in jax.live_arrays() if id(a) not in before)
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))

@@ -10,6 +10,7 @@ import pytest
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.training import flops
+from crossbert_jax.training.objectives import crossbert
 
 # Tiny shapes for every hand count below: d=8, H=2, I=16, N=2, V=32, L=8, batch=2;
 # reconstructor dr=8, Ir=16, Nr=1 unless a test says otherwise.
@@ -58,7 +59,7 @@ def test_local_attention_counts_as_global():
 
 def test_crossbert_two_views():
   c = _tiny("crossbert", masking__views=2, masking__ratio=0.5)
-  assert flops.crossbert_shapes(c) == (2, 4, 4)  # K, visible, reconstructed
+  assert crossbert.crossbert_shapes(c) == (2, 4, 4)  # K, visible, reconstructed
   # Per view: encoder on 4 visible tokens, two layers.
   encoder = 2 * (
     2 * 4 * 8 * 24  # QKV: 1536
@@ -93,7 +94,7 @@ def test_crossbert_one_view_half_ratio_is_one_of_two_views():
 
 def test_crossbert_one_view_quarter_ratio():
   c = _tiny("crossbert", masking__views=1, masking__ratio=0.25)
-  assert flops.crossbert_shapes(c) == (1, 6, 2)  # round(0.25 * 8) = 2 masked, 6 visible
+  assert crossbert.crossbert_shapes(c) == (1, 6, 2)  # round(0.25 * 8) = 2 masked, 6 visible
   encoder = 2 * (
     2 * 6 * 8 * 24  # QKV: 2304
     + 4 * 6 * 6 * 8  # scores + weighted sum: 1152
@@ -116,7 +117,7 @@ def test_crossbert_one_view_quarter_ratio():
 
 def test_reconstruct_ratio():
   c = _tiny("crossbert", masking__reconstruct_ratio=0.5)
-  assert flops.crossbert_shapes(c) == (2, 4, 2)  # R' = round(0.5 * 4) = 2
+  assert crossbert.crossbert_shapes(c) == (2, 4, 2)  # R' = round(0.5 * 4) = 2
   reconstructor = (
     2 * 2 * 8 * 8  # query proj on R'=2: 256
     + 2 * 4 * 8 * 16  # K, V proj on all 4 visible tokens: 1024
@@ -130,7 +131,7 @@ def test_reconstruct_ratio():
   assert got["head"] == 2 * (2 * 2 * 8 * 32) == 2048
   # At least one slot is always reconstructed: round(0.1 * 4) = 0 -> 1.
   c = _tiny("crossbert", masking__reconstruct_ratio=0.1)
-  assert flops.crossbert_shapes(c) == (2, 4, 1)
+  assert crossbert.crossbert_shapes(c) == (2, 4, 1)
 
 
 def test_self_attention_and_feature_mixing():

@@ -90,8 +90,8 @@ def test_refused_starts_are_one_line_and_leave_nothing(tmp_path, source, spm_mod
   # No shared compilation cache: a refused start must not leave WORKDIR/compilation_cache behind either.
   env = {k: v for k, v in cpu_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
   results = _run_all(cases, env=env)
-  _one_error_line(results["own"], "is this run's own --workdir")
-  _one_error_line(results["inside"], "is inside the source run")
+  _one_error_line(results["own"], "is the source itself")
+  _one_error_line(results["inside"], "is inside the source")
   assert _snapshot(own) == before, "the fork's source was written to"
   _one_error_line(results["file"], "is a file, not a folder")
   _one_error_line(results["below_file"], f"{afile} is a file, so no folder can be made below it")

@@ -10,7 +10,8 @@ import pytest
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.model import layers
 from crossbert_jax.model.encoder import Encoder, EncoderBlock, EncoderSpec
-from crossbert_jax.model.models import MlmHead, build_model
+from crossbert_jax.model.models import MlmHead
+from crossbert_jax.training.objectives import build_model
 from crossbert_jax.training import masking
 
 VOCAB = 64

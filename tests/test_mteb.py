@@ -74,10 +74,10 @@ def test_local_sts_layout_matches_direct_loader(run_dir, local_data, shared_data
 
   from crossbert_jax.evaluation import embedder, mteb as mteb_lib, mteb_data, tasks as eval_tasks
   from crossbert_jax.model.encoder import EncoderSpec
-  from crossbert_jax.run import checkpoint
+  from crossbert_jax.run import load
   from crossbert_jax.data import tokenizer
 
-  config, params, _ = checkpoint.load_run(str(run_dir))
+  config, params, _ = load.load_run(str(run_dir))
   emb = embedder.JaxEmbedder(EncoderSpec.from_config(config.model), params["encoder"],
                              tokenizer.Tokenizer.load(config.data.tokenizer), embedder.Options(max_length=64))
   direct = mteb.get_task("STSBenchmark")

@@ -20,7 +20,7 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.hf import files as hf_files
-from crossbert_jax.run import checkpoint, metrics, resume
+from crossbert_jax.run import checkpoint, load, metrics, resume
 from crossbert_jax.training import optimizer
 from tests.helpers import ROOT, run_module
 
@@ -228,9 +228,9 @@ def test_resume_at_phase_boundaries_is_bitwise_and_rows_carry_the_phase(tmp_path
     np.testing.assert_array_equal(pa[k], pb[k], err_msg=f"param {k} differs after the resumes")
   # Evaluation and export build the model of a checkpoint's phase: its length and RoPE theta (the
   # run's own theta is the tiny default, 160k; the last phase trains at 10k).
-  first, _, step = checkpoint.load_run(split, 4)
+  first, _, step = load.load_run(split, 4)
   assert (step, first.data.seq_len, first.model.rope_theta, first.train.batch_size) == (4, 64, 160_000.0, 8)
-  last, _, step = checkpoint.load_run(tmp_path / "straight")
+  last, _, step = load.load_run(tmp_path / "straight")
   assert (step, last.data.seq_len, last.model.rope_theta, last.train.batch_size) == (7, 128, 10_000.0, 4)
   hf = hf_files.hf_config(last)
   assert hf["max_position_embeddings"] == 128 and hf["global_rope_theta"] == 10_000.0, hf

@@ -3,6 +3,7 @@
 import pytest
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import readers
 from crossbert_jax.data import sources
 
 
@@ -20,7 +21,7 @@ def test_path_with_commas_is_taken_whole(tmp_path, shared_data):
 def test_local_file_with_commas(tmp_path):
   path = tmp_path / "Address, given November 19, 1863.txt"
   path.write_text("Four score and seven years ago.\n\nNow we are engaged.\n")
-  assert sources.read_text(sources.resolve_paths(str(path))[0], "paragraph")[1] == "Now we are engaged."
+  assert readers.read_text(sources.resolve_paths(str(path))[0], "paragraph")[1] == "Now we are engaged."
 
 
 # ----------------------------------------------------------------------------- per-host reads

@@ -123,18 +123,18 @@ def test_damaged_latest_checkpoints_fall_back_to_the_last_complete_one(tmp_path,
 
 
 def test_export_and_evaluate_read_the_newest_readable_checkpoint(tmp_path, base_run, capfd):
-  from crossbert_jax.run import checkpoint  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.run import checkpoint, load  # pylint: disable=g-import-not-at-top
 
   workdir = _copy(base_run, tmp_path)
   for f in (workdir / "checkpoints" / "4" / "state").rglob("*"):  # Truncated array files.
     if f.is_file() and f.parent.name == "d":
       f.write_bytes(b"")
-  _, params, step = checkpoint.load_run(workdir)
+  _, params, step = load.load_run(workdir)
   assert step == 3 and params["encoder"]
   assert "warning: checkpoint step 4" in capfd.readouterr().err
   assert (workdir / "checkpoints" / "4").is_dir(), "a reader leaves the run as it is"
   with pytest.raises(UserError, match=r"checkpoint step 4 in .* is unreadable .*; pick another --step"):
-    checkpoint.load_run(workdir, step=4)
+    load.load_run(workdir, step=4)
 
 
 @pytest.mark.slow  # make test keeps test_train.py::test_divergence_stops_and_keeps_last_good_checkpoint.
@@ -288,7 +288,7 @@ def test_resume_policy_per_key():
   import json as json_lib
 
   from crossbert_jax.core import config as config_lib
-  from crossbert_jax.run import checkpoint, resume
+  from crossbert_jax.run import checkpoint, load, resume
 
   def saved_and(**changes):
     base = config_lib.get_config("crossbert", "tiny")

@@ -1,178 +1,42 @@
-"""The one config schema: every key declared here, variants, and validation.
+"""The one config schema: the sections (declared in core/defaults.py), variants, and validation.
 
 `configs/crossbert.py` and `configs/bert.py` call `get_config(objective, variant)`; code reads
 keys as attributes and never supplies a default of its own (no `config.get(key, default)`).
 """
 
+from typing import Any
+
 import ml_collections
 
-from crossbert_jax.core import mixture
+from crossbert_jax.core import defaults, formats, mixture, objectives
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 
-OBJECTIVES = ("crossbert", "mlm")
 VARIANTS = ("tiny", "small", "base", "large")
 ATTENTION_BACKENDS = ("auto", "xla", "chunked", "splash", "gpu_flash")  # = model.attention.BACKENDS
 
-# Encoder shapes per variant: (embed_dim, num_heads, num_layers, mlp_dim, vocab_size).
-# `base` and `large` are ModernBERT-base/-large (GeGLU mlp_dim is the half-width of Wi).
-_ENCODER_SHAPES = {
-    "tiny": (64, 4, 2, 128, 1024),
-    "small": (512, 8, 8, 768, 8192),
-    "base": (768, 12, 22, 1152, 50368),
-    "large": (1024, 16, 28, 2624, 50368),
-}
-# (reconstructor layers, seq_len, global batch size, train steps, warmup, checkpoint every, lr)
-_RUN_SHAPES = {
-    "tiny": (2, 64, 16, 300, 30, 100, 3e-3),
-    "small": (2, 256, 16, 10_000, 500, 1000, 1e-3),
-    "base": (4, 512, 256, 200_000, 3000, 2000, 8e-4),
-    "large": (4, 512, 256, 200_000, 3000, 2000, 5e-4),
-}
-
-
 def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
-  """Returns the full, locked config for `objective` ("crossbert" | "mlm") at `variant`."""
-  if objective not in OBJECTIVES:
-    raise UserError(f"objective={objective!r}: use one of {OBJECTIVES}")
+  """Returns the full, locked config for `objective` (a name in training/objectives) at `variant`."""
+  if objective not in objectives.names():
+    raise UserError(f"objective={objective!r}: use one of {objectives.names()}")
   if variant not in VARIANTS:
     raise UserError(f"config variant {variant!r}: use one of {VARIANTS} (e.g. configs/crossbert.py:tiny)")
-  d, heads, layers, mlp, vocab = _ENCODER_SHAPES[variant]
-  rec_layers, seq_len, batch, steps, warmup, ckpt_every, lr = _RUN_SHAPES[variant]
 
   c = ml_collections.ConfigDict()
-  c.objective = objective  # "crossbert": encoder on visible tokens + reconstructor; "mlm": flat BERT.
-
-  c.model = ml_collections.ConfigDict()
-  c.model.vocab_size = vocab  # Must be >= the tokenizer's vocabulary.
-  c.model.embed_dim = d
-  c.model.num_heads = heads
-  c.model.num_layers = layers
-  c.model.mlp_dim = mlp  # GeGLU hidden width (Wi maps embed -> 2 * mlp_dim).
-  c.model.norm_eps = 1e-5
-  c.model.init_std = 0.02
-  # Attention kernel (model/attention.py), every layer: "xla" dense scores (the reference),
-  # "chunked" blocked online softmax in XLA, "splash" (TPU Pallas), "gpu_flash" (Pallas GPU), or
-  # "auto": splash on TPU, gpu_flash on GPU, on CPU chunked from attention_chunked_min_len keys.
-  c.model.attention = "auto"
-  c.model.attention_block_q = 512  # Query tile of splash / gpu_flash (splash rounds up to 128s).
-  c.model.attention_block_kv = 512  # Key block of chunked / splash / gpu_flash.
-  c.model.attention_chunked_min_len = 1024  # auto on CPU: chunked when max(queries, keys) >= this.
-  # Vocabulary head + cross-entropy over this many predicted slots at a time (a rematerialised
-  # scan), so B x Q x V float32 logits never exist whole; Q <= loss_chunk: one plain pass.
-  c.model.loss_chunk = 512
-  c.model.rope_theta = 160_000.0  # Global-attention layers (ModernBERT's global_rope_theta).
-  c.model.local_rope_theta = 10_000.0  # Local-attention layers.
-  c.model.local_window = 128  # Total window as in ModernBERT: each token sees +-local_window//2.
-  c.model.global_every = 1  # Layer i is global iff i % global_every == 0 (1: all global; ModernBERT: 3).
-  # Pod-sized variants: bf16 compute, scan and full remat, the settings the pre-flight compile
-  # (`python -m crossbert_jax.compile`) shows they need on 16 GiB chips and at L=8192 (docs/scaling.md).
-  pod = variant in ("base", "large")
-  c.model.scan_layers = pod  # nn.scan over layers 1..N-1 (layer 0 has no attention pre-norm).
-  c.model.remat = "full" if pod else "none"  # "none" | "full" | "dots" (save matmul outputs only).
-  c.model.dtype = "bfloat16" if pod else "float32"  # Compute dtype: "float32" | "bfloat16". Params stay float32.
-
-  c.reconstructor = ml_collections.ConfigDict()
-  c.reconstructor.num_layers = rec_layers
-  c.reconstructor.embed_dim = d  # Own width; K/V projections map encoder width -> this.
-  c.reconstructor.num_heads = heads
-  c.reconstructor.mlp_dim = mlp
-  c.reconstructor.self_attention = False  # Self-attention among queries before cross-attention.
-  c.reconstructor.feature_mixing = False  # CrossMAE: each block attends to a learned mix of all encoder layers.
-  c.reconstructor.tie_head = False  # Vocabulary head tied to the token embedding (needs equal widths).
-
-  c.mlm = ml_collections.ConfigDict()  # Flat-BERT corruption of the selected positions.
-  c.mlm.mask_prob = 0.8  # -> [MASK]
-  c.mlm.random_prob = 0.1  # -> a random non-special piece of data.tokenizer; the rest stay unchanged.
-
-  c.masking = ml_collections.ConfigDict()
-  c.masking.ratio = 0.5 if objective == "crossbert" else 0.15
-  c.masking.views = 2 if objective == "crossbert" else 1  # Complementary views K (crossbert only).
-  c.masking.reconstruct_ratio = 1.0  # CrossMAE partial reconstruction: fraction of masked slots predicted.
-  c.masking.exclude_special = True  # [CLS]/[SEP] are never targets (as HF's collators); False predicts them too.
-
-  c.data = ml_collections.ConfigDict()
-  c.data.path = "builtin"  # "builtin", or file / directory / glob, comma-separated; gs:// works.
-  c.data.format = "auto"  # "auto" (by extension) | "text" | "jsonl" | "parquet" | "arrayrecord".
-  c.data.text_field = "text"  # Field holding the text in jsonl / parquet / arrayrecord records.
-  c.data.text_unit = "paragraph"  # Plain text: "line" | "paragraph" (blank-line separated) | "file".
-  c.data.tokenizer = ""  # SentencePiece .model from `python -m crossbert_jax.tokenizer`, or a HF tokenizer.json / folder.
-  c.data.seq_len = seq_len
-  c.data.shuffle_seed = 0
-  # Weighted mixture (data/mixture.py), instead of data.path: a tuple of dicts {"path": P, "weight": w},
-  # each document drawn from source k with probability w_k / sum(w) (shares of documents, not of
-  # tokens). Optional per source: "name" (metrics tokens_seen/<name>; default: the path's last
-  # component) and "format" / "text_field" / "text_unit" (default: the data.* keys).
-  # () = data.path alone; when set, data.path must stay "builtin" or "".
-  c.data.mixture = ()
-  c.data.worker_count = 0  # Grain multiprocess prefetch workers (0: in-process).
-  c.data.worker_buffer_size = 2
-
-  c.train = ml_collections.ConfigDict()
-  c.train.steps = steps
-  c.train.batch_size = batch  # Global batch (sequences), split across processes and the batch mesh axes.
-  c.train.init_from = ""  # Encoder (and MLM head) params from `python -m crossbert_jax.export import`.
-  # True: model.* shape keys from train.init_from's config.json, and data.tokenizer (when empty) its
-  # tokenizer (hf/import_config.py; configs/*.py:from_hf).
-  c.train.shape_from_init = False
-  # Start a new workdir from another run's checkpoint, "WORKDIR[:STEP]" (default: its newest step;
-  # gs:// works): params, optimizer state, data position, tokens_seen and step, under this config's
-  # schedule. The source is only read. Once this workdir has a checkpoint, it resumes from its own.
-  c.train.fork_from = ""
-  c.train.stop_at_step = 0  # Checkpoint and stop after this step, schedule unchanged (0: run to steps).
-  c.train.grad_accum = 1  # Micro-batches per step; batch_size must divide evenly.
-  c.train.seed = 0  # Params init and the masking base key.
-  c.train.learning_rate = lr
-  c.train.warmup_steps = warmup
-  c.train.decay = "cosine"  # "cosine" | "linear" | "wsd" (warmup-stable-decay), to final_lr_ratio * peak.
-  c.train.decay_fraction = 0.2  # wsd: the last round(decay_fraction * steps) steps decay; before them, the peak.
-  c.train.decay_shape = "1-sqrt"  # wsd decay shape: "linear" | "1-sqrt" (Hägele et al. 2024).
-  c.train.final_lr_ratio = 0.1
-  c.train.weight_decay = 0.01  # Not applied to norms and biases.
-  c.train.b1 = 0.9
-  c.train.b2 = 0.98
-  c.train.eps = 1e-6
-  c.train.clip_norm = 1.0  # Global-norm gradient clipping (0: off).
-  # Training phases (core/phases.py): an ordered tuple of dicts {"steps": N, "data.seq_len": L, ...}, each
-  # setting keys of phases.OVERRIDABLE (seq_len, batch_size, rope thetas, data path / mixture / shuffle seed,
-  # the lr peak and schedule keys) for its N steps. Checked, not derived: the steps must sum to train.steps
-  # (the last phase may omit "steps": it runs to train.steps). (): one phase with the keys above.
-  c.train.phases = ()
-  # Batch-size ramp (ModernBERT's batch warmup): the first phase's first steps as `stages` stairs whose
-  # batch grows in multiples of `start` up to the phase's batch size, over `steps` steps or `tokens`
-  # tokens (exactly one of the two); each stair is a phase of its own. start=0: off.
-  c.train.batch_ramp = ml_collections.ConfigDict()
-  c.train.batch_ramp.start = 0  # Batch size of the first stair (divides the phase's batch size).
-  c.train.batch_ramp.steps = 0  # Steps the whole ramp takes, split evenly over the stairs.
-  c.train.batch_ramp.tokens = 0  # Or: tokens the ramp takes, split evenly over the stairs.
-  c.train.batch_ramp.stages = 4  # Number of stairs below the full batch size.
-
-  c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every_steps = ckpt_every
-  c.checkpoint.keep = 3
-  c.checkpoint.keep_steps = ()  # Steps also saved and never garbage-collected (a WSD stable run's fork points).
-  c.checkpoint.async_save = True
-
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = 1  # One of data / fsdp / tensor may be -1: it takes the remaining devices.
-  c.mesh.fsdp = -1
-  c.mesh.tensor = 1
-  c.mesh.rules = ()  # Overrides of sharding.DEFAULT_RULES: (("mlp", "tensor"), ("vocab", None), ...).
-
-  c.eval = ml_collections.ConfigDict()  # Frozen probes during pretraining (crossbert_jax/evaluate.py).
-  c.eval.every_steps = 0  # 0: off. Logged to metrics.jsonl as probe/<task>/<probe>.
-  c.eval.tasks = "sst2,stsb"  # Comma-separated task names (see `python -m crossbert_jax.evaluate --help`).
-  c.eval.data_dir = ""  # Root of the task data (e.g. ../shared/data); required when every_steps > 0.
-  c.eval.max_examples = 2000  # Per split: a fixed, seeded subset keeps in-training probes cheap; 0 = whole splits.
-  c.eval.splits = "first"  # "first": score each task's first evaluation split; "all": the size-weighted mean over all.
-  c.eval.seed = 0
-
-  c.metrics = ml_collections.ConfigDict()
-  c.metrics.log_every = 1 if variant == "tiny" else 10
-  c.metrics.tensorboard = True
-  c.metrics.progress_bar = True
-  c.metrics.cpu_peak_tflops = 0.1  # Per-device peak used for MFU on CPU (no vendor number exists).
-
+  # training/objectives: "crossbert" (encoder on visible tokens + reconstructor), "mlm" (flat BERT), or a
+  # registered one (which may add its own section in `configure`).
+  c.objective = objective
+  c.model = defaults.model(variant)
+  c.reconstructor = defaults.reconstructor(variant)
+  c.mlm = defaults.mlm()
+  c.masking = defaults.masking()
+  c.data = defaults.data(variant)
+  c.train = defaults.train(variant)
+  c.checkpoint = defaults.checkpoint(variant)
+  c.mesh = defaults.mesh()
+  c.eval = defaults.eval_()
+  c.metrics = defaults.metrics(variant)
+  objectives.get(objective).configure(c)
   c.lock()
   return c
 
@@ -183,9 +47,24 @@ def _err(key: str, msg: str) -> UserError:
 
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raises UserError (one line, naming the key) for any inconsistent config."""
-  if c.objective not in OBJECTIVES:
-    raise _err("objective", f"{c.objective!r} is not one of {OBJECTIVES}")
-  m = c.model
+  if c.objective not in objectives.names():
+    raise _err("objective", f"{c.objective!r} is not one of {objectives.names()}")
+  _validate_model(c.model)
+  _validate_masking(c, objectives.get(c.objective))
+  _validate_data(c.data)
+  _validate_train(c.train)
+  _validate_runtime(c)
+  phases_lib.check_ramp_signs(c.train.batch_ramp)
+  if phases_lib.has_phases(c):
+    for phase in phases_lib.expand(c):
+      try:
+        validate(phase.config)
+      except UserError as e:
+        raise UserError(f"{e} (in {phase.describe()})") from None
+
+
+def _validate_model(m: ml_collections.ConfigDict) -> None:
+  """The encoder's shape, attention and numerics."""
   for key in ("vocab_size", "embed_dim", "num_heads", "num_layers", "mlp_dim"):
     if m[key] <= 0:
       raise _err(f"model.{key}", f"must be positive, got {m[key]}")
@@ -208,16 +87,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
       raise _err(f"model.{key}", f"must be >= 1, got {m[key]}")
   if m.scan_layers and m.num_layers < 2:
     raise _err("model.scan_layers", "needs model.num_layers >= 2")
-  r = c.reconstructor
-  if c.objective == "crossbert":
-    for key in ("num_layers", "embed_dim", "num_heads", "mlp_dim"):
-      if r[key] <= 0:
-        raise _err(f"reconstructor.{key}", f"must be positive, got {r[key]}")
-    if r.embed_dim % r.num_heads or (r.embed_dim // r.num_heads) % 2:
-      raise _err("reconstructor.num_heads",
-                 f"{r.num_heads} heads must divide reconstructor.embed_dim={r.embed_dim} into even head dims")
-    if r.tie_head and r.embed_dim != m.embed_dim:
-      raise _err("reconstructor.tie_head", "needs reconstructor.embed_dim == model.embed_dim")
+
+
+def _validate_masking(c: ml_collections.ConfigDict, objective: Any) -> None:
+  """The mlm and masking sections, and the objective's own checks."""
   if not (c.mlm.mask_prob >= 0 and c.mlm.random_prob >= 0 and c.mlm.mask_prob + c.mlm.random_prob <= 1.0):
     raise _err("mlm.mask_prob", "mask_prob and random_prob must be >= 0 and sum to <= 1")
   mk, L = c.masking, c.data.seq_len
@@ -227,29 +100,27 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise _err("masking.ratio", f"must be in (0, 1), got {mk.ratio}")
   if mk.views < 1:
     raise _err("masking.views", f"must be >= 1, got {mk.views}")
-  if c.objective == "mlm" and mk.views != 1:
-    raise _err("masking.views", "the flat BERT baseline (objective=mlm) uses masking.views=1")
-  if mk.views > 1:
-    if abs(mk.ratio - (1.0 - 1.0 / mk.views)) > 1e-9:
-      raise _err("masking.ratio", f"complementary masking with views={mk.views} needs ratio=1-1/views="
-                 f"{1 - 1 / mk.views:g}, got {mk.ratio}")
-    if L % mk.views:
-      raise _err("data.seq_len", f"{L} must be divisible by masking.views={mk.views}")
+  objective.validate(c)  # Its own sections and what it needs of the masking (e.g. complementary views).
   if round(mk.ratio * L) < 1 or L - round(mk.ratio * L) < 1:
     raise _err("masking.ratio", f"{mk.ratio} leaves no masked or no visible slot at data.seq_len={L}")
   if not 0.0 < mk.reconstruct_ratio <= 1.0:
     raise _err("masking.reconstruct_ratio", f"must be in (0, 1], got {mk.reconstruct_ratio}")
-  if c.objective == "mlm" and mk.reconstruct_ratio != 1.0:
-    raise _err("masking.reconstruct_ratio", "applies to objective=crossbert only; leave it at 1.0")
-  d = c.data
-  if d.format not in ("auto", "text", "jsonl", "parquet", "arrayrecord"):
-    raise _err("data.format", f"{d.format!r}: use auto, text, jsonl, parquet or arrayrecord")
+
+
+def _validate_data(d: ml_collections.ConfigDict) -> None:
+  """The data section (sources, formats, the mixture)."""
+
+  if fix := formats.check(d.format):
+    raise _err("data.format", f"{d.format!r}: {fix}")
   if d.text_unit not in ("line", "paragraph", "file"):
     raise _err("data.text_unit", f"{d.text_unit!r}: use line, paragraph or file")
   mixture.validate(d)
   if d.worker_count < 0:
     raise _err("data.worker_count", f"must be >= 0, got {d.worker_count}")
-  t = c.train
+
+
+def _validate_train(t: ml_collections.ConfigDict) -> None:
+  """Steps, batch and the optimizer's schedule."""
   if t.steps < 1:
     raise _err("train.steps", f"must be >= 1, got {t.steps}")
   if t.stop_at_step < 0:
@@ -281,6 +152,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise _err("train.final_lr_ratio", f"must be in [0, 1], got {t.final_lr_ratio}")
   if t.clip_norm < 0:
     raise _err("train.clip_norm", f"must be >= 0 (0 = off), got {t.clip_norm}")
+
+
+def _validate_runtime(c: ml_collections.ConfigDict) -> None:
+  """Checkpoints, mesh, probes and metrics."""
   if c.checkpoint.every_steps < 1:
     raise _err("checkpoint.every_steps", f"must be >= 1, got {c.checkpoint.every_steps}")
   if c.checkpoint.keep < 1:
@@ -305,13 +180,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise _err("metrics.log_every", f"must be >= 1, got {c.metrics.log_every}")
   if c.metrics.cpu_peak_tflops <= 0:
     raise _err("metrics.cpu_peak_tflops", f"must be positive, got {c.metrics.cpu_peak_tflops}")
-  phases_lib.check_ramp_signs(c.train.batch_ramp)
-  if phases_lib.has_phases(c):
-    for phase in phases_lib.expand(c):
-      try:
-        validate(phase.config)
-      except UserError as e:
-        raise UserError(f"{e} (in {phase.describe()})") from None
 
 
 def from_flag(value) -> ml_collections.ConfigDict:
@@ -326,8 +194,8 @@ def from_flag(value) -> ml_collections.ConfigDict:
   except (AttributeError, KeyError):
     raise UserError("--config file sets no `objective`: build it with get_config(objective, variant) from "
                     "crossbert_jax/core/config.py (as configs/crossbert.py does)") from None
-  if objective not in OBJECTIVES:
-    raise _err("objective", f"{objective!r} is not one of {OBJECTIVES}")
+  if objective not in objectives.names():
+    raise _err("objective", f"{objective!r} is not one of {objectives.names()}")
   missing = _missing_keys(value, get_config(objective, "tiny"))
   if missing:
     more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -11,6 +11,7 @@ import re
 
 import ml_collections
 
+from crossbert_jax.core import formats
 from crossbert_jax.core.errors import UserError
 
 
@@ -43,6 +44,7 @@ def validate(d: ml_collections.ConfigDict) -> None:
   if d.path not in ("builtin", ""):
     raise _err("data.path", f"{d.path!r} and data.mixture are both set: make it a source of data.mixture, or "
                "clear it (--config.data.path='')")
+
   for k, src in enumerate(d.mixture):
     key = f"data.mixture[{k}]"
     if not isinstance(src, dict):
@@ -56,8 +58,8 @@ def validate(d: ml_collections.ConfigDict) -> None:
     w = src.get("weight")
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
       raise _err(f"{key}.weight", f"must be a finite number > 0, got {w!r}")
-    if src.get("format", "auto") not in ("auto", "text", "jsonl", "parquet", "arrayrecord"):
-      raise _err(f"{key}.format", f"{src['format']!r}: use auto, text, jsonl, parquet or arrayrecord")
+    if fix := formats.check(src.get("format", "auto")):
+      raise _err(f"{key}.format", f"{src['format']!r}: {fix}")
     if src.get("text_unit", "line") not in ("line", "paragraph", "file"):
       raise _err(f"{key}.text_unit", f"{src['text_unit']!r}: use line, paragraph or file")
     if not isinstance(src.get("text_field", "text"), str):

@@ -1,12 +1,11 @@
 """Document sources: paths (file, dir, glob, comma list; local or gs://) -> documents.
 
-Formats: plain text (split by paragraph, line or file), JSONL and Parquet (a text field), and
-ArrayRecord (raw UTF-8 or JSON records, read lazily). `document_source` gives a Grain
+Formats (core/formats.py): plain text, JSONL and Parquet (read whole or by host part, readers.py),
+and ArrayRecord (raw UTF-8 or JSON records, read lazily by index). `document_source` gives a Grain
 random-access source for the pipeline; `iter_documents` streams documents (tokenizer training).
 """
 
 from collections.abc import Callable, Iterator, Sequence
-import json
 import os
 from typing import Any
 
@@ -16,17 +15,12 @@ import grain
 import ml_collections
 import numpy as np
 
+from crossbert_jax.core import formats as formats_lib
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import readers
 from crossbert_jax.data import shards
 from crossbert_jax.data import splits
 
-FORMATS = ("text", "jsonl", "parquet", "arrayrecord")
-_EXTENSIONS = {
-    "": "text", ".txt": "text", ".text": "text", ".tokens": "text",
-    ".jsonl": "jsonl", ".json": "jsonl",
-    ".parquet": "parquet",
-    ".arrayrecord": "arrayrecord", ".array_record": "arrayrecord",
-}
 _GLOB_CHARS = "*?["
 
 
@@ -93,134 +87,18 @@ def _files_under(root: epath.Path) -> list[epath.Path]:
 
 def file_format(path: epath.Path, fmt: str = "auto") -> str:
   """The reader for `path`: `fmt` unless "auto", else by extension."""
+  formats = formats_lib.names()
   if fmt != "auto":
-    if fmt not in FORMATS:
-      raise UserError(f"data.format={fmt!r}: use auto, {', '.join(FORMATS)}")
+    if fmt not in formats:
+      raise UserError(f"data.format={fmt!r}: use auto, {', '.join(formats)}")
     return fmt
   name = path.name
   ext = os.path.splitext(name)[1].lower()
-  if ext not in _EXTENSIONS:
-    raise UserError(f"{path}: unknown extension {ext!r}; set data.format (prepare, tokenizer: --format) to one of {FORMATS} "
-                    f"or rename it ({', '.join(e for e in _EXTENSIONS if e)})")
-  return _EXTENSIONS[ext]
-
-
-# ----------------------------------------------------------------------------- readers
-
-
-def _decode(raw: bytes, where: str) -> str:
-  try:
-    return raw.decode("utf-8").lstrip("\ufeff")
-  except UnicodeDecodeError as e:
-    raise UserError(f"{where}: not UTF-8 (bad byte at offset {e.start}); convert it to UTF-8, "
-                    "e.g. `iconv -f latin1 -t utf-8`") from None
-
-
-def _no_documents(path: epath.Path) -> UserError:
-  return UserError(f"{path}: holds no documents (empty or blank); remove it from the files named (data.path, data.mixture, or --input)")
-
-
-def _read(path: epath.Path, part: splits.Part | None, unit: str) -> tuple[bytes, str]:
-  """(bytes, name for errors) of the whole file or of one host's part of it."""
-  if part is None or part.count == 1:
-    with path.open("rb") as f:
-      return f.read(), str(path)
-  return splits.read_part(part, unit), f"{path} (part {part.index + 1} of {part.count})"
-
-
-def read_text(path: epath.Path, text_unit: str, part: splits.Part | None = None) -> list[str]:
-  """Documents of a plain-text file (or `part` of it): one per line, per blank-line paragraph, or the file."""
-  raw, where = _read(path, part, "line" if text_unit == "line" else "paragraph")
-  if part is not None and part.count > 1 and not raw:
-    return []  # A part with no document start: its neighbour holds the document.
-  text = _decode(raw, where)
-  if text_unit == "file":
-    docs = [text.strip()]
-  elif text_unit == "line":
-    docs = [line.strip() for line in text.splitlines()]
-  elif text_unit == "paragraph":
-    docs, cur = [], []
-    for line in text.splitlines():
-      if line.strip():  # Whitespace-only lines separate paragraphs too.
-        cur.append(line.strip())
-      elif cur:
-        docs.append("\n".join(cur))
-        cur = []
-    docs.append("\n".join(cur))
-  else:
-    raise UserError(f"data.text_unit={text_unit!r}: use line, paragraph or file")
-  docs = [d for d in docs if d]
-  if not docs and (part is None or part.count == 1):
-    raise _no_documents(path)
-  return docs
-
-
-def _field(record: Any, field: str, where: str) -> str:
-  if not isinstance(record, dict) or field not in record:
-    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-    raise UserError(f"{where}: no field {field!r} (has {keys}); set data.text_field")
-  value = record[field]
-  if not isinstance(value, str):
-    raise UserError(f"{where}: field {field!r} is {type(value).__name__}, not text; "
-                    "set data.text_field to a string field")
-  return value
-
-
-def read_jsonl(path: epath.Path, text_field: str, part: splits.Part | None = None) -> list[str]:
-  """Documents of a JSON-lines file (or `part` of it): the `text_field` of each object."""
-  raw, where = _read(path, part, "line")
-  text = _decode(raw, where)
-  docs = []
-  for lineno, line in enumerate(text.splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise UserError(f"{where}:{lineno}: not JSON ({e.msg}); write one JSON object per line") from None
-    docs.append(_field(record, text_field, f"{where}:{lineno}").strip())
-  docs = [d for d in docs if d]
-  if not docs and (part is None or part.count == 1):
-    raise _no_documents(path)
-  return docs
-
-
-def read_parquet(path: epath.Path, text_field: str, part: splits.Part | None = None) -> list[str]:
-  """Documents of a Parquet file (or `part` of its row groups): the `text_field` column."""
-  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy, rarely needed)
-
-  try:
-    with path.open("rb") as f:
-      pf = pq.ParquetFile(f)
-      names = pf.schema_arrow.names
-      if text_field not in names:
-        raise UserError(f"{path}: no column {text_field!r} (has {names}); set data.text_field")
-      if part is None or part.count == 1:
-        column = pf.read(columns=[text_field]).column(0)
-      else:
-        column = pf.read_row_groups(splits.row_groups(pf.num_row_groups, part), columns=[text_field]).column(0)
-  except UserError:
-    raise
-  except Exception as e:  # pylint: disable=broad-except  (pyarrow raises many types)
-    raise UserError(f"{path}: unreadable Parquet ({type(e).__name__}: {str(e)[:200]}); "
-                    "check the file or set data.format (prepare: --format)") from None
-  docs = [d.strip() for d in column.to_pylist() if isinstance(d, str)]
-  docs = [d for d in docs if d]
-  if not docs and (part is None or part.count == 1):
-    raise _no_documents(path)
-  return docs
-
-
-def _decode_record(raw: bytes, text_field: str, where: str) -> str:
-  """An ArrayRecord record: a JSON object holding `text_field`, else raw UTF-8 text."""
-  if raw[:1] == b"{":
-    try:
-      record = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-      record = None
-    if isinstance(record, dict):
-      return _field(record, text_field, where)
-  return _decode(raw, where)
+  extensions = {e: name for name, f in formats_lib.FORMAT_TABLE.items() for e in f.extensions}
+  if ext not in extensions:
+    raise UserError(f"{path}: unknown extension {ext!r}; set data.format (prepare, tokenizer: --format) to one of "
+                    f"{formats} or rename it ({', '.join(e for e in extensions if e)})")
+  return extensions[ext]
 
 
 def _gather(ends: np.ndarray, indices: Sequence[int], read: Callable[[int, list[int]], Sequence[Any]]) -> list[Any]:
@@ -247,14 +125,14 @@ class _ArrayRecordDocuments:
       raise UserError(f"{', '.join(self._paths)}: unreadable ArrayRecord ({str(e)[:200]}); "
                       "check the files or set data.format (prepare: --format)") from None
     if len(self._source) == 0:
-      raise _no_documents(epath.Path(self._paths[0]))
+      raise readers.no_documents(epath.Path(self._paths[0]))
     self[0]  # Fails early on a missing field.  pylint: disable=pointless-statement
 
   def __len__(self) -> int:
     return len(self._source)
 
   def _decode(self, raw: bytes, index: int) -> Any:
-    return _decode_record(raw, self._text_field, f"ArrayRecord record {index} of {self._paths}")
+    return readers.decode_record(raw, self._text_field, f"ArrayRecord record {index} of {self._paths}")
 
   def __getitem__(self, index: int) -> Any:
     return self._decode(self._source[index], index)
@@ -327,24 +205,20 @@ def _file_parts(spec: str, fmt: str, text_field: str, text_unit: str, process_in
   if tokens is not None:
     return [tokens], False
   kinds = [file_format(p, fmt) for p in paths]
-  per_process = process_count > 1 and "arrayrecord" not in kinds
+  per_process = process_count > 1 and all(formats_lib.FORMAT_TABLE[k].reader is not None for k in kinds)
   if per_process:
-    splittable = [k != "text" or text_unit != "file" for k in kinds]
+    splittable = [formats_lib.FORMAT_TABLE[k].splittable and (k != "text" or text_unit != "file") for k in kinds]
     shares = splits.host_parts(paths, process_index, process_count, splittable)
   else:
     shares = [splits.Part(p) for p in paths]
   parts: list[Sequence[str]] = []
   array_records: list[epath.Path] = []
   for share in shares:
-    kind = file_format(share.path, fmt)
-    if kind == "text":
-      parts.append(read_text(share.path, text_unit, share))
-    elif kind == "jsonl":
-      parts.append(read_jsonl(share.path, text_field, share))
-    elif kind == "parquet":
-      parts.append(read_parquet(share.path, text_field, share))
-    else:
+    read = formats_lib.reader(file_format(share.path, fmt))
+    if read is None:
       array_records.append(share.path)
+    else:
+      parts.append(read(share.path, text_field, text_unit, share))
   if array_records:
     parts.append(_ArrayRecordDocuments(array_records, text_field))
   return [p for p in parts if len(p)], per_process

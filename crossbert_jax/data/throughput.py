@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.data import pipeline
 from crossbert_jax.data import prepare
-from crossbert_jax.data import sources
+from crossbert_jax.data import readers
 from crossbert_jax.data import tokenizer as tokenizer_lib
 
 FORMATS = ("text", "jsonl", "parquet", "arrayrecord_text", "arrayrecord_tokens")
@@ -36,7 +36,7 @@ def corpora(books: list[pathlib.Path], root: pathlib.Path, vocab_size: int = 819
   docs = []
   for i, book in enumerate(books):
     (text / f"book{i:04d}.txt").write_bytes(book.read_bytes())
-    docs += sources.read_text(text / f"book{i:04d}.txt", "paragraph")
+    docs += readers.read_text(text / f"book{i:04d}.txt", "paragraph")
   if not tokenizer_path:
     tokenizer_path = str(root / "spm.model")
     tokenizer_lib.train_tokenizer(docs, vocab_size, tokenizer_path, max_sentences=200_000)
@@ -56,7 +56,7 @@ def hf_corpora(paths: dict[str, str], root: pathlib.Path, vocab_size: int = 8192
   names above the regular pieces) trained with `tokenizers` on `corpora`'s text; its shards under `root`."""
   from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
 
-  docs = [d for f in sorted(pathlib.Path(paths["text"]).glob("*.txt")) for d in sources.read_text(f, "paragraph")]
+  docs = [d for f in sorted(pathlib.Path(paths["text"]).glob("*.txt")) for d in readers.read_text(f, "paragraph")]
   bpe = Tokenizer(models.BPE())
   bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   bpe.decoder = decoders.ByteLevel()

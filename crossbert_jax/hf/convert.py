@@ -19,6 +19,7 @@ import numpy as np
 import safetensors.numpy
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import objectives
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import tokenizer as tokenizer_lib
@@ -91,7 +92,7 @@ def write_hf(out: epath.Path, config: ml_collections.ConfigDict, params: Any,
              tok: tokenizer_lib.AnyTokenizer, info: dict | None = None) -> None:
   """Writes the HF folder contents into `out` (an existing, empty folder)."""
   spec = inference_spec(config.model)
-  with_head = config.objective == "mlm"
+  with_head = objectives.get(config.objective).exports_mlm_head
   flat = {k: v for k, v in flatten(params).items() if k.startswith(("encoder/", "head/"))}
   tensors = hf_mapping.to_hf(flat, spec, with_head=with_head)
   (out / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
@@ -127,11 +128,12 @@ def verify(folder: epath.Path, config: ml_collections.ConfigDict, params: Any,
       params["encoder"], batch["tokens"], batch["positions"], batch["segment_ids"]))
   valid_BxL = batch["segment_ids"] > 0
 
+  with_head = objectives.get(config.objective).exports_mlm_head
   arch = getattr(transformers, hf_files.hf_config(config)["architectures"][0])
   model = arch.from_pretrained(str(folder), dtype=torch.float32).eval()
   with torch.no_grad():
     enc = hf_tok(list(sentences), padding=True, truncation=True, max_length=seq_len, return_tensors="pt")
-    if config.objective == "mlm":
+    if with_head:
       out = model(**enc)
       hidden = model.model(**enc).last_hidden_state.numpy()
     else:
@@ -141,7 +143,7 @@ def verify(folder: epath.Path, config: ml_collections.ConfigDict, params: Any,
   if not hidden_diff <= TOLERANCE:
     raise UserError(f"verify: transformers last_hidden_state differs from JAX by {hidden_diff:.2e} "
                     f"(> {TOLERANCE:g}); the export does not match this encoder")
-  if config.objective == "mlm":
+  if with_head:
     logits = np.asarray(mlm_logits(config, params, ours_BxLxD))
     logit_diff = float(np.abs(out.logits.numpy() - logits)[valid_BxL].max())
     result["mlm_logits_max_abs_diff"] = logit_diff
@@ -256,7 +258,8 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
             keep_head: bool = False) -> tuple[ml_collections.ConfigDict, dict]:
   """(our config, params {'encoder': ...[, 'head': ...]}) from a ModernBERT safetensors folder.
 
-  The MLM head is read for objective mlm, and with `keep_head` whenever the folder has one.
+  The MLM head is read for an objective that exports one (mlm), and with `keep_head` whenever the
+  folder has one.
   """
   folder = epath.Path(folder)
   source = f"--hf {folder}"
@@ -267,7 +270,7 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
   tensors = _load_float_tensors((folder / "model.safetensors").read_bytes(), source)
   prefix = hf_mapping.MLM_ENCODER_PREFIX
   has_prefix = any(k.startswith(prefix) for k in tensors)
-  with_head = objective == "mlm" or (keep_head and has_prefix and "head.dense.weight" in tensors)
+  with_head = objectives.get(objective).exports_mlm_head or (keep_head and has_prefix and "head.dense.weight" in tensors)
   if with_head and "head.dense.weight" not in tensors:
     raise UserError(f"{source} holds no MLM head (head.dense.weight): import it with --objective=crossbert")
   if has_prefix and not with_head:

@@ -15,6 +15,7 @@ from crossbert_jax.data import hf_tokenizer as hf_tokenizer_lib
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
 from crossbert_jax.hf import mapping as hf_mapping
+from crossbert_jax.core import objectives
 
 
 def write_json(path: epath.Path, obj: Any) -> None:
@@ -103,10 +104,11 @@ def dense_module_files(out: epath.Path, kernel_DxE: Any, bias_E: Any) -> None:
 
 
 def hf_config(config: ml_collections.ConfigDict, specials: SpecialIds = SENTENCEPIECE) -> dict:
-  """config.json contents for `config` (ModernBertModel, or ModernBertForMaskedLM for objective mlm)."""
+  """config.json contents for `config` (ModernBertModel, or ModernBertForMaskedLM for an objective that
+  exports its MLM head)."""
   from transformers import ModernBertConfig  # pylint: disable=g-import-not-at-top  (no torch needed)
 
-  with_head = config.objective == "mlm"
+  with_head = objectives.get(config.objective).exports_mlm_head
   out = ModernBertConfig(**hf_mapping.to_hf_config(config.model, config.data.seq_len, specials)).to_dict()
   out.update(hf_mapping.legacy_config_keys(config.model))
   out["architectures"] = ["ModernBertForMaskedLM" if with_head else "ModernBertModel"]
@@ -143,8 +145,8 @@ def _data(data_cfg: ml_collections.ConfigDict) -> str:
 def model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | None,
                tokenizer_kind: str = "SentencePiece") -> str:
   m = config.model
-  kind = "CrossBERT encoder (reconstructor discarded)" if config.objective == "crossbert" else \
-      "flat BERT baseline (MLM head included as ModernBertForMaskedLM)"
+  objective = objectives.get(config.objective)
+  kind = objective.card_title
   layout = "all global" if m.global_every == 1 else \
       f"global every {m.global_every} layers, local window {m.local_window}"
   tokens = "unknown" if info["tokens_seen"] is None else f"{int(info['tokens_seen']):,}"
@@ -160,8 +162,7 @@ def model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | Non
       f"- Attention: {layout}; RoPE theta {m.rope_theta:g} (global), {m.local_rope_theta:g} (local)",
       f"- Trained sequence length {config.data.seq_len}; embeddings: mean over non-pad tokens", "",
       "## Training", "",
-      f"- Objective: `{config.objective}`, masking ratio {config.masking.ratio}"
-      + (f", {config.masking.views} complementary views" if config.objective == "crossbert" else ""),
+      f"- Objective: `{config.objective}`, masking ratio {config.masking.ratio}" + objective.card_training(config),
       f"- Data: {_data(config.data)} (tokenizer: {tokenizer_kind}, {m.vocab_size} pieces)",
       f"- Steps: {info['step']}; batch {config.train.batch_size} x {config.data.seq_len}; tokens seen: {tokens}",
   ]

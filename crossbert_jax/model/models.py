@@ -2,14 +2,13 @@
 
 Both take index arrays produced by `masking.py` inside the jitted step, so every shape is
 static. Params are plain pytrees: {"encoder": ..., "reconstructor": ...} or
-{"encoder": ..., "head": ...}; only "encoder" is exported. Shape letters: B batch, L length,
+{"encoder": ..., "head": ...}; training/objectives builds them from a config. Shape letters: B batch, L length,
 T visible tokens, Q reconstructed slots, M masked slots, D embed, V vocab.
 """
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from crossbert_jax.model import layers
 from crossbert_jax.model.encoder import Encoder, EncoderSpec
@@ -77,11 +76,3 @@ class FlatBert(nn.Module):
     x_BxMxD = jnp.take_along_axis(x_BxLxD, mask_idx_BxM[:, :, None], axis=1)
     return MlmHead(self.encoder_spec, name="head")(x_BxMxD, _token_embedding(encoder),
                                                    return_hidden=return_hidden)
-
-
-def build_model(c: ml_collections.ConfigDict) -> nn.Module:
-  """The model for `c.objective`."""
-  enc = EncoderSpec.from_config(c.model)
-  if c.objective == "crossbert":
-    return CrossBert(enc, ReconstructorSpec.from_config(c))
-  return FlatBert(enc)

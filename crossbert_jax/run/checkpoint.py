@@ -10,7 +10,7 @@ donated state can be reused at once); `keep` most recent are retained, and every
 A step that cannot be read back (truncated or emptied files, missing items) is passed over for the
 previous one (`first_readable`, the one fallback): the trainer renames it `damaged-<step>`
 (`restore_latest`; in a multi-process run the processes agree on it: a step any one of them cannot
-read is damaged for all), a reader (`load_run`) leaves it in place with a warning.
+read is damaged for all), a reader (`run/load.py`) leaves it in place with a warning.
 """
 
 import dataclasses
@@ -334,75 +334,3 @@ class _IteratorState:
 
   def get_state(self) -> bytes:
     return json.dumps(self._state, indent=4).encode()
-
-
-def _params_placement(c: ml_collections.ConfigDict, abstract: Any) -> Any:
-  """Shardings for the params: one local device when they fit in a fraction of its memory, else
-  FSDP over a mesh of all local devices (the model's own logical axes)."""
-  from crossbert_jax.training import program, sharding  # Local: program imports the model stack.
-
-  devices = jax.local_devices()
-  nbytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(abstract))
-  limit = (devices[0].memory_stats() or {}).get("bytes_limit") if hasattr(devices[0], "memory_stats") else None
-  if len(devices) == 1 or limit is None or nbytes <= _ONE_DEVICE_FRACTION * limit:
-    one = jax.sharding.SingleDeviceSharding(devices[0])
-    return jax.tree.map(lambda _: one, abstract)
-  mesh_cfg = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1, "rules": ()})
-  mesh = sharding.make_mesh(mesh_cfg, devices=devices)
-  return program.param_shardings(c, mesh, sharding.logical_rules(mesh_cfg))
-
-
-# Params up to this fraction of one device's memory are restored onto it; larger ones are sharded.
-_ONE_DEVICE_FRACTION = 0.5
-
-
-def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_collections.ConfigDict, Any, int]:
-  """(config, params, step) of a training run's checkpoint (latest if `step` is None).
-
-  The config is that of the step's phase (`core/phases.py`): in a run with phases, the sequence
-  length, RoPE thetas and data the checkpoint was last trained with, which evaluation uses and
-  export writes into the Hugging Face config; a run without phases, its own config.
-
-  For evaluation and export: restores only the params item of the state (Orbax partial restore:
-  no optimizer is built and its state is never read), onto the first local device, or sharded
-  over all local devices when they would not fit on one (`_params_placement`). The params are
-  the model's full tree: "encoder" plus "reconstructor" or "head".
-  """
-  from crossbert_jax.training import program  # Local: program imports the model stack.
-
-  directory = epath.Path(str(workdir))
-  if not CheckpointLayout.of(directory).directory.exists():
-    raise UserError(f"--workdir {directory} holds no {DIRECTORY}/: point it at a training run's workdir")
-  ckpt = Checkpointer.reader(directory, read_only=False)
-  try:
-    steps = ckpt.all_steps()
-    if not steps:
-      raise UserError(f"--workdir {directory} holds no finished checkpoint yet")
-    if step is not None and step not in steps:
-      raise UserError(f"--step={step}: {directory} has checkpoints at steps {sorted(steps)}")
-
-    def attempt(candidate: int) -> tuple[Any, str | None]:
-      try:
-        # A run with phases: the config its step was trained under (seq_len, RoPE thetas, batch, data).
-        saved = config_lib.from_dict(ckpt.saved_config(candidate))
-        config = phases_lib.phase_at(phases_lib.expand(saved), candidate).config
-        abstract = program.abstract_params(config)
-        return (config, ckpt.restore_params(candidate, abstract, _params_placement(config, abstract))), None
-      except UserError:
-        raise
-      except Exception as e:  # noqa: BLE001 - any unreadable item means a damaged step.
-        return None, one_line(e)
-
-    def passed_over(candidate: int, reason: str) -> None:  # Left in place: the trainer, not a reader, sets it aside.
-      if step is not None or candidate == min(steps):
-        fix = "pick another --step" if step is not None else "no readable checkpoint is left"
-        raise UserError(f"checkpoint step {candidate} in {directory} is unreadable ({reason}); {fix}")
-      print(f"warning: checkpoint step {candidate} in {directory} is unreadable ({reason}); trying the previous one",
-            file=sys.stderr, flush=True)
-
-    # The newest readable step; an explicit --step must be readable.
-    step, (config, params) = first_readable([step] if step is not None else sorted(steps, reverse=True), attempt,
-                                            passed_over)
-  finally:
-    ckpt.close()
-  return config, params, step

@@ -61,11 +61,9 @@ def check_workdir(c: ml_collections.ConfigDict, workdir: str | epath.Path) -> No
   key = f"config train.fork_from={c.train.fork_from}"
   source, _ = parse(c.train.fork_from)
   where = outputs.relation(outputs.absolute(workdir), outputs.absolute(source))
-  if where == "is":
-    raise UserError(f"{key} is this run's own --workdir: fork into a new --workdir")
-  if where == "is inside":
-    raise UserError(f"{key}: --workdir {workdir} is inside the source run {source}; fork into a new --workdir "
-                    "outside it")
+  if where in ("is", "is inside"):
+    raise UserError(f"{key}: --workdir {workdir} is {'the source itself' if where == 'is' else 'inside the source'}"
+                    "; a fork writes its own checkpoints: give it a new --workdir outside the source")
 
 
 def check_resumed(c: ml_collections.ConfigDict, workdir: str | epath.Path, step: int, saved: dict[str, Any]) -> None:

@@ -33,9 +33,10 @@ from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import pipeline
 from crossbert_jax.run import checkpoint
-from crossbert_jax.training import optimizer
+from crossbert_jax.training import objectives, optimizer
 
-_REFUSED_SECTIONS = ("model", "reconstructor", "masking", "mlm")
+# Beside these, every objective's own sections (`Objective.sections`: the reconstructor, the mlm corruption).
+_REFUSED_SECTIONS = ("model", "masking")
 # Numerics-preserving runtime choices: the attention kernel and its blocks, the loss chunking.
 _ALLOWED_IN_REFUSED = {"model.remat", "model.dtype", "model.init_std", "model.attention", "model.attention_block_q",
                        "model.attention_block_kv", "model.attention_chunked_min_len", "model.loss_chunk"}
@@ -63,8 +64,12 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
   return out
 
 
+def _refused_sections() -> set[str]:
+  return {*_REFUSED_SECTIONS, *(s for name in objectives.names() for s in objectives.get(name).sections)}
+
+
 def _refused(key: str) -> bool:
-  return key in _REFUSED_KEYS or (key.split(".")[0] in _REFUSED_SECTIONS and key not in _ALLOWED_IN_REFUSED)
+  return key in _REFUSED_KEYS or (key.split(".")[0] in _refused_sections() and key not in _ALLOWED_IN_REFUSED)
 
 
 def _lr(train: dict, step: int) -> float:

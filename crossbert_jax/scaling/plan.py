@@ -24,7 +24,7 @@ from typing import Any
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import flops, optimizer
+from crossbert_jax.training import flops, objectives, optimizer
 
 SPEC_KEYS = {"name", "variant", "data_path", "tokenizer_vocab_size", "common", "sizes", "objectives", "seeds",
              "probes", "warmup_fraction"}
@@ -35,7 +35,6 @@ SIZE_OPTIONAL_KEYS = {"seeds"}  # A size's own seeds (default: the spec's), e.g.
 OBJECTIVE_KEYS = {"objective", "ratio", "views", "reconstructor_width"}
 PROBE_KEYS = {"count", "tasks", "data_dir", "max_examples"}
 PHASE_KEYS = ("train.phases", "train.batch_ramp")  # Refused in `common`: the plan's runs have one shape.
-CONFIG_FILES = {"crossbert": "configs/crossbert.py", "mlm": "configs/bert.py"}
 PLAN_FILE = "plan.json"
 DONE_FILE = "sweep_done.json"
 
@@ -178,12 +177,7 @@ def _overrides(spec: dict, size: dict, obj: dict, seed: int) -> dict[str, Any]:
               "masking.views": obj["views"]})
   for key in ("embed_dim", "num_heads", "num_layers", "mlp_dim"):
     out[f"model.{key}"] = size[key]
-  if obj["objective"] == "crossbert":
-    # The reconstructor follows the encoder's width (a fraction of it: a lighter decoder).
-    w = obj.get("reconstructor_width", 1.0)
-    out.update({"reconstructor.embed_dim": int(size["embed_dim"] * w),
-                "reconstructor.num_heads": max(1, int(size["num_heads"] * w)),
-                "reconstructor.mlp_dim": int(size["mlp_dim"] * w)})
+  out.update(objectives.get(obj["objective"]).sweep_overrides(size, obj))
   return out
 
 
@@ -284,7 +278,7 @@ def train_command(run: Run, spec: dict, workdir: str, python: str = "python") ->
   root = str(pathlib.PurePath(runs_dir).parent) if "://" not in runs_dir else runs_dir.rsplit("/", 1)[0]
   if run.kind == "branch":  # The stable run is the branch's sibling under ROOT/runs.
     flags.append(f"--config.train.fork_from={runs_dir}/{run.fork_from}:{run.fork_step}")
-  return [python, "-m", "crossbert_jax.train", f"--config={CONFIG_FILES[run.objective]}:{spec['variant']}",
+  return [python, "-m", "crossbert_jax.train", f"--config={objectives.get(run.objective).config_file}:{spec['variant']}",
           f"--workdir={workdir}", f"--compilation_cache={root}/{COMPILATION_CACHE}", "--config.metrics.progress_bar=False",
           *flags]
 

@@ -6,9 +6,9 @@ Counting rules (the unit tests check them against a longhand count):
 - Attention is bidirectional, so scores and the weighted sum are full T x T (no causal halving).
 - A training step costs 3x the forward matmuls (the backward pass is 2x the forward).
 
-Shape letters: T tokens in a sequence, d encoder width, I encoder GeGLU width, N encoder layers,
-V vocabulary, L data.seq_len, K views, R' reconstructed slots per view, dr / Ir / Nr the
-reconstructor's width, GeGLU width and layers.
+Each objective counts its own step (its `forward_flops`, training/objectives) from the encoder's
+count here. Shape letters: T tokens in a sequence, d encoder width, I encoder GeGLU width, N
+encoder layers.
 """
 
 import math
@@ -19,6 +19,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 from flax.core import meta
+
+from crossbert_jax.core import objectives
 
 # Dense (non-sparse) per-device peak TFLOP/s by a substring of `jax.Device.device_kind`.
 # Lookup takes the longest matching substring (case-insensitive), so "H100 PCIe" beats "H100",
@@ -65,61 +67,9 @@ def encoder_forward_flops(model_cfg: ml_collections.ConfigDict, tokens: int) -> 
   return float(n * (projections + attention))
 
 
-def crossbert_shapes(c: ml_collections.ConfigDict) -> tuple[int, int, int]:
-  """(views K, visible tokens per view, reconstructed slots R' per view) for objective=crossbert."""
-  k, r, seq_len = c.masking.views, c.masking.ratio, c.data.seq_len
-  if k > 1:
-    # Complementary views: each sees L/K tokens and reconstructs the other L - L/K.
-    visible = seq_len // k
-    slots = seq_len - visible
-  else:
-    # Python's round, as config.validate and the masking use.
-    slots = round(r * seq_len)
-    visible = seq_len - slots
-  if c.masking.reconstruct_ratio < 1.0:
-    slots = max(1, round(c.masking.reconstruct_ratio * slots))
-  return k, visible, slots
-
-
-def _reconstructor_forward_flops(c: ml_collections.ConfigDict, visible: int, slots: int) -> float:
-  """Forward matmul FLOPs of the reconstructor blocks for one view of one sequence."""
-  rc, d, n = c.reconstructor, c.model.embed_dim, c.model.num_layers
-  dr, ir, q, m = rc.embed_dim, rc.mlp_dim, slots, visible
-  block = (
-    2 * q * dr * dr  # Query projection dr -> dr.
-    + 2 * m * d * 2 * dr  # Key and value projections d -> dr on the encoder memory.
-    + 4 * q * m * dr  # Cross-attention scores and weighted sum.
-    + 2 * q * dr * dr  # Output projection dr -> dr.
-    + 2 * q * (dr * 2 * ir + ir * dr)  # GeGLU MLP dr -> 2Ir, Ir -> dr.
-  )
-  if rc.self_attention:
-    block += 2 * q * 3 * dr * dr + 4 * q * q * dr + 2 * q * dr * dr
-  if rc.feature_mixing:
-    # Weighted sum of the N+1 encoder layer outputs (embedding output + each layer) per block.
-    block += 2 * (n + 1) * m * d
-  return float(rc.num_layers * block)
-
-
 def forward_flops_breakdown(c: ml_collections.ConfigDict) -> dict[str, float]:
-  """Forward matmul FLOPs per sequence, split into encoder, reconstructor and head."""
-  d, vocab, seq_len = c.model.embed_dim, c.model.vocab_size, c.data.seq_len
-  if c.objective == "mlm":
-    # The MLM head runs only on the gathered masked positions: dense d->d, then decoder d->V.
-    masked = round(c.masking.ratio * seq_len)
-    return {
-      "encoder": encoder_forward_flops(c.model, seq_len),
-      "reconstructor": 0.0,
-      "head": float(2 * masked * d * d + 2 * masked * d * vocab),
-    }
-  if c.objective == "crossbert":
-    k, visible, slots = crossbert_shapes(c)
-    # Every view is a full encoder + reconstructor pass; the head decodes dr -> V on R' slots.
-    return {
-      "encoder": k * encoder_forward_flops(c.model, visible),
-      "reconstructor": k * _reconstructor_forward_flops(c, visible, slots),
-      "head": float(k * 2 * slots * c.reconstructor.embed_dim * vocab),
-    }
-  raise ValueError(f"objective={c.objective!r}: no FLOP count for it")
+  """Forward matmul FLOPs per sequence, split into encoder, reconstructor and head (the objective's count)."""
+  return objectives.get(c.objective).forward_flops(c)
 
 
 def train_flops_per_sequence(c: ml_collections.ConfigDict) -> float:

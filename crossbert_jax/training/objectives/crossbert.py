@@ -1,0 +1,148 @@
+"""CrossBERT: the encoder sees only the visible tokens of a view; a reconstructor predicts the rest.
+
+With K complementary views (masking.views) each sequence runs as K views whose visible tokens
+partition it; K = 1 is random masking at masking.ratio. The params are {"encoder", "reconstructor"};
+the export keeps the encoder (ModernBertModel) and discards the reconstructor.
+Shape letters: K views, B batch, L length, T visible slots, Q reconstruction slots, D width.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.data.special_ids import SpecialIds
+from crossbert_jax.model.encoder import EncoderSpec
+from crossbert_jax.model.models import CrossBert
+from crossbert_jax.model.reconstructor import ReconstructorSpec
+from crossbert_jax.training import flops, masking
+from crossbert_jax.core import objectives as registry
+from crossbert_jax.training.objectives import losses
+
+
+def _err(key: str, msg: str) -> UserError:
+  return UserError(f"config {key}: {msg}")
+
+
+def crossbert_shapes(c: ml_collections.ConfigDict) -> tuple[int, int, int]:
+  """(views K, visible tokens per view, reconstructed slots R' per view)."""
+  k, r, seq_len = c.masking.views, c.masking.ratio, c.data.seq_len
+  if k > 1:
+    # Complementary views: each sees L/K tokens and reconstructs the other L - L/K.
+    visible = seq_len // k
+    slots = seq_len - visible
+  else:
+    # Python's round, as config.validate and the masking use.
+    slots = round(r * seq_len)
+    visible = seq_len - slots
+  if c.masking.reconstruct_ratio < 1.0:
+    slots = max(1, round(c.masking.reconstruct_ratio * slots))
+  return k, visible, slots
+
+
+def _reconstructor_forward_flops(c: ml_collections.ConfigDict, visible: int, slots: int) -> float:
+  """Forward matmul FLOPs of the reconstructor blocks for one view of one sequence (flops.py's rules)."""
+  rc, d, n = c.reconstructor, c.model.embed_dim, c.model.num_layers
+  dr, ir, q, m = rc.embed_dim, rc.mlp_dim, slots, visible
+  block = (
+    2 * q * dr * dr  # Query projection dr -> dr.
+    + 2 * m * d * 2 * dr  # Key and value projections d -> dr on the encoder memory.
+    + 4 * q * m * dr  # Cross-attention scores and weighted sum.
+    + 2 * q * dr * dr  # Output projection dr -> dr.
+    + 2 * q * (dr * 2 * ir + ir * dr)  # GeGLU MLP dr -> 2Ir, Ir -> dr.
+  )
+  if rc.self_attention:
+    block += 2 * q * 3 * dr * dr + 4 * q * q * dr + 2 * q * dr * dr
+  if rc.feature_mixing:
+    # Weighted sum of the N+1 encoder layer outputs (embedding output + each layer) per block.
+    block += 2 * (n + 1) * m * d
+  return float(rc.num_layers * block)
+
+
+class CrossBertObjective:
+  """The CrossBERT objective (`registry.Objective`)."""
+
+  name = "crossbert"
+  config_file = "configs/crossbert.py"
+  sections = ("reconstructor",)
+  exports_mlm_head = False
+  card_title = "CrossBERT encoder (reconstructor discarded)"
+
+  def configure(self, c: ml_collections.ConfigDict) -> None:
+    c.masking.ratio = 0.5
+    c.masking.views = 2
+
+  def validate(self, c: ml_collections.ConfigDict) -> None:
+    r, m, mk, seq_len = c.reconstructor, c.model, c.masking, c.data.seq_len
+    for key in ("num_layers", "embed_dim", "num_heads", "mlp_dim"):
+      if r[key] <= 0:
+        raise _err(f"reconstructor.{key}", f"must be positive, got {r[key]}")
+    if r.embed_dim % r.num_heads or (r.embed_dim // r.num_heads) % 2:
+      raise _err("reconstructor.num_heads",
+                 f"{r.num_heads} heads must divide reconstructor.embed_dim={r.embed_dim} into even head dims")
+    if r.tie_head and r.embed_dim != m.embed_dim:
+      raise _err("reconstructor.tie_head", "needs reconstructor.embed_dim == model.embed_dim")
+    if mk.views > 1:
+      if abs(mk.ratio - (1.0 - 1.0 / mk.views)) > 1e-9:
+        raise _err("masking.ratio", f"complementary masking with views={mk.views} needs ratio=1-1/views="
+                   f"{1 - 1 / mk.views:g}, got {mk.ratio}")
+      if seq_len % mk.views:
+        raise _err("data.seq_len", f"{seq_len} must be divisible by masking.views={mk.views}")
+
+  def build_model(self, c: ml_collections.ConfigDict) -> CrossBert:
+    return CrossBert(EncoderSpec.from_config(c.model), ReconstructorSpec.from_config(c))
+
+  def init_inputs(self, c: ml_collections.ConfigDict, batch: losses.Batch) -> tuple:
+    masks = masking.crossbert_masks(jax.random.key(0), batch["segment_ids"], c.masking.ratio,
+                                    c.masking.views, c.masking.reconstruct_ratio)
+    return masks.vis_idx_KxBxT[0], masks.rec_idx_KxBxQ[0], masks.rec_valid_KxBxQ[0]
+
+  def make_loss_fn(self, c: ml_collections.ConfigDict, model: CrossBert, replacement_vocab: int | None,
+                   specials: SpecialIds) -> registry.LossFn:
+    del replacement_vocab  # Nothing is replaced: hidden tokens are left out of the encoder's input.
+    mk = c.masking
+
+    def crossbert_loss(params, batch: losses.Batch, key: jax.Array):
+      tokens_BxL, seg_BxL, pos_BxL = batch["tokens"], batch["segment_ids"], batch["positions"]
+      masks = masking.crossbert_masks(key, seg_BxL, mk.ratio, mk.views, mk.reconstruct_ratio,
+                                      losses.targetable(tokens_BxL, seg_BxL, mk.exclude_special, specials))
+      k = mk.views
+      # The K views run as one batch of K*B rows (view-major), sharing one encoder call.
+      tile = lambda a: jnp.concatenate([a] * k, axis=0) if k > 1 else a
+      flat = lambda a: a.reshape((-1,) + a.shape[2:])
+      tokens_KBxL = tile(tokens_BxL)
+      rec_idx_KBxQ, rec_valid_KBxQ = flat(masks.rec_idx_KxBxQ), flat(masks.rec_valid_KxBxQ)
+      hidden_KBxQxD, head = model.apply({"params": params}, tokens_KBxL, tile(pos_BxL), tile(seg_BxL),
+                                        flat(masks.vis_idx_KxBxT), rec_idx_KBxQ, rec_valid_KBxQ,
+                                        return_hidden=True)
+      targets_KBxQ = jnp.take_along_axis(tokens_KBxL, rec_idx_KBxQ, axis=1)
+      return losses.chunked_cross_entropy(hidden_KBxQxD, head, targets_KBxQ, rec_valid_KBxQ, c.model.loss_chunk)
+
+    return crossbert_loss
+
+  def encoder_shape(self, c: ml_collections.ConfigDict) -> tuple[int, int, int]:
+    return crossbert_shapes(c)
+
+  def forward_flops(self, c: ml_collections.ConfigDict) -> dict[str, float]:
+    k, visible, slots = crossbert_shapes(c)
+    # Every view is a full encoder + reconstructor pass; the head decodes dr -> V on R' slots.
+    return {
+      "encoder": k * flops.encoder_forward_flops(c.model, visible),
+      "reconstructor": k * _reconstructor_forward_flops(c, visible, slots),
+      "head": float(k * 2 * slots * c.reconstructor.embed_dim * c.model.vocab_size),
+    }
+
+  def sweep_overrides(self, size: dict[str, Any], spec_objective: dict[str, Any]) -> dict[str, Any]:
+    # The reconstructor follows the encoder's width (a fraction of it: a lighter decoder).
+    w = spec_objective.get("reconstructor_width", 1.0)
+    return {"reconstructor.embed_dim": int(size["embed_dim"] * w),
+            "reconstructor.num_heads": max(1, int(size["num_heads"] * w)),
+            "reconstructor.mlp_dim": int(size["mlp_dim"] * w)}
+
+  def card_training(self, c: ml_collections.ConfigDict) -> str:
+    return f", {c.masking.views} complementary views"
+
+
+registry.register(CrossBertObjective())

@@ -1,0 +1,95 @@
+"""Flat BERT (the baseline): every (corrupted) token through the encoder, an MLM head on the masked ones.
+
+The selected positions are corrupted as BERT does (mlm.mask_prob -> [MASK], mlm.random_prob -> a
+random regular id, the rest unchanged). The params are {"encoder", "head"}; the export keeps both
+(ModernBertForMaskedLM).
+Shape letters: B batch, L length, M masked slots, D width.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from crossbert_jax.core.errors import UserError
+from crossbert_jax.data.special_ids import SpecialIds
+from crossbert_jax.model.encoder import EncoderSpec
+from crossbert_jax.model.models import FlatBert
+from crossbert_jax.training import flops, masking
+from crossbert_jax.core import objectives as registry
+from crossbert_jax.training.objectives import losses
+
+
+def _err(key: str, msg: str) -> UserError:
+  return UserError(f"config {key}: {msg}")
+
+
+class MlmObjective:
+  """The flat BERT objective (`registry.Objective`)."""
+
+  name = "mlm"
+  config_file = "configs/bert.py"
+  sections = ("mlm",)
+  exports_mlm_head = True
+  card_title = "flat BERT baseline (MLM head included as ModernBertForMaskedLM)"
+
+  def configure(self, c: ml_collections.ConfigDict) -> None:
+    c.masking.ratio = 0.15
+    c.masking.views = 1
+
+  def validate(self, c: ml_collections.ConfigDict) -> None:
+    if c.masking.views != 1:
+      raise _err("masking.views", "the flat BERT baseline (objective=mlm) uses masking.views=1")
+    if c.masking.reconstruct_ratio != 1.0:
+      raise _err("masking.reconstruct_ratio", "applies to objective=crossbert only; leave it at 1.0")
+
+  def build_model(self, c: ml_collections.ConfigDict) -> FlatBert:
+    return FlatBert(EncoderSpec.from_config(c.model))
+
+  def init_inputs(self, c: ml_collections.ConfigDict, batch: losses.Batch) -> tuple:
+    return (masking.mlm_masks(jax.random.key(0), batch["segment_ids"], c.masking.ratio).mask_idx_BxM,)
+
+  def make_loss_fn(self, c: ml_collections.ConfigDict, model: FlatBert, replacement_vocab: int | None,
+                   specials: SpecialIds) -> registry.LossFn:
+    mk = c.masking
+    random_end = c.model.vocab_size if replacement_vocab is None else replacement_vocab
+    regular = specials.replacement_range(random_end)
+    first_regular, regular_end, regular_ids_R = (*regular, None) if isinstance(regular, tuple) else (0, 0, regular)
+
+    def mlm_loss(params, batch: losses.Batch, key: jax.Array):
+      tokens_BxL, seg_BxL, pos_BxL = batch["tokens"], batch["segment_ids"], batch["positions"]
+      k_mask, k_corrupt = jax.random.split(key)
+      masks = masking.mlm_masks(k_mask, seg_BxL, mk.ratio,
+                                losses.targetable(tokens_BxL, seg_BxL, mk.exclude_special, specials))
+      corrupted_BxL = masking.corrupt(
+          k_corrupt, tokens_BxL, masks, mask_prob=c.mlm.mask_prob, random_prob=c.mlm.random_prob,
+          mask_id=specials.mask, first_regular_id=first_regular, vocab_size=regular_end, regular_ids_R=regular_ids_R)
+      hidden_BxMxD, head = model.apply({"params": params}, corrupted_BxL, pos_BxL, seg_BxL,
+                                       masks.mask_idx_BxM, return_hidden=True)
+      targets_BxM = jnp.take_along_axis(tokens_BxL, masks.mask_idx_BxM, axis=1)
+      return losses.chunked_cross_entropy(hidden_BxMxD, head, targets_BxM, masks.mask_valid_BxM, c.model.loss_chunk)
+
+    return mlm_loss
+
+  def encoder_shape(self, c: ml_collections.ConfigDict) -> tuple[int, int, int]:
+    return 1, c.data.seq_len, round(c.masking.ratio * c.data.seq_len)
+
+  def forward_flops(self, c: ml_collections.ConfigDict) -> dict[str, float]:
+    d, vocab, seq_len = c.model.embed_dim, c.model.vocab_size, c.data.seq_len
+    # The MLM head runs only on the gathered masked positions: dense d->d, then decoder d->V.
+    masked = round(c.masking.ratio * seq_len)
+    return {
+      "encoder": flops.encoder_forward_flops(c.model, seq_len),
+      "reconstructor": 0.0,
+      "head": float(2 * masked * d * d + 2 * masked * d * vocab),
+    }
+
+  def sweep_overrides(self, size: dict[str, Any], spec_objective: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+  def card_training(self, c: ml_collections.ConfigDict) -> str:
+    return ""
+
+
+registry.register(MlmObjective())
