@@ -4,8 +4,10 @@ r"""Pre-flight: compile the real train step for a TPU topology (or the local dev
       [--config.key=value ...] [--out=compile.json]
 
 Prints per-device memory (arguments, temporaries, outputs, total against the chip's HBM),
-FLOPs per device, the param sharding table and the compile time, and writes them as JSON with
---out. Exits 2 with one line when the step does not fit, the mesh does not divide the devices
+FLOPs per device, the collectives per step, a roofline estimate (compute, memory and
+communication bound step times, which binds, the MFU it allows: an upper bound, not a
+measurement; training/roofline.py), the param sharding table and the compile time, and writes
+them as JSON with --out. Exits 2 with one line when the step does not fit, the mesh does not divide the devices
 or the batch does not shard. A TPU topology needs libtpu (`make setup-tpu`), not a TPU: run it
 with JAX_PLATFORMS=cpu on any host. Topologies: v5p:4x4x8 is v5p-256 (128 chips), v5e:4x4 is
 v5e-16, v4:2x2x2 is v4-16.
@@ -20,13 +22,15 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.hf import import_config
-from crossbert_jax.training import aot
+from crossbert_jax.training import aot, benchmark
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and variant, e.g. configs/crossbert.py:base.",
                                           lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", "", "TPU topology GENERATION:SHAPE, e.g. v5p:4x4x8 (v5p-256) or "
                                 "v5e:4x4; empty: the local devices.")
 _OUT = flags.DEFINE_string("out", "", "Write the report as JSON here (any epath).")
+_CHIP = flags.DEFINE_string("chip", "", "The roofline's chip: v4, v5e, v5p, v6e, h100, h200, or 'measured' (this "
+                            "machine's matmul FLOP/s and memory bandwidth); empty: the topology's or the device's.")
 _PARAMS = flags.DEFINE_bool("print_params", True, "Print the param sharding table.")
 
 
@@ -36,7 +40,8 @@ def main(argv: list[str]) -> None:
     raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
   c = import_config.resolve(config_lib.from_flag(_CONFIG.value))  # from_hf: the imported model's shape.
   path = outputs.check_output_file(_OUT.value, "--out") if _OUT.value else None  # Before the slow compile.
-  report = aot.compile_train_step(c, _TOPOLOGY.value)
+  chip = benchmark.measured_chip() if _CHIP.value == "measured" else _CHIP.value
+  report = aot.compile_train_step(c, _TOPOLOGY.value, chip)
   print(aot.format_report(report, params=_PARAMS.value), flush=True)
   if path is not None:
     try:

@@ -7,6 +7,9 @@ TPU), and `lower().compile()` runs the same SPMD partitioner and memory planner 
 What fails on the pod fails here: out of memory, a mesh that does not divide the chips, a
 batch that does not shard. The command is `crossbert_jax.compile`.
 
+Each compiled step also gets a roofline estimate (`roofline.py`) on the target chip: the topology's
+generation, the local device's kind, or `chip` (a table key, or a `roofline.Chip` measured here).
+
 A config with phases (`core/phases.py`) compiles every phase's step (one compile per distinct
 batch x length; the phases of one shape share it): the report is that of the phase needing the
 most memory, plus `phases`, one row per phase. A phase that does not fit (the 8,192-token
@@ -27,7 +30,7 @@ from jax.experimental import topologies
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import flops, objectives, program as program_lib, sharding
+from crossbert_jax.training import flops, hlo_costs, objectives, program as program_lib, roofline, sharding
 
 GIB = 1024 ** 3
 
@@ -155,13 +158,27 @@ def _hints(c: ml_collections.ConfigDict) -> str:
   return ", ".join(tips)
 
 
-def compile_train_step(c: ml_collections.ConfigDict, topology: str = "") -> dict[str, Any]:
+def target_chip(topology: str, device: jax.Device, chip: str | roofline.Chip = "") -> roofline.Chip | None:
+  """The chip the roofline is for: `chip` (a roofline.CHIPS key or a Chip), else the topology's
+  generation, else the device's kind; None when the table has no figures for it."""
+  if isinstance(chip, roofline.Chip):
+    return chip
+  if chip:
+    if chip not in roofline.CHIPS:
+      raise UserError(f"--chip={chip}: use one of {sorted(roofline.CHIPS)} or 'measured' (this machine)")
+    return roofline.CHIPS[chip]
+  return roofline.chip_for(topology.partition(":")[0] if topology else device.device_kind)
+
+
+def compile_train_step(c: ml_collections.ConfigDict, topology: str = "",
+                       chip: str | roofline.Chip = "") -> dict[str, Any]:
   """Lowers and compiles the real train step (every phase's); the report. UserError when it cannot run there."""
   config_lib.validate(c)
   devices = topology_devices(topology) if topology else None
   mesh = make_mesh(c, devices)
+  target = target_chip(topology, mesh.devices.flat[0], chip)
   if not phases_lib.has_phases(c):
-    return _compile_one(c, mesh, topology)
+    return _compile_one(c, mesh, topology, target)
   phases = phases_lib.expand(c)
   # Every phase's batch shards on the mesh: checked before the first (slow) compile.
   phases_lib.check_each(phases, lambda p: sharding.check_batch_divisible(p.config.train.batch_size,
@@ -173,18 +190,20 @@ def compile_train_step(c: ml_collections.ConfigDict, topology: str = "") -> dict
     shape = (pc.train.batch_size, pc.data.seq_len)
     if shape not in by_shape:
       try:
-        by_shape[shape] = _compile_one(pc, mesh, topology)
+        by_shape[shape] = _compile_one(pc, mesh, topology, target)
       except UserError as e:
         if "does not fit" not in str(e):
           raise UserError(f"{e} (in {phase.describe()})") from None
         by_shape[shape] = {"error": str(e)}
     one = by_shape[shape]
-    m = one.get("memory", {})
+    m, bound = one.get("memory", {}), one.get("roofline") or {}
     rows.append({"phase": phase.index, "first_step": phase.start + 1, "last_step": phase.end,
                  "batch_size": shape[0], "seq_len": shape[1], "total_bytes": m.get("total_bytes"),
                  "temp_bytes": m.get("temp_bytes"), "fits": m.get("fits", False if "error" in one else None),
                  "analytic_flops_per_device": one.get("flops", {}).get("analytic_per_device"),
-                 "compile_seconds": one.get("compile_seconds"), "error": one.get("error")})
+                 "compile_seconds": one.get("compile_seconds"), "error": one.get("error"),
+                 "bound_by": bound.get("bound_by"), "step_s_lower_bound": bound.get("step_s_lower_bound"),
+                 "mfu_upper_bound": bound.get("mfu_upper_bound")})
   compiled = [r for r in by_shape.values() if "error" not in r]
   if not compiled:
     raise UserError(next(iter(by_shape.values()))["error"] + " (every phase)")
@@ -192,7 +211,8 @@ def compile_train_step(c: ml_collections.ConfigDict, topology: str = "") -> dict
   return {**report, "phases": rows}
 
 
-def _compile_one(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, topology: str) -> dict[str, Any]:
+def _compile_one(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, topology: str,
+                 chip: roofline.Chip | None) -> dict[str, Any]:
   """The report of one (single-phase) config's train step on `mesh`."""
   sharding.check_batch_divisible(c.train.batch_size, c.train.grad_accum, mesh)
   train_program = program_lib.TrainProgram(c, mesh)
@@ -218,6 +238,11 @@ def _compile_one(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, topology
   memory["fits"] = None if hbm is None else memory["total_bytes"] <= hbm
   per_step = flops.train_flops_per_step(c)
   counts = flops.param_counts(state.params)
+  traffic = hlo_costs.costs(compiled.as_text(), dict(mesh.shape))
+  # Executed matmul FLOPs (rematerialized forwards included) when the HLO shows its dots, else the model's.
+  executed = max(per_step / mesh.size, traffic["dot_flops"])
+  bound = None if chip is None else roofline.estimate(chip, executed, per_step / mesh.size,
+                                                       traffic["bytes_accessed"], traffic["collective_bytes"])
   return {
       "topology": topology or None,
       "platform": device.platform,
@@ -235,7 +260,10 @@ def _compile_one(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, topology
       "lower_seconds": t1 - t0,
       "compile_seconds": t2 - t1,
       "memory": memory,
-      "flops": {"analytic_per_device": per_step / mesh.size, "xla_per_device": _xla_flops(compiled)},
+      "flops": {"analytic_per_device": per_step / mesh.size, "xla_per_device": _xla_flops(compiled),
+                "executed_matmul_per_device": traffic["dot_flops"]},
+      "traffic": {k: traffic[k] for k in ("bytes_accessed", "collective_bytes", "collectives", "unknown_trip_counts")},
+      "roofline": bound,
       "params": {"total": counts["total"], "non_embedding": counts["non_embedding"],
                  "table": param_table(c, state.params, train_program.shardings.params)},
       "jax_version": jax.__version__,
@@ -288,13 +316,20 @@ def format_report(report: dict[str, Any], params: bool = True) -> str:
       + (" (XLA counts a loop body once: scan over layers, grad_accum)"
          if f["xla_per_device"] is not None and (report["scan_layers"] or report["grad_accum"] > 1) else ""),
       f"params: {report['params']['total'] / 1e6:.1f} M ({report['params']['non_embedding'] / 1e6:.1f} M non-embedding)",
+      f"collectives per device per step: {hlo_costs.summary(report['traffic'])}",
   ]
+  lines += ([""] + roofline.format_lines(report["roofline"]) if report.get("roofline") else
+            ["", f"roofline: no chip figures for {report['device_kind']}; pass --chip (see --helpfull)"])
   if report.get("phases"):
     lines += ["", "phases (the details above: the phase needing the most memory):"]
-    lines += _table(("phase", "steps", "batch x L", "total GiB", "temp GiB", "fits"),
+    lines += _table(("phase", "steps", "batch x L", "total GiB", "temp GiB", "fits", "bound by", "step ms >=",
+                     "MFU <="),
                     [(str(r["phase"]), f"{r['first_step']}-{r['last_step']}", f"{r['batch_size']} x {r['seq_len']}",
                       _gib(r["total_bytes"]), _gib(r["temp_bytes"]),
-                      {True: "fits", False: "DOES NOT FIT", None: "not checked"}[r["fits"]]) for r in report["phases"]])
+                      {True: "fits", False: "DOES NOT FIT", None: "not checked"}[r["fits"]], r["bound_by"] or "-",
+                      "-" if r["step_s_lower_bound"] is None else f"{1e3 * r['step_s_lower_bound']:.2f}",
+                      "-" if r["mfu_upper_bound"] is None else f"{100 * r['mfu_upper_bound']:.1f}%")
+                     for r in report["phases"]])
   if not params:
     return "\n".join(lines)
   lines.append("")

@@ -20,7 +20,7 @@ from etils import epath
 
 from crossbert_jax.core import config as config_lib, host
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import flops, objectives, program as program_lib, sharding
+from crossbert_jax.training import flops, objectives, program as program_lib, roofline, sharding
 
 REFERENCE = "bert_r0.15"
 # Targets (medians, float32): the half-width-reconstructor CrossBERT r=0.5 K=1
@@ -114,6 +114,29 @@ def time_matmul(n: int, repeats: int) -> dict[str, float]:
   med = statistics.median(times)
   return {"n": n, "flops": 2.0 * n ** 3, "median_s": med, "min_s": min(times),
           "tflops_median": 2.0 * n ** 3 / med / 1e12, "tflops_max": 2.0 * n ** 3 / min(times) / 1e12}
+
+
+def copy_bandwidth(mib: int = 512, repeats: int = 5) -> float:
+  """Bytes/s of the default device's memory: the best of `repeats` jitted x * 2 over a `mib` MiB
+  float32 array (each element read once and written once)."""
+  x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
+  nbytes = x.nbytes
+  double = jax.jit(lambda a: a * 2, donate_argnums=0)  # In place: no fresh output buffer to fault in.
+  x = jax.block_until_ready(double(x))
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    x = jax.block_until_ready(double(x))
+    best = min(best, time.perf_counter() - t0)
+  return 2 * nbytes / best
+
+
+def measured_chip(matmul_size: int = 2048, repeats: int = 5) -> roofline.Chip:
+  """This machine's default device as a roofline chip: its measured float32 matmul FLOP/s (best of
+  `repeats`) and copy bandwidth; no chip-to-chip links."""
+  matmul = time_matmul(matmul_size, repeats)
+  device = jax.devices()[0]
+  return roofline.custom_chip(f"{device.device_kind} (measured)", matmul["tflops_max"] * 1e12, copy_bandwidth())
 
 
 def time_case(c: ml_collections.ConfigDict, steps: int, warmup: int) -> dict[str, Any]:

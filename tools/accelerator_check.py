@@ -1,0 +1,229 @@
+r"""One prepared check of an accelerator (a lent GPU, minutes long): writes one JSON of what it measured.
+
+  python tools/accelerator_check.py --out=results/accelerator [--work=/tmp/runs] [--dry_run]
+
+Steps, each recorded (passed or not, seconds, figures) and none stopping the others:
+  versions   Python, jax, jaxlib, flax, optax, orbax, grain; the devices.
+  attention  every attention backend (xla, chunked, gpu_flash; splash on a TPU) against dense,
+             forward and gradients, on the default device.
+  bench      the real bf16 train step of `base` at L=1024: CrossBERT r=0.5 K=1 and BERT r=0.15
+             (step time, tokens/s, MFU against the chip's peak, peak device memory).
+  resume     `small` trained 200 steps straight, and again killed (SIGKILL) after its step-100
+             checkpoint and resumed: the two final params compared (bitwise, or the largest
+             difference).
+  export     `export --verify` of that run (transformers and sentence-transformers on the CPU).
+  tests      the suite's sharding and masking tests on the default device.
+--dry_run: the same steps at tiny shapes on this machine's CPU (the suite runs it, so the script
+stays working between loans). tools/accelerator_check.sh is the wrapper that installs wheels and
+keeps the log; docs/benchmarks.md says how the figures are read.
+"""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from crossbert_jax.core import config as config_lib  # noqa: E402
+from crossbert_jax.model import attention as attention_lib  # noqa: E402
+from crossbert_jax.training import benchmark, flops, roofline  # noqa: E402
+
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "ml-collections", "transformers", "torch")
+
+
+def versions() -> dict[str, Any]:
+  found = {}
+  for name in PACKAGES:
+    try:
+      found[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      found[name] = None
+  device = jax.devices()[0]
+  return {"python": platform.python_version(), "packages": found, "backend": jax.default_backend(),
+          "devices": [d.device_kind for d in jax.devices()], "device_kind": device.device_kind}
+
+
+def attention(dry_run: bool) -> dict[str, Any]:
+  """Max |difference| to dense of each backend's output and gradients (float32 inputs, two segments)."""
+  b, length, heads, k = (2, 128, 2, 32) if dry_run else (4, 2048, 12, 64)
+  keys = jax.random.split(jax.random.key(0), 3)
+  q, kk, v = (jax.random.normal(key, (b, length, heads, k), jnp.float32) for key in keys)
+  seg = jnp.concatenate([jnp.ones((b, length // 2), jnp.int32), 2 * jnp.ones((b, length - length // 2), jnp.int32)], 1)
+  block = 64 if dry_run else 128
+  on_cpu = jax.default_backend() == "cpu"
+  backends = ["chunked", "gpu_flash"] + (["splash"] if jax.default_backend() == "tpu" else [])
+
+  def run(backend: str):
+    spec = attention_lib.AttentionSpec(backend=backend, block_q=block, block_kv=block,
+                                       interpret=on_cpu and backend in ("gpu_flash", "splash"))
+    loss = lambda q, kk, v: jnp.sum(jnp.sin(attention_lib.attention(q, kk, v, seg, spec=spec)))  # noqa: E731
+    out = jax.jit(lambda q, kk, v: attention_lib.attention(q, kk, v, seg, spec=spec))(q, kk, v)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, kk, v)
+    return out, grads
+
+  dense_out, dense_grads = run("xla")
+  rows = {}
+  for backend in backends:
+    t0 = time.perf_counter()
+    out, grads = run(backend)
+    rows[backend] = {"forward_max_abs_diff": float(jnp.max(jnp.abs(out - dense_out))),
+                     "grad_max_abs_diff": max(float(jnp.max(jnp.abs(g - d))) for g, d in zip(grads, dense_grads)),
+                     "seconds": time.perf_counter() - t0}
+  worst = max(max(r["forward_max_abs_diff"], r["grad_max_abs_diff"]) for r in rows.values())
+  return {"shape_BxTxHxK": [b, length, heads, k], "backends": rows, "passed": worst < 1e-3}
+
+
+def bench(dry_run: bool) -> dict[str, Any]:
+  """The bf16 train step of each case on one device: time, tokens/s, MFU, peak memory."""
+  variant, seq_len, batch = ("tiny", 64, 8) if dry_run else ("base", 1024, 32)
+  device = jax.devices()[0]
+  chip = roofline.chip_for(device.device_kind)
+  rows = {}
+  for name, _, edit in benchmark.CASES:
+    if name not in ("bert_r0.15", "cb_r0.5_k1"):
+      continue
+    c = benchmark.case_config(config_lib.get_config("crossbert", variant), edit, seq_len, batch_size=batch)
+    c.unlock()
+    c.model.dtype = "bfloat16"  # case_config times float32; the accelerator is judged in bf16.
+    c.lock()
+    timing = benchmark.time_case(c, steps=3 if dry_run else 10, warmup=1 if dry_run else 3)
+    step_flops = flops.train_flops_per_step(c)
+    stats = (device.memory_stats() or {}) if hasattr(device, "memory_stats") else {}
+    rows[name] = {"variant": variant, "batch_size": batch, "seq_len": seq_len, "dtype": "bfloat16",
+                  "median_step_s": timing["median_s"], "compile_s": timing["compile_s"],
+                  "tokens_per_s": batch * seq_len / timing["median_s"],
+                  "achieved_tflops": step_flops / timing["median_s"] / 1e12,
+                  "mfu": step_flops / timing["median_s"] / chip.peak_flops if chip else None,
+                  "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "loss": timing["loss"]}
+  return {"chip": chip.name if chip else None, "cases": rows, "passed": True}
+
+
+def _python(*args: str, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                        env={**os.environ, **(env or {})})
+
+
+def _tail(proc: subprocess.CompletedProcess) -> str:
+  return (proc.stdout + proc.stderr)[-1500:]
+
+
+def resume(dry_run: bool, work: pathlib.Path) -> dict[str, Any]:
+  """A straight run and a killed-then-resumed run of the same config; their final params compared."""
+  from crossbert_jax.run import load  # pylint: disable=g-import-not-at-top
+
+  variant, steps, every = ("tiny", 12, 4) if dry_run else ("small", 200, 50)
+  tokenizer = work / "spm.model"
+  made = _python("-m", "crossbert_jax.tokenizer", "--input=builtin", "--vocab_size=1024", f"--output={tokenizer}",
+                 timeout=300)
+  if made.returncode:
+    return {"passed": False, "error": "tokenizer: " + _tail(made)}
+  args = ["-m", "crossbert_jax.train", f"--config=configs/crossbert.py:{variant}",
+          f"--config.data.tokenizer={tokenizer}", f"--config.train.steps={steps}",
+          f"--config.checkpoint.every_steps={every}", "--config.checkpoint.async_save=False",
+          "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False"]
+  t0 = time.perf_counter()
+  straight = _python(*args, f"--workdir={work / 'straight'}", timeout=600)
+  straight_s = time.perf_counter() - t0
+  if straight.returncode:
+    return {"passed": False, "error": "straight run: " + _tail(straight)}
+  killed_dir = work / "killed"
+  proc = subprocess.Popen([sys.executable, *args, f"--workdir={killed_dir}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  kill_after = killed_dir / "checkpoints" / str(2 * every)
+  deadline = time.time() + 600
+  while proc.poll() is None and not kill_after.is_dir() and time.time() < deadline:
+    time.sleep(0.05)
+  killed_at_rc = proc.poll()
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  resumed = _python(*args, f"--workdir={killed_dir}", timeout=600)
+  if resumed.returncode:
+    return {"passed": False, "error": "resume: " + _tail(resumed)}
+  _, a, step_a = load.load_run(work / "straight")
+  _, b, step_b = load.load_run(killed_dir)
+  diffs = [float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+           for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
+  return {"variant": variant, "steps": steps, "straight_s": straight_s, "killed_after_step": 2 * every,
+          "killed_before_it_finished": killed_at_rc is None, "final_steps": [step_a, step_b],
+          "bitwise": max(diffs) == 0.0, "max_abs_param_diff": max(diffs), "passed": step_a == step_b == steps}
+
+
+def export(dry_run: bool, work: pathlib.Path) -> dict[str, Any]:
+  del dry_run
+  run_dir = work / "straight"
+  if not run_dir.is_dir():
+    return {"passed": False, "error": "no run to export (the resume step failed)"}
+  proc = _python("-m", "crossbert_jax.export", f"--workdir={run_dir}", f"--output={work / 'hf'}", "--verify",
+                 "--force", timeout=600, env={"JAX_PLATFORMS": "cpu"})
+  verify = [line for line in proc.stdout.splitlines() if "max" in line and "diff" in line]
+  return {"rc": proc.returncode, "verify_lines": verify, "passed": proc.returncode == 0,
+          **({"error": _tail(proc)} if proc.returncode else {})}
+
+
+def tests(dry_run: bool) -> dict[str, Any]:
+  selection = ["tests/test_sharding.py", "tests/test_masking.py", "-m", "not slow", "-q", "-p", "no:cacheprovider"]
+  if dry_run:  # The suite already runs these on the CPU: here only that they are found and start.
+    selection += ["-x", "-k", "test_masking and ratio"]
+  env = {"CROSSBERT_DATA": os.environ.get("CROSSBERT_DATA", str(ROOT.parent / "shared" / "data"))}
+  if not dry_run:
+    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")  # Not the suite's 8 fake CPU devices: the accelerator.
+  proc = _python("-m", "pytest", *selection, timeout=900, env=env)
+  summary = (proc.stdout.strip().splitlines() or [""])[-1]
+  return {"rc": proc.returncode, "summary": summary, "passed": proc.returncode == 0,
+          **({"error": _tail(proc)} if proc.returncode else {})}
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", required=True, help="folder for accelerator_check.json and the runs")
+  parser.add_argument("--work", default="", help="folder for the runs (default: OUT/runs)")
+  parser.add_argument("--dry_run", action="store_true", help="tiny shapes on the CPU (the suite runs this)")
+  parser.add_argument("--steps", default="versions,attention,bench,resume,export,tests",
+                      help="comma-separated subset of the steps, in order")
+  a = parser.parse_args(argv)
+  out = pathlib.Path(a.out)
+  out.mkdir(parents=True, exist_ok=True)
+  work = pathlib.Path(a.work) if a.work else out / "runs"
+  work.mkdir(parents=True, exist_ok=True)
+  steps: dict[str, Callable[[], dict[str, Any]]] = {
+      "versions": versions, "attention": lambda: attention(a.dry_run), "bench": lambda: bench(a.dry_run),
+      "resume": lambda: resume(a.dry_run, work), "export": lambda: export(a.dry_run, work),
+      "tests": lambda: tests(a.dry_run)}
+  unknown = [s for s in a.steps.split(",") if s not in steps]
+  if unknown:
+    print(f"error: --steps {','.join(unknown)}: use some of {','.join(steps)}", file=sys.stderr)
+    return 2
+  report: dict[str, Any] = {"dry_run": a.dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "steps": {}}
+  path = out / "accelerator_check.json"
+  for name in a.steps.split(","):
+    t0 = time.perf_counter()
+    try:
+      result = steps[name]()
+    except Exception as e:  # noqa: BLE001 - a failed step is recorded; the others still run.
+      result = {"passed": False, "error": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-4000:]}
+    result["seconds"] = time.perf_counter() - t0
+    report["steps"][name] = result
+    print(f"{name}: {'passed' if result.get('passed', True) else 'FAILED'} in {result['seconds']:.1f} s "
+          f"{json.dumps({k: v for k, v in result.items() if k not in ('traceback', 'seconds')})[:600]}", flush=True)
+    path.write_text(json.dumps(report, indent=1))  # After every step: a killed check keeps what it measured.
+  failed = [n for n, r in report["steps"].items() if r.get("passed") is False]
+  print(f"wrote {path}; " + (f"FAILED: {', '.join(failed)}" if failed else "every step passed"), flush=True)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
