@@ -63,6 +63,25 @@ def test_modules_stay_small():
   assert not big, f"modules over {MAX_LINES} lines (split them by concern): {big}"
 
 
+def test_functions_stay_short():
+  """No function over 80 lines; in training/ and run/ (the step and the loop) none over 60."""
+  long = {}
+  for name, path in _modules():
+    limit = 60 if name.split(".")[1] in ("training", "run") else 80
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= limit:
+        long[f"{name}.{node.name}"] = node.end_lineno - node.lineno + 1
+  assert not long, f"functions over their limit (split them): {long}"
+
+
+def test_only_the_registry_branches_on_the_objective():
+  """Everything that depends on the objective asks core/objectives.py's registry."""
+  branching = [f"{name}:{i + 1}" for name, path in _modules() if name != "crossbert_jax.core.objectives"
+               for i, line in enumerate(path.read_text().splitlines())
+               if "objective ==" in line or "objective !=" in line or "objective in (" in line]
+  assert not branching, f"objective tested outside the registry: {branching}"
+
+
 def _is_main_guard(node: ast.stmt) -> bool:
   return isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
 

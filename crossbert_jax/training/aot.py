@@ -239,8 +239,10 @@ def _compile_one(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, topology
   per_step = flops.train_flops_per_step(c)
   counts = flops.param_counts(state.params)
   traffic = hlo_costs.costs(compiled.as_text(), dict(mesh.shape))
-  # Executed matmul FLOPs (rematerialized forwards included) when the HLO shows its dots, else the model's.
-  executed = max(per_step / mesh.size, traffic["dot_flops"])
+  # What the chip computes, rematerialized forwards included: the largest of three lower bounds (the
+  # model's count; the HLO's dots, per loop trip, none where matmuls lower to convolutions or library
+  # calls; XLA's count, each loop body once).
+  executed = max(per_step / mesh.size, traffic["dot_flops"], _xla_flops(compiled) or 0.0)
   bound = None if chip is None else roofline.estimate(chip, executed, per_step / mesh.size,
                                                        traffic["bytes_accessed"], traffic["collective_bytes"])
   return {

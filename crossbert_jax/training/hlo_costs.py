@@ -12,8 +12,9 @@ count times the loop's `known_trip_count`), and
   dynamic-update-slice counts the update, not the whole buffer (a scan's stacked weights and
   carries are read and written a layer at a time);
 - matmul FLOPs: 2 x output elements x contracted size of every dot (fused ones included), so
-  rematerialized forwards count; a backend that lowers dots to library calls (cuBLAS on GPU) shows
-  none, and the roofline then falls back to the model's FLOPs;
+  rematerialized forwards count; a backend that lowers dots to library calls (cuBLAS on GPU) or
+  to convolutions (TPU) shows none or few, and the roofline then takes the largest of this, XLA's
+  count and the model's (each a lower bound of what runs);
 - collectives: all-gather, reduce-scatter, all-reduce, all-to-all and collective-permute (their
   async -start forms included), with the bytes one device sends for each by a ring algorithm,
   attributed to the mesh axes its replica groups span.
@@ -120,6 +121,22 @@ def parse(hlo: str) -> tuple[dict[str, list[Instruction]], str]:
   return computations, entry
 
 
+def _trip_count(ins: Instruction, computations: dict[str, list[Instruction]]) -> int | None:
+  """A while loop's trip count: XLA's known_trip_count, else N from a condition `i < N` (a counter
+  from 0, as jax's fori_loop and scan lower), else None."""
+  known = _TRIP_COUNT.search(ins.attributes)
+  if known:
+    return int(known.group(1))
+  condition = re.search(r"\bcondition=%?([\w.\-]+)", ins.attributes)
+  body = computations.get(condition.group(1), []) if condition else []
+  root = body[-1] if body else None
+  if root is None or root.opcode != "compare" or "direction=LT" not in root.attributes:
+    return None
+  constants = {i.name: i.args for i in body if i.opcode == "constant"}
+  bound = [constants[o] for o in root.operands[1:] if o in constants]
+  return int(bound[0]) if bound and bound[0].lstrip("-").isdigit() else None
+
+
 def _run_counts(computations: dict[str, list[Instruction]], entry: str) -> tuple[dict[str, float], set[str]]:
   """How many times each computation runs per call of the entry, and which are control computations
   (their instructions run on their own, not inside a fusion or as a reducer)."""
@@ -132,11 +149,11 @@ def _run_counts(computations: dict[str, list[Instruction]], entry: str) -> tuple
       called = [(kind, callee) for kind, callee in _CALLED.findall(ins.attributes)]
       if (branches := _BRANCHES.search(ins.attributes)):
         called += [("branch", b.strip().lstrip("%")) for b in branches.group(1).split(",") if b.strip()]
-      trips = _TRIP_COUNT.search(ins.attributes)
+      trips = _trip_count(ins, computations) if ins.opcode == "while" else None
       for kind, callee in called:
         if callee not in computations:
           continue
-        times = counts[name] * (int(trips.group(1)) if ins.opcode == "while" and trips else 1)
+        times = counts[name] * (trips or 1)
         counts[callee] += times
         if kind in ("body", "condition", "true_computation", "false_computation", "branch") or (
             kind in ("calls", "to_apply") and ins.opcode in ("call", "async-start")):
@@ -250,9 +267,9 @@ def costs(hlo: str, mesh_shape: dict[str, int]) -> dict[str, Any]:
     types = {i.name: i.type for i in instructions}
     for ins in instructions:
       if ins.opcode == "while":
-        trips = _TRIP_COUNT.search(ins.attributes)
+        trips = _trip_count(ins, computations)
         unknown += trips is None
-        loops.append((int(trips.group(1)) if trips else None, ins.name))
+        loops.append((trips, ins.name))
       if ins.opcode == "dot":
         dot_flops += times * _dot_flops(ins, types)
       base = ins.opcode.removesuffix("-start")
