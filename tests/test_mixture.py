@@ -248,3 +248,11 @@ def test_train_logs_tokens_per_source_over_the_run(tmp_path, spm_model, shared_d
 def test_document_dataset_refuses_a_mixture(corpus):
   with pytest.raises(UserError, match=r"document_dataset reads one source \(data\.path\)"):
     pipeline.document_dataset(_cfg(corpus[0]), seed=0)
+
+
+def test_one_source_without_its_trailing_comma_says_so():
+  """--config.data.mixture="{'path': P, 'weight': 1}" reaches the config as the dict's keys."""
+  c = config_lib.get_config("crossbert", "tiny").unlock()
+  c.data.path, c.data.mixture = "", ("path", "weight")
+  with pytest.raises(UserError, match=r"data.mixture\[0\]: .*got 'path'; one source needs a trailing comma"):
+    config_lib.validate(c)

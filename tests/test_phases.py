@@ -285,3 +285,17 @@ def test_elastic_resume_inside_a_phase(tmp_path, two_processes):
   rows = _rows(tmp_path / "run")
   assert sorted(rows) == list(range(1, 7)) and [rows[s]["phase"] for s in range(1, 7)] == [0, 0, 1, 1, 1, 1]
   assert all(np.isfinite(rows[s]["loss"]) for s in rows)
+
+
+def test_a_phase_value_of_the_wrong_type_and_a_dict_without_its_comma_are_named_whole():
+  """The CLI reads --config.train.phases={'steps': 10} as the dict's keys; a value of the wrong type
+  says what the key takes (not XLA's message cut mid-word)."""
+  c = config_lib.get_config("crossbert", "tiny").unlock()
+  c.train.phases = ("steps",)
+  with pytest.raises(UserError, match=r"'steps' is not a dict.*trailing comma"):
+    config_lib.validate(c)
+  c.train.phases = ({"steps": 100, "train.learning_rate": "fast"}, {})
+  with pytest.raises(UserError) as e:
+    config_lib.validate(c)
+  assert str(e.value).endswith("train.learning_rate='fast' is a str, but train.learning_rate takes a float "
+                               f"(e.g. {c.train.learning_rate!r})")

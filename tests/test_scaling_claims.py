@@ -309,3 +309,32 @@ def test_check_claims_checks_every_field_and_refuses_unreadable_rows(tmp_path):
     path.write_text(json.dumps(found))
     done = run()
     assert done.returncode == 2 and done.stderr.startswith("error:") and len(done.stderr.splitlines()) == 1, done
+
+
+def test_check_claims_checks_the_rows_against_the_plan(tmp_path):
+  """A row deleted, repeated, or with its labels swapped (its differences negated, so its numbers still
+  agree) disagrees with the plan the report wrote beside the rows (exit 1)."""
+  committed = json.loads((ROOT / "docs" / "results" / "gutenberg_wsd" / "claims.json").read_text())
+  path = tmp_path / "claims.json"
+
+  def run(change):
+    found = json.loads(json.dumps(committed))
+    change(found)
+    path.write_text(json.dumps(found))
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "check_claims.py"), str(path)],
+                          capture_output=True, text=True, timeout=120)
+
+  assert "the rows are exactly the plan's" in run(lambda f: None).stdout
+
+  def swap(found):  # A reads as B: the per-seed differences negated, the rest recomputed by the checker too.
+    row = found["rows"][0]
+    row["a"], row["b"] = row["b"], row["a"]
+    row["per_seed_diff"] = {seed: -d for seed, d in row["per_seed_diff"].items()}
+
+  first = committed["rows"][0]
+  name = f"{first['claim']} {first['a']} {first['b']} {first['size']} {first['budget_index']} {first['probe']}"
+  for change, needle in ((lambda f: f["rows"].pop(0), f"row {name} is missing"),
+                         (lambda f: f["rows"].append(f["rows"][0]), f"row {name} appears 2 times"),
+                         (swap, "is not one the plan implies")):
+    done = run(change)
+    assert done.returncode == 1 and needle in done.stdout, (needle, done.stdout[-800:])

@@ -8,6 +8,11 @@ n - 1) * sd / sqrt(n), and the verdict on "A is better than B": "holds" when the
 0; "does not hold" when it is below 0 or inside +-margin; "inconclusive" otherwise or below 2 seeds;
 `decisive` (not inconclusive) and `seeds_needed` (the fewest seeds, up to 1000, whose interval at the
 same mean and sd would be decisive; null when unknown).
+When the file holds the report's `plan` (each label's objective, the finished size x budget cells,
+the probes), the rows are also checked against it: every row the plan implies is there once, no
+other, and each row's A and B are the objectives its claim compares (a swapped or relabelled row
+is a disagreement). The plan's comparisons are rederived here: each CrossBERT r=0.5 (K=1 and K=2,
+full-width reconstructor, the first of each) minus each BERT, and K=2 minus K=1.
 It prints one line per row that disagrees with what the file says, then a count; exit 0 when every
 row agrees, 1 when one does not, 2 when the file cannot be read or holds no rows. Only json, math and scipy's t
 quantile are used, so the check does not share the report's code.
@@ -72,6 +77,39 @@ def _same(a, b) -> bool:
   return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= TOLERANCE
 
 
+def _kind(o: dict) -> tuple | None:
+  """("mlm",) for BERT, ("crossbert", views) for a full-width r=0.5 CrossBERT, None otherwise."""
+  if o["objective"] == "mlm" and o["views"] == 1:
+    return ("mlm",)
+  if o["objective"] == "crossbert" and abs(o["ratio"] - 0.5) < 1e-9 and (o.get("reconstructor_width") or 1.0) == 1.0:
+    return ("crossbert", o["views"])
+  return None
+
+
+def planned_rows(plan: dict) -> list[tuple]:
+  """(claim, A, B, size, budget index, probe) of every row the plan implies."""
+  labels = {kind: [label for label, o in plan["objectives"].items() if _kind(o) == kind]
+            for kind in (("mlm",), ("crossbert", 1), ("crossbert", 2))}
+  k1, k2 = labels[("crossbert", 1)][:1], labels[("crossbert", 2)][:1]
+  pairs = [("crossbert_vs_bert", cb, bert) for cb in k1 + k2 for bert in labels[("mlm",)]]
+  pairs += [("k2_vs_k1_sample_efficiency", k2[0], k1[0])] if k1 and k2 else []
+  return [(claim, a, b, size, budget, probe) for claim, a, b in pairs for size, budget in plan["cells"]
+          for probe in plan["probes"]]
+
+
+def against_plan(found: dict) -> list[str]:
+  """One line per planned row that is missing or repeated, and per row the plan does not imply."""
+  if "plan" not in found:
+    return []
+  keys = [(r["claim"], r["a"], r["b"], r["size"], r["budget_index"], r["probe"]) for r in found["rows"]]
+  want = planned_rows(found["plan"])
+  problems = [f"row {' '.join(map(str, k))} is missing (the plan implies it)" for k in want if k not in keys]
+  problems += [f"row {' '.join(map(str, k))} is not one the plan implies (wrong or swapped labels?)"
+               for k in keys if k not in want]
+  problems += [f"row {' '.join(map(str, k))} appears {keys.count(k)} times" for k in set(keys) if keys.count(k) > 1]
+  return problems
+
+
 def check(found: dict) -> list[str]:
   """One line per row whose stated numbers or verdict differ from the recomputed ones."""
   level, margin = found["rule"]["level"], found["rule"]["margin"]
@@ -100,13 +138,16 @@ def main() -> int:
   try:
     found = json.loads(path.read_text())
     problems = check(found)
+    planned = against_plan(found)
   except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, Unreadable) as e:
     print(f"error: {path} is not a readable claims.json ({type(e).__name__}: {e}); give the claims.json beside "
           "a report.md written by `python -m crossbert_jax.report`", file=sys.stderr)
     return 2
-  print("\n".join(problems + [f"{len(found['rows']) - len(problems)} of {len(found['rows'])} rows agree "
-                              "with their per-seed differences"]))
-  return 1 if problems else 0
+  plan = ("no plan in the file: the rows' labels and completeness are not checked" if "plan" not in found else
+          f"{len(planned)} disagreement(s) with the plan" if planned else "the rows are exactly the plan's")
+  print("\n".join(problems + planned + [f"{len(found['rows']) - len(problems)} of {len(found['rows'])} rows agree "
+                                        f"with their per-seed differences; {plan}"]))
+  return 1 if problems or planned else 0
 
 
 if __name__ == "__main__":

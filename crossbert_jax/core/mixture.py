@@ -48,7 +48,10 @@ def validate(d: ml_collections.ConfigDict) -> None:
   for k, src in enumerate(d.mixture):
     key = f"data.mixture[{k}]"
     if not isinstance(src, dict):
-      raise _err(key, f"must be a dict {{'path': P, 'weight': w}}, got {src!r}")
+      keys = isinstance(src, str) and src in KEYS  # One dict given without a trailing comma: read as its keys.
+      raise _err(key, f"must be a dict {{'path': P, 'weight': w}}, got {src!r}"
+                 + ("; one source needs a trailing comma: --config.data.mixture=\"({'path': P, 'weight': 1.0},)\""
+                    if keys else ""))
     unknown = sorted(set(src) - set(KEYS))
     if unknown:
       raise _err(key, f"unknown key {unknown[0]!r}: use {', '.join(KEYS)}")

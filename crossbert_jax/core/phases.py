@@ -84,7 +84,9 @@ def _declared_phases(c: ml_collections.ConfigDict) -> list[tuple[int, dict[str, 
   for i, phase in enumerate(t.phases):
     where = f"train.phases[{i}]"
     if not isinstance(phase, dict):
-      raise _err(f"{where}: {phase!r} is not a dict; write {{'steps': N, 'data.seq_len': L, ...}}")
+      raise _err(f"{where}: {phase!r} is not a dict; write {{'steps': N, 'data.seq_len': L, ...}}"
+                 + (" (one phase needs a trailing comma: ({...},), or a dict is read as its keys)"
+                    if isinstance(phase, str) else ""))
     for key in phase:
       if key != "steps" and key not in OVERRIDABLE:
         raise _err(f"{where} sets {key!r}, which a phase cannot change; a phase may set 'steps' and "
@@ -150,8 +152,10 @@ def _phase_config(c: ml_collections.ConfigDict, sets: dict[str, Any]) -> ml_coll
     section, name = key.split(".")
     try:
       p[section][name] = value
-    except TypeError as e:
-      raise _err(f"train.phases: {key}={value!r} has the wrong type ({' '.join(str(e).split())[:120]})") from None
+    except TypeError:
+      expected = type(c[section][name]).__name__
+      raise _err(f"train.phases: {key}={value!r} is a {type(value).__name__}, but {key} takes a {expected} "
+                 f"(e.g. {c[section][name]!r})") from None
   p.lock()
   return p
 

@@ -251,7 +251,18 @@ def evaluate(spec: dict, results: list[RunResult]) -> dict[str, Any]:
   dropped = {kind: dropped_tasks(finished, chance, kind) for kind in KINDS}
   kept = {kind: [t for t in tasks_of(finished, kind) if t not in dropped[kind]] for kind in KINDS}
   return {"rule": rule, "chance": chance, "chance_note": note, "dropped": dropped, "kept": kept,
-          "rows": claim_rows(spec, finished, kept)}
+          "plan": plan_of(spec, finished), "rows": claim_rows(spec, finished, kept)}
+
+
+def plan_of(spec: dict, finished: list[RunResult]) -> dict[str, Any]:
+  """What the rows must cover, for tools/check_claims.py: each label's objective, the finished
+  (size, budget) cells, the probe kinds."""
+  keys = ("objective", "ratio", "views", "reconstructor_width")
+  return {"objectives": {label: {k: o.get(k, 1.0 if k == "reconstructor_width" else None) for k in keys}
+                         for label, o in spec["objectives"].items()},
+          "cells": sorted({(r.run.size, r.run.budget_index) for r in finished},
+                          key=lambda cell: (list(spec["sizes"]).index(cell[0]), cell[1])),
+          "probes": [f"avg/{kind}" for kind in KINDS]}
 
 
 def markdown(spec: dict, found: dict[str, Any]) -> list[str]:
