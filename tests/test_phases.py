@@ -52,7 +52,7 @@ def test_a_key_outside_the_declared_set_is_refused_naming_phase_key_and_set():
     (({"steps": 250}, {}), 200, r"train.phases\[1\]: 'steps' must be an integer >= 1, got None"),
     (({"steps": 100}, {"data.seq_len": 3}), 200, r"config data.seq_len: must be >= 4, got 3 \(in phase 1 \(steps "
      r"101-200, batch 16 x L=3\)\)"),
-    (({"steps": 100}, {"model.rope_theta": "big"}), 200, r"model.rope_theta='big' has the wrong type"),
+    (({"steps": 100}, {"model.rope_theta": "big"}), 200, r"model.rope_theta='big' is a str, but model.rope_theta takes a float"),
     (({"steps": 100}, "L=128"), 200, r"train.phases\[1\]: 'L=128' is not a dict"),
 ])
 def test_bad_phases_are_one_line_errors(phases, steps, match):
