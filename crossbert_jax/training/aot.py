@@ -242,7 +242,8 @@ def _compile_one(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, topology
   # What the chip computes, rematerialized forwards included: the largest of three lower bounds (the
   # model's count; the HLO's dots, per loop trip, none where matmuls lower to convolutions or library
   # calls; XLA's count, each loop body once).
-  executed = max(per_step / mesh.size, traffic["dot_flops"], _xla_flops(compiled) or 0.0)
+  xla_flops = _xla_flops(compiled)
+  executed = max(per_step / mesh.size, traffic["dot_flops"], xla_flops or 0.0)
   bound = None if chip is None else roofline.estimate(chip, executed, per_step / mesh.size,
                                                        traffic["bytes_accessed"], traffic["collective_bytes"])
   return {
@@ -262,7 +263,7 @@ def _compile_one(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, topology
       "lower_seconds": t1 - t0,
       "compile_seconds": t2 - t1,
       "memory": memory,
-      "flops": {"analytic_per_device": per_step / mesh.size, "xla_per_device": _xla_flops(compiled),
+      "flops": {"analytic_per_device": per_step / mesh.size, "xla_per_device": xla_flops,
                 "executed_matmul_per_device": traffic["dot_flops"]},
       "traffic": {k: traffic[k] for k in ("bytes_accessed", "collective_bytes", "collectives", "unknown_trip_counts")},
       "roofline": bound,
