@@ -1,7 +1,7 @@
 r"""Pre-flight: compile the real train step for a TPU topology (or the local devices) and report.
 
   python -m crossbert_jax.compile --config=configs/crossbert.py:base --topology=v5p:4x4x8 \
-      [--config.key=value ...] [--out=compile.json]
+      [--config.key=value ...] [--out=compile.json [--force]]
 
 Prints per-device memory (arguments, temporaries, outputs, total against the chip's HBM),
 FLOPs per device, the collectives per step, a roofline estimate (compute, memory and
@@ -28,7 +28,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and varia
                                           lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", "", "TPU topology GENERATION:SHAPE, e.g. v5p:4x4x8 (v5p-256) or "
                                 "v5e:4x4; empty: the local devices.")
-_OUT = flags.DEFINE_string("out", "", "Write the report as JSON here (any epath).")
+_OUT = flags.DEFINE_string("out", "", "Write the report as JSON here (any epath); an existing file only with --force.")
+_FORCE = flags.DEFINE_bool("force", False, "Replace an existing --out file.")
 _CHIP = flags.DEFINE_string("chip", "", "The roofline's chip: v4, v5e, v5p, v6e, h100, h200, or 'measured' (this "
                             "machine's matmul FLOP/s and memory bandwidth); empty: the topology's or the device's.")
 _PARAMS = flags.DEFINE_bool("print_params", True, "Print the param sharding table.")
@@ -39,7 +40,8 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
   c = import_config.resolve(config_lib.from_flag(_CONFIG.value))  # from_hf: the imported model's shape.
-  path = outputs.check_output_file(_OUT.value, "--out") if _OUT.value else None  # Before the slow compile.
+  # Before the slow compile.
+  path = outputs.check_output_file(_OUT.value, "--out", force=_FORCE.value) if _OUT.value else None
   chip = benchmark.measured_chip() if _CHIP.value == "measured" else _CHIP.value
   report = aot.compile_train_step(c, _TOPOLOGY.value, chip)
   print(aot.format_report(report, params=_PARAMS.value), flush=True)

@@ -95,6 +95,18 @@ def test_cli_mesh_that_does_not_divide_exits_2_with_one_line():
   assert len(_error_lines(r.stderr)) == 1
 
 
+def test_an_existing_out_file_is_replaced_only_with_force(tmp_path):
+  """`--out` an earlier report: one line before any compile, the file as it was; --force replaces it
+  (the phases test below)."""
+  out = tmp_path / "compile.json"
+  out.write_text("earlier results")
+  r = _cli("--config=configs/crossbert.py:tiny", f"--out={out}")
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert _error_lines(r.stderr) == [f"error: --out {out}: {out} exists (earlier results): choose a new path, "
+                                    "or pass --force to replace it"]
+  assert out.read_text() == "earlier results" and "compiled in" not in r.stdout
+
+
 @pytest.mark.skipif(HAS_LIBTPU, reason="checks the message when libtpu is absent")
 def test_without_libtpu_a_topology_says_how_to_install_it():
   with pytest.raises(UserError, match="libtpu is not installed.*make setup-tpu"):
@@ -156,9 +168,10 @@ def test_pod_variants_compute_in_bf16_with_scan_and_full_remat_and_keep_fp32_sta
 
 def test_every_phase_is_compiled_and_reported_one_row_each(tmp_path):
   out = tmp_path / "compile.json"
+  out.write_text("an earlier report")  # Replaced: --force.
   # The recipe without its ramp stair (one compile less): 160 steps of 16 x 64, 40 of 8 x 128.
   r = _cli("--config=configs/crossbert.py:tiny_recipe", "--config.train.batch_ramp.start=0", f"--out={out}",
-           "--print_params=False")
+           "--print_params=False", "--force")
   assert r.returncode == 0, r.stderr[-3000:]
   report = json.loads(out.read_text())
   rows = report["phases"]

@@ -5,8 +5,9 @@ One rule for every command that writes a folder (`export`, `export import`, `poo
 never holds (or sits inside) a training run's checkpoints, and replaces a non-empty folder only
 with `--force`. `staged_output_dir` then writes into a temporary sibling and swaps it in at the
 end, so a failure or a kill leaves the old folder or the new one, never a mix; `staged_files`
-moves a staged set of files into a folder that keeps its other files (the report). Files:
-`check_output_file` (`compile --out`).
+moves a staged set of files into a folder that keeps its other files (the report). Files
+(`compile --out`, `bench --out`, `embed_bench --out`, `evaluate --output`): `check_output_file`
+refuses an existing one unless the command was given `--force`.
 """
 
 import contextlib
@@ -125,12 +126,12 @@ def _read_only(folder: epath.Path) -> bool:
     return False
 
 
-def check_output_file(path: str, flag: str = "--out", *, force: bool = True,
+def check_output_file(path: str, flag: str = "--out", *, force: bool = False,
                       companions: Sequence[str] = ()) -> epath.Path:
-  """Refuses an output file that is a folder or cannot be written (probed locally; nothing is left).
-
-  `force=False`: also refuses one that exists, or whose companion files (the same name with each
-  suffix in `companions`, e.g. ".md") exist: the command replaces them only with --force.
+  """Refuses an output file that is a folder or cannot be written (probed locally; nothing is left),
+  and, unless `force` (the command's --force), one that exists or whose companion files (the same
+  name with each suffix in `companions`, e.g. ".md") exist: earlier results are never replaced
+  silently.
   """
   out = epath.Path(path)
   if out.is_dir():
