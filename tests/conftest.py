@@ -48,6 +48,18 @@ def spm_model(tmp_path_factory) -> str:
   return str(path)
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, spm_model) -> pathlib.Path:
+  """A tiny CrossBERT run of 5 steps (one checkpoint), for the commands that read a run."""
+  from tests.helpers import run_module  # pylint: disable=g-import-not-at-top
+
+  workdir = tmp_path_factory.mktemp("tiny_run") / "run"
+  run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+              f"--config.data.tokenizer={spm_model}", "--config.model.vocab_size=512", "--config.train.steps=5",
+              "--config.metrics.progress_bar=False"])
+  return workdir
+
+
 @pytest.fixture
 def two_processes(tmp_path):
   """Runs a tiny training through launch/local_multiprocess.sh: 2 processes x 2 CPU devices."""

@@ -14,13 +14,9 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, spm_model):
-  """A tiny CrossBERT run, 5 steps."""
-  workdir = tmp_path_factory.mktemp("mteb_run") / "run"
-  run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-              f"--config.data.tokenizer={spm_model}", "--config.model.vocab_size=512", "--config.train.steps=5",
-              "--config.metrics.progress_bar=False"])
-  return workdir
+def run_dir(tiny_run):
+  """A tiny CrossBERT run, 5 steps (conftest.py)."""
+  return tiny_run
 
 
 @pytest.fixture(scope="module")
@@ -116,10 +112,3 @@ def test_killed_during_second_task_resumes_to_the_same_table(run_dir, local_data
   assert "(cached" not in forced.stdout
   assert (killed / "mteb_table.json").read_bytes() == (whole / "mteb_table.json").read_bytes()
 
-
-def test_embed_bench_refuses_a_bad_out_before_any_work(run_dir, tmp_path):
-  """embed_bench checks --out first: a folder is one line, exit 2, before the run is loaded or texts embedded."""
-  proc = run_module(["crossbert_jax.embed_bench", f"--workdir={run_dir}", f"--hf={tmp_path}", f"--out={tmp_path}"],
-                    check=False)
-  assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --out"), proc.stderr[-2000:]
-  assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
