@@ -107,6 +107,31 @@ def test_an_existing_out_file_is_replaced_only_with_force(tmp_path):
   assert out.read_text() == "earlier results" and "compiled in" not in r.stdout
 
 
+def test_an_unknown_generation_is_named_with_libtpu_or_without():
+  with pytest.raises(UserError, match=r"^--topology=v9:2x2: unknown TPU generation 'v9'; use one of v2, v3, v4, "
+                     r"v5e, v5p, v5, v6e, tpu7x, e\.g\. v5p:4x4x8"):
+    aot.topology_devices("v9:2x2")
+
+
+def test_config_files_that_fail_are_one_line_naming_the_file(tmp_path):
+  """A --config file with no get_config, one that adds a key the schema lacks, one whose code fails."""
+  files = {"none.py": "x = 1\n",
+           "adds.py": "from crossbert_jax.core import config\ndef get_config(v='tiny'):\n"
+                      "  c = config.get_config('crossbert', v)\n  c.model.nope = 1\n  return c\n",
+           "fails.py": "import os\ndef get_config(v='tiny'):\n  return os.get_config()\n"}
+  lines = {}
+  for name, text in files.items():
+    (tmp_path / name).write_text(text)
+    r = _cli(f"--config={tmp_path / name}:tiny")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    (lines[name],) = r.stderr.strip().splitlines()
+  assert lines["none.py"] == (f"error: --config file {tmp_path / 'none.py'} defines no get_config: add `def "
+                              "get_config(variant)` returning crossbert_jax.core.config.get_config(objective, "
+                              "variant), as configs/crossbert.py does")
+  assert lines["adds.py"].startswith("error: unknown config key 'nope' (set by the --config file); ")
+  assert lines["fails.py"] == "error: could not load --config: AttributeError: module 'os' has no attribute 'get_config'"
+
+
 @pytest.mark.skipif(HAS_LIBTPU, reason="checks the message when libtpu is absent")
 def test_without_libtpu_a_topology_says_how_to_install_it():
   with pytest.raises(UserError, match="libtpu is not installed.*make setup-tpu"):

@@ -1,6 +1,7 @@
 """User-facing errors: one line naming the bad input and the fix, never a traceback."""
 
 import os
+import re
 import sys
 from typing import Callable
 
@@ -75,13 +76,38 @@ def parse_flags_or_exit(argv: list[str]) -> list[str]:
     message = str(e)
   except flags.Error as e:
     message = f"{e}; see --helpfull"
-  except (AttributeError, KeyError) as e:
-    key = str(e).strip(chr(34)).strip("'")
-    overridden = [a for a in argv if a.startswith("--config.") and f".{key}" in a.split("=")[0]]
-    where = (f"in the override {overridden[0].split('=')[0]}" if overridden else "(the --config file lacks it)")
-    message = (f"unknown config key {key!r} {where}; every key is declared in crossbert_jax/core/config.py "
-               "(a config file builds on its get_config)")
+  except AttributeError as e:
+    message = _no_get_config(e, argv) or _unknown_key(e, argv)
+  except KeyError as e:
+    message = _unknown_key(e, argv)
   except Exception as e:  # noqa: BLE001 - config files are user input; show one line, not a traceback.
     message = f"could not load --config: {' '.join(str(e).split())}"
   error_line(message)
   sys.exit(2)
+
+
+def _unknown_key(e: Exception, argv: list[str]) -> str:
+  """The line for a config key that a --config.KEY=VALUE override or the config file names but the schema
+  lacks (ml_collections raises KeyError or AttributeError naming the key)."""
+  locked = re.search(r'Key "([^"]+)" does not exist', str(e))  # A locked ConfigDict's words for a new key.
+  key = locked.group(1) if locked else str(e).strip(chr(34)).strip("'")
+  if not key or any(c.isspace() for c in key):  # Not a key: the config file's own code failed.
+    return f"could not load --config: {' '.join(f'{type(e).__name__}: {e}'.split())}"
+  overridden = [a for a in argv if a.startswith("--config.") and f".{key}" in a.split("=")[0]]
+  where = (f"in the override {overridden[0].split('=')[0]}" if overridden
+           else "(set by the --config file)" if locked else "(the --config file lacks it)")
+  return (f"unknown config key {key!r} {where}; every key is declared in crossbert_jax/core/config.py "
+          "(a config file builds on its get_config)")
+
+
+def _no_get_config(e: AttributeError, argv: list[str]) -> str | None:
+  """The line for a --config file that defines no get_config (config_flags calls it); None for another
+  AttributeError."""
+  given = [a.split("=", 1)[1].split(":", 1)[0] for a in argv if a.startswith("--config=")]
+  module_file = getattr(getattr(e, "obj", None), "__file__", None)
+  if not given or getattr(e, "name", None) != "get_config" or not module_file:
+    return None
+  if os.path.realpath(module_file) != os.path.realpath(given[-1]):
+    return None
+  return (f"--config file {given[-1]} defines no get_config: add `def get_config(variant)` returning "
+          "crossbert_jax.core.config.get_config(objective, variant), as configs/crossbert.py does")

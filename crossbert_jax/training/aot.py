@@ -62,6 +62,8 @@ HBM_GIB: dict[str, float] = {
 # TPU generation (the topology name's prefix) -> chip config: v4 and v5p run both TensorCores
 # of a chip as one device ("megacore"), which is what a pod slice gives JAX.
 _CHIP_CONFIG = {"v4": "megacore", "v5p": "megacore", "v5": "megacore"}
+# The generations libtpu (0.0.42) compiles a topology for; "v5" is v5p's other name.
+TPU_GENERATIONS = ("v2", "v3", "v4", "v5e", "v5p", "v5", "v6e", "tpu7x")
 
 
 def hbm_bytes(device: jax.Device) -> int | None:
@@ -83,6 +85,9 @@ def topology_devices(topology: str) -> list[jax.Device]:
   generation, _, shape = topology.partition(":")
   if not generation or not shape:
     raise UserError(f"--topology={topology!r}: use GENERATION:SHAPE, e.g. v5p:4x4x8 (v5p-256) or v5e:4x4")
+  if generation not in TPU_GENERATIONS:  # Before libtpu: its absence would hide the typo.
+    raise UserError(f"--topology={topology}: unknown TPU generation {generation!r}; use one of "
+                    f"{', '.join(TPU_GENERATIONS)}, e.g. v5p:4x4x8 (v5p-256) or v5e:4x4")
   kwargs = {"chip_config_name": _CHIP_CONFIG[generation]} if generation in _CHIP_CONFIG else {}
   # Compile-only devices touch no TPU, so several compiles (and tests) may load libtpu at once;
   # without this, libtpu's /tmp lockfile lets only one process in.
