@@ -43,7 +43,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def _error_lines(stderr: str) -> list[str]:
-  # libtpu writes its own start-up warnings to stderr; ours is the line starting with "error:".
   return [line for line in stderr.splitlines() if line.startswith("error:") or line.startswith("Traceback")]
 
 
@@ -161,6 +160,7 @@ def test_topology_tiny_compiles_for_v5p_2x2x2_and_reports_memory(tmp_path):
   out = tmp_path / "compile.json"
   r = _cli("--config=configs/crossbert.py:tiny", "--topology=v5p:2x2x2", f"--out={out}")
   assert r.returncode == 0, r.stderr[-3000:]
+  assert not r.stderr, r.stderr[-3000:]  # libtpu's start-up lines (no metadata server here) are silenced.
   report = json.loads(out.read_text())
   assert report["platform"] == "tpu" and report["device_kind"] == "TPU v5" and report["num_devices"] == 8
   _check_memory(report, 8)
@@ -175,6 +175,7 @@ def test_topology_oversized_batch_exits_2_with_one_line():
   r = _cli("--config=configs/crossbert.py:tiny", "--topology=v5e:2x2", "--config.train.batch_size=1048576")
   assert r.returncode == 2, r.stderr[-3000:]
   errors = _error_lines(r.stderr)
+  assert r.stderr.splitlines() == errors
   assert len(errors) == 1 and "does not fit on v5e:2x2" in errors[0] and "RESOURCE_EXHAUSTED" in errors[0], errors
   assert "--config.model.remat=full" in errors[0]
 

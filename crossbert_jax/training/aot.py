@@ -92,6 +92,7 @@ def topology_devices(topology: str) -> list[jax.Device]:
   # Compile-only devices touch no TPU, so several compiles (and tests) may load libtpu at once;
   # without this, libtpu's /tmp lockfile lets only one process in.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  _quiet_libtpu()
   try:
     return list(topologies.get_topology_desc(topology, "tpu", **kwargs).devices)
   except Exception as e:  # noqa: BLE001 - libtpu missing or a name it rejects: both are one line.
@@ -100,6 +101,22 @@ def topology_devices(topology: str) -> list[jax.Device]:
       raise UserError(f"--topology={topology}: libtpu is not installed ({detail}); run `make setup-tpu` "
                       "and use .venv-tpu/bin/python, or drop --topology to compile for the local devices") from None
     raise UserError(f"--topology={topology}: {detail}; use e.g. v5p:4x4x8, v5p:2x2x2, v5e:4x4, v4:2x2x2") from None
+
+
+def _quiet_libtpu() -> None:
+  """Silences libtpu's start-up on a process that uses no TPU of its own (JAX_PLATFORMS without tpu).
+
+  Loaded for compile-only devices, libtpu still sets itself up as a pod worker: it asks the GCE
+  metadata server for the accelerator type and the workers' hostnames, gets none, and prints a
+  "Failed to find host bounds" line and an `E0000 ... unexpected worker hostname` error with a
+  source trace, which read like a crash. Naming this process a one-host slice (libtpu's own
+  variables, set before it loads; a caller's values stay) skips both; the topology's devices, and
+  so the compile, are the same (checked for v4, v5e, v5p and v6e topologies).
+  """
+  platforms = jax.config.jax_platforms or ""
+  if platforms and "tpu" not in platforms.split(","):
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
 
 
 def make_mesh(c: ml_collections.ConfigDict, devices: list[jax.Device] | None) -> jax.sharding.Mesh:
