@@ -187,6 +187,19 @@ def tests(dry_run: bool) -> dict[str, Any]:
           **({"error": _tail(proc)} if proc.returncode else {})}
 
 
+def _refusal(asked: list[str], known: list[str], out: pathlib.Path, dry_run: bool) -> str | None:
+  """Why the check cannot start, checked before anything is written; None when it can."""
+  unknown = [s for s in asked if s not in known]
+  if unknown:
+    return f"--steps {','.join(unknown)}: use some of {','.join(known)}"
+  if out.exists() and not out.is_dir():
+    return f"--out {out} is a file: give a folder"
+  if not dry_run and jax.default_backend() == "cpu":  # The full-size steps would run for minutes on the CPU.
+    return ("no GPU found (jax's backend is cpu): run this on the lent GPU machine, or pass --dry_run for the tiny "
+            "shapes on the CPU")
+  return None
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="folder for accelerator_check.json and the runs")
@@ -196,17 +209,17 @@ def main(argv: list[str] | None = None) -> int:
                       help="comma-separated subset of the steps, in order")
   a = parser.parse_args(argv)
   out = pathlib.Path(a.out)
-  out.mkdir(parents=True, exist_ok=True)
   work = pathlib.Path(a.work) if a.work else out / "runs"
-  work.mkdir(parents=True, exist_ok=True)
   steps: dict[str, Callable[[], dict[str, Any]]] = {
       "versions": versions, "attention": lambda: attention(a.dry_run), "bench": lambda: bench(a.dry_run),
       "resume": lambda: resume(a.dry_run, work), "export": lambda: export(a.dry_run, work),
       "tests": lambda: tests(a.dry_run)}
-  unknown = [s for s in a.steps.split(",") if s not in steps]
-  if unknown:
-    print(f"error: --steps {','.join(unknown)}: use some of {','.join(steps)}", file=sys.stderr)
+  refusal = _refusal(a.steps.split(","), list(steps), out, a.dry_run)
+  if refusal:
+    print(f"error: {refusal}", file=sys.stderr)
     return 2
+  out.mkdir(parents=True, exist_ok=True)
+  work.mkdir(parents=True, exist_ok=True)
   report: dict[str, Any] = {"dry_run": a.dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "steps": {}}
   path = out / "accelerator_check.json"
   for name in a.steps.split(","):
