@@ -22,6 +22,7 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.hf import import_config
+from crossbert_jax.run import fork
 from crossbert_jax.training import aot, benchmark
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and variant, e.g. configs/crossbert.py:base.",
@@ -39,7 +40,8 @@ _PARAMS = flags.DEFINE_bool("print_params", True, "Print the param sharding tabl
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
-  c = import_config.resolve(config_lib.from_flag(_CONFIG.value))  # from_hf: the imported model's shape.
+  # from_hf: the imported model's shape, a fork's through its source's train.init_from.
+  c = import_config.resolve(fork.with_source_init(config_lib.from_flag(_CONFIG.value)))
   # Before the slow compile.
   path = outputs.check_output_file(_OUT.value, "--out", force=_FORCE.value) if _OUT.value else None
   chip = benchmark.measured_chip() if _CHIP.value == "measured" else _CHIP.value

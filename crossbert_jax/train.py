@@ -20,7 +20,7 @@ from crossbert_jax.core import xla_flags
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.evaluation import runner
 from crossbert_jax.hf import import_config
-from crossbert_jax.run import compile_cache
+from crossbert_jax.run import compile_cache, fork
 from crossbert_jax.run.trainer import run
 
 FLAGS = flags.FLAGS
@@ -75,7 +75,8 @@ def main(argv):
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   logging.set_verbosity(logging.WARNING)
   compile_cache.enable(_WORKDIR.value, _COMPILATION_CACHE.value)
-  c = import_config.resolve(config_lib.from_flag(_CONFIG.value))  # from_hf: the imported model's shape.
+  # from_hf: the imported model's shape, a fork's through its source's train.init_from.
+  c = import_config.resolve(fork.with_source_init(config_lib.from_flag(_CONFIG.value)))
   _check_probe_inputs(c)
   last = run(c, _WORKDIR.value, break_lock=_BREAK_LOCK.value)
   if last["status"] == "stopped":

@@ -4,6 +4,7 @@
 import importlib.util
 import json
 import pathlib
+import shutil
 import signal
 import time
 
@@ -155,3 +156,73 @@ def test_bert_continues_an_imported_modernbert(imported, tmp_path):
   ours, _ = evaluate.jax_model(str(workdir), None, embedder.Options(), progress=False)
   theirs = embedder.HFEmbedder(str(tmp_path / "export"), embedder.Options())
   np.testing.assert_allclose(ours.embed(texts), theirs.embed(texts), atol=1e-4)
+
+
+def test_a_fork_takes_its_sources_init_from_and_refuses_another(imported, tmp_path):
+  """A fork that leaves train.init_from out takes its source's (config.json), hence the imported shape;
+  given, it must be the source's checkpoint's (the params come from the checkpoint, not the import)."""
+  from crossbert_jax.core import config as config_lib  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.hf import import_config  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.run import fork  # pylint: disable=g-import-not-at-top
+
+  _, imp = imported
+  source = tmp_path / "source"
+  source.mkdir()
+  c = _from_hf("configs/crossbert.py")
+  with c.unlocked():
+    c.train.fork_from = f"{source}:4"
+  with pytest.raises(UserError, match=r"config\.json is missing or unreadable, so the fork cannot take its source's "
+                     r"train\.init_from \(its shape\); pass the source's --config\.train\.init_from=IMP"):
+    fork.with_source_init(c)
+  (source / "config.json").write_text(json.dumps({"train": {"init_from": str(imp)}}))
+  r = import_config.resolve(fork.with_source_init(c))
+  assert r.train.init_from == str(imp) and r.model.vocab_size == 640 and r.data.tokenizer == str(imp)
+  config_lib.validate(r)  # train.fork_from and train.init_from together.
+  saved = {"train": {"init_from": str(imp)}}
+  fork._check_init_from("key", str(source), saved, r)  # pylint: disable=protected-access
+  with r.unlocked():
+    r.train.init_from = str(tmp_path / "elsewhere")
+  assert fork.with_source_init(r) is r
+  with pytest.raises(UserError, match=f"the fork gives train.init_from={tmp_path}/elsewhere, but the source "
+                     f"started from train.init_from={imp}; a fork's params come from its source's checkpoint"):
+    fork._check_init_from("key", str(source), saved, r)  # pylint: disable=protected-access
+
+
+@pytest.mark.slow  # About 60 s on 2 idle cores (105 s under load): five short runs.
+def test_a_fork_of_a_from_hf_run_trains_on_from_the_sources_step(imported, tmp_path):
+  """A from_hf run stopped at step 4, forked with its own command plus train.fork_from (train.init_from as
+  the source had it, or left out), trains steps 5-6 as the source resumed does; another train.init_from is
+  refused in one line, leaving no workdir."""
+  from crossbert_jax.run import metrics  # pylint: disable=g-import-not-at-top
+
+  _, imp = imported
+  other = tmp_path / "imp_copy"
+  shutil.copytree(imp, other)
+  source = tmp_path / "source"
+  train = ["crossbert_jax.train", "--config=configs/crossbert.py:from_hf", *RUN, "--config.train.steps=6",
+           "--config.checkpoint.every_steps=2", "--config.metrics.log_every=1"]
+  run_module([*train, f"--workdir={source}", f"--config.train.init_from={imp}", "--config.train.stop_at_step=4"])
+  fork = f"--config.train.fork_from={source}"
+  procs = {"given": [*train, f"--workdir={tmp_path / 'given'}", f"--config.train.init_from={imp}", fork],
+           "left_out": [*train, f"--workdir={tmp_path / 'left_out'}", fork],
+           "another": [*train, f"--workdir={tmp_path / 'another'}", f"--config.train.init_from={other}", fork]}
+  procs = {name: run_module(args, wait=False) for name, args in procs.items()}
+  done = {name: (p.wait(timeout=600), *p.communicate()) for name, p in procs.items()}
+  run_module([*train, f"--workdir={source}", f"--config.train.init_from={imp}"])  # The source resumed to step 6.
+
+  rc, _, err = done["another"]
+  assert rc == 2 and len(err.strip().splitlines()) == 1, err[-2000:]
+  assert err.startswith(f"error: config train.fork_from={source}: the fork gives train.init_from={other}, but the "
+                        f"source started from train.init_from={imp}; "), err
+  assert not (tmp_path / "another").exists()
+  resumed = {r["step"]: r for r in metrics.read_metrics(source)}
+  for name in ("given", "left_out"):
+    rc, _, err = done[name]
+    assert rc == 0 and f"forked from {source} at step 4" in err, err[-2000:]
+    rows = {r["step"]: r for r in metrics.read_metrics(tmp_path / name)}
+    assert sorted(rows) == [5, 6], name
+    for step in (5, 6):
+      for key in ("loss", "learning_rate", "tokens_seen"):
+        assert rows[step][key] == resumed[step][key], (name, step, key)
+    saved = json.loads((tmp_path / name / "config.json").read_text())
+    assert saved["train"]["init_from"] == str(imp) and saved["model"]["vocab_size"] == 640

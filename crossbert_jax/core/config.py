@@ -145,9 +145,6 @@ def _validate_train(t: ml_collections.ConfigDict) -> None:
   if t.shape_from_init and not t.init_from:
     raise _err("train.shape_from_init", "is set but train.init_from is empty: pass --config.train.init_from=IMP, "
                "a folder from `python -m crossbert_jax.export import`")
-  if t.fork_from and t.init_from:
-    raise _err("train.fork_from", "and train.init_from are both set: a fork starts from its source's checkpoint; "
-               "set only one")
   if not 0.0 <= t.final_lr_ratio <= 1.0:
     raise _err("train.final_lr_ratio", f"must be in [0, 1], got {t.final_lr_ratio}")
   if t.clip_norm < 0:

@@ -123,6 +123,7 @@ def train(variant: str) -> ml_collections.ConfigDict:
   # Start a new workdir from another run's checkpoint, "WORKDIR[:STEP]" (default: its newest step;
   # gs:// works): params, optimizer state, data position, tokens_seen and step, under this config's
   # schedule. The source is only read. Once this workdir has a checkpoint, it resumes from its own.
+  # Empty init_from: the source's (a from_hf source's shape); another than the source's is refused.
   s.fork_from = ""
   s.stop_at_step = 0  # Checkpoint and stop after this step, schedule unchanged (0: run to steps).
   s.grad_accum = 1  # Micro-batches per step; batch_size must divide evenly.

@@ -6,13 +6,15 @@ branch leaves its stable run (scaling/plan.py). The source's checkpoint goes thr
 resume's restore policy (`run/restore.py`: the keys that cannot change on a resume cannot change on
 a fork; the schedule keys may). The source is only read: no lock, no lease, no renamed damaged
 step, nothing created (a read-only Orbax manager), so it can be a finished run, a running one or on
-gs://. The fork's workdir may not be the source or inside it (`check_workdir`). Once the fork holds
+gs://. A fork of a from_hf run takes its source's `train.init_from`, hence its shape (`with_source_init`).
+The fork's workdir may not be the source or inside it (`check_workdir`). Once the fork holds
 a checkpoint of its own, the loop resumes from that and never reads the source; such a workdir
 resumes only with the `train.fork_from` its checkpoints record (`check_resumed`).
 """
 
 import contextlib
 import dataclasses
+import json
 import logging
 import re
 from typing import Any, Callable, Iterator
@@ -51,6 +53,34 @@ def _same_place(a: str, b: str) -> bool:
   if "://" in a or "://" in b:
     return a.rstrip("/") == b.rstrip("/")
   return epath.Path(a).resolve() == epath.Path(b).resolve()
+
+
+def with_source_init(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`c` with its source's `train.init_from` when it forks and leaves its own empty; else `c`.
+
+  A fork's params always come from its source's checkpoint, never from `train.init_from`: for a
+  fork the value only gives a from_hf run (`train.shape_from_init`) its shape and tokenizer
+  (hf/import_config.py), which are the source's. So a fork of a from_hf run is the source's
+  command plus `train.fork_from`, with `train.init_from` as the source had it or left out (read
+  here from the source's config.json); another value is refused (`restore`).
+  """
+  if not c.train.fork_from or c.train.init_from:
+    return c
+  source, _ = parse(c.train.fork_from)
+  path = epath.Path(source) / "config.json"
+  try:
+    init_from = json.loads(path.read_text())["train"]["init_from"]
+  except (OSError, ValueError, KeyError, TypeError):
+    if not c.train.shape_from_init:
+      return c  # Nothing to take; `restore` names what is wrong with the source.
+    raise UserError(f"config train.fork_from={c.train.fork_from}: {path} is missing or unreadable, so the fork "
+                    "cannot take its source's train.init_from (its shape); pass the source's "
+                    "--config.train.init_from=IMP") from None
+  out = c.copy_and_resolve_references()
+  with out.unlocked():
+    out.train.init_from = init_from
+  out.lock()
+  return out
 
 
 def check_workdir(c: ml_collections.ConfigDict, workdir: str | epath.Path) -> None:
@@ -148,6 +178,18 @@ def _chosen_step(key: str, source: str, reader: checkpoint.Checkpointer, step: i
   return step
 
 
+def _check_init_from(key: str, source: str, saved: dict[str, Any], c: ml_collections.ConfigDict) -> None:
+  """UserError when the fork's train.init_from is not the one its source's checkpoint records: it
+  would read as the fork's params, which come from the source (`with_source_init`)."""
+  recorded = saved.get("train", {}).get("init_from") or ""
+  given = c.train.init_from
+  if given and not (recorded and _same_place(given, recorded)):
+    started = f"started from train.init_from={recorded}" if recorded else "set no train.init_from"
+    raise UserError(f"{key}: the fork gives train.init_from={given}, but the source {started}; a fork's params "
+                    "come from its source's checkpoint: leave train.init_from out (the fork takes its source's) "
+                    "or give the source's")
+
+
 def _read_step(key: str, source: str, reader: checkpoint.Checkpointer, step: int, c: ml_collections.ConfigDict,
                tokenizer: dict[str, Any], abstract_state: Any, shardings: Any, iterator_of: Callable[[int], Any],
                warn: Callable[[str], None]) -> checkpoint.Restored:
@@ -157,6 +199,7 @@ def _read_step(key: str, source: str, reader: checkpoint.Checkpointer, step: int
       saved, meta = reader.saved_config(step), reader.saved_meta(step)
     except Exception as e:  # noqa: BLE001 - an unreadable item: the source's damaged step, left as it is.
       return None, one_line(e)
+    _check_init_from(key, source, saved, c)
     try:
       plan = restore_policy.vet(source, step, saved, meta, c, tokenizer, forking=True)
     except UserError as e:
