@@ -25,7 +25,8 @@ from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation import generic
 from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.evaluation import tasks as eval_tasks
-from crossbert_jax.evaluation.runner import evaluate_model, markdown_table
+from crossbert_jax.evaluation.runner import evaluate_model, flat_scores, markdown_table
+from crossbert_jax.hf.files import EVAL_RESULTS
 from crossbert_jax.model.encoder import EncoderSpec
 from crossbert_jax.run import load
 
@@ -225,6 +226,21 @@ def main(argv: Sequence[str]) -> None:
       raise UserError(f"--output {out}: could not write ({e.strerror or e}); the table is printed above: "
                       "free space or choose a writable --output") from None
     print(f"wrote {out} and {out.with_suffix('.md')}", flush=True)
+    for label, model, _, kind, source in models:
+      if kind == "workdir" and isinstance(model, embedder_lib.JaxEmbedder):
+        _record_in_workdir(source, label, settings, results[label])
+
+
+def _record_in_workdir(workdir: str, label: str, settings: dict[str, Any], result: dict[str, Any]) -> None:
+  """The run's own scores as <workdir>/eval_results.json, which export's model card reports."""
+  path = epath.Path(workdir) / EVAL_RESULTS
+  record = {"model": label, "step": int(label.rsplit("@", 1)[1]), "settings": settings,
+            "scores": {k: round(float(v), 6) for k, v in flat_scores(result).items()}}
+  try:
+    path.write_text(json.dumps(record, indent=1))
+  except OSError as e:
+    print(f"warning: could not record the scores in {path} ({e.strerror or e}); the model card will not show "
+          "them", flush=True)
 
 
 def _json_default(value):

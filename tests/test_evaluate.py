@@ -205,6 +205,18 @@ def test_generic_pair_regression_and_task_file_cli(run_dir, shared_data, tmp_pat
   assert not any(k.startswith("cosine") for k in result["nli"]["scores"])  # Three classes: no threshold.
   assert result["nli"]["sizes"] == {"train": 150}
   assert {p.name.split("-")[0] for p in cache.iterdir()} == {"sts_pairs", "sst", "para", "nli"}
+  # The run's own scores are recorded in its workdir, and export's model card shows them as a table.
+  from etils import epath
+  from crossbert_jax.hf import files
+  from crossbert_jax.run import load
+
+  record = json.loads((run_dir / "eval_results.json").read_text())
+  score = result["sts_pairs"]["scores"]["cosine/eval/spearman"]
+  assert record["step"] == 5 and record["scores"]["sts_pairs/cosine/eval/spearman"] == round(score, 6)
+  config, _, _ = load.load_run(run_dir)
+  card = files.model_card(config, files.run_summary(epath.Path(run_dir), config, 5), None)
+  assert "Frozen probes (`python -m crossbert_jax.evaluate`) at step 5:" in card, card
+  assert f"| sts_pairs/cosine/eval/spearman | {100 * score:.1f} |" in card, card
 
 
 def test_pooler_training_leaves_the_encoder_untouched(run_dir, shared_data):
