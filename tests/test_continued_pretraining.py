@@ -23,12 +23,25 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "[MASK] and [CLS] spell
          "She ordered a café crème. 😀", "  leading spaces\tand tabs\n\nand blank lines  ", ""]
 
 
-def _from_hf(path: str):
+def _from_hf(path: str, variant: str = "from_hf"):
   """`path`:from_hf, loaded as config_flags loads a config file (by path)."""
   spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem + "_config", ROOT / path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config("from_hf")
+  return module.get_config(variant)
+
+
+@pytest.mark.parametrize("path", ["configs/crossbert.py", "configs/bert.py"])
+def test_from_hf_cpu_is_from_hf_with_the_cpu_trial_run_settings(path):
+  """The documented CPU trial: from_hf's pod settings (bf16, full remat, batch 256, warmup 3000) would
+  learn nothing in its 100 steps; from_hf_cpu differs from from_hf in exactly core/config.CPU_TRIAL."""
+  from crossbert_jax.core import config as config_lib
+
+  pod, cpu = _from_hf(path).to_dict(), _from_hf(path, "from_hf_cpu").to_dict()
+  changed = {f"{s}.{k}" for s in pod if isinstance(pod[s], dict) for k in pod[s] if pod[s][k] != cpu[s][k]}
+  assert changed == set(config_lib.CPU_TRIAL)
+  assert all(cpu[k.split(".")[0]][k.split(".")[1]] == v for k, v in config_lib.CPU_TRIAL.items())
+  assert cpu["train"]["warmup_steps"] < cpu["train"]["steps"] and cpu["train"]["shape_from_init"]
 
 
 @pytest.fixture(scope="module")
