@@ -99,3 +99,65 @@ def test_resume_identity_hashes_the_folders_tokenizer_json(bpe_folder, tmp_path)
   assert resume.tokenizer_identity(str(bpe_folder / "tokenizer.json"), 620)["sha256"] == ident["sha256"]
   other = hf_models.wordpiece_tokenizer(tmp_path / "wp.json")
   assert resume.tokenizer_identity(str(other), 700)["sha256"] != ident["sha256"]
+
+
+def _one_error_line(proc, words: str) -> None:
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
+
+
+def _train(tmp_path, tok, *overrides: str):
+  """A tiny CrossBERT run with `tok` (2 steps): its CompletedProcess."""
+  return run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
+                     f"--config.data.tokenizer={tok}", "--config.train.steps=2", "--config.metrics.progress_bar=False",
+                     "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False", *overrides],
+                    check=False)
+
+
+@pytest.fixture(scope="module")
+def text_input(tmp_path_factory):
+  """A folder of English text for prepare, with a zebra in it."""
+  folder = tmp_path_factory.mktemp("text")
+  (folder / "docs.txt").write_text("\n\n".join([*corpus.builtin_documents()[:200], "The zebra saw a zebra."]))
+  return folder
+
+
+def test_tokenizer_that_cannot_encode_is_refused_before_any_work(tmp_path, text_input):
+  """A WordLevel tokenizer without [UNK] fails on every unknown word: refused when loaded, so prepare and train
+  say so in one line and leave nothing behind."""
+  bad = hf_models.wordlevel_tokenizer(tmp_path / "nounk" / "tokenizer.json", ["the", "a"], unk=False)
+  with pytest.raises(UserError, match="cannot encode arbitrary text"):
+    tokenizer.Tokenizer.load(bad)
+  out = tmp_path / "shards"
+  _one_error_line(run_module(["crossbert_jax.prepare", f"--input={text_input}", f"--output={out}", "--shards=1",
+                              "--progress=false", f"--tokenizer={bad}"], check=False), "cannot encode")
+  _one_error_line(_train(tmp_path, bad), "cannot encode")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["nounk"]
+
+
+def test_prepare_failing_to_encode_leaves_nothing_in_the_way(tmp_path, text_input, bpe_folder):
+  """A tokenizer that passes the load check but fails on a document: one line, and the folder is gone, so the
+  command with a working tokenizer then runs (no stopped prepare of other flags left to finish)."""
+  from tokenizers import pre_tokenizers  # pylint: disable=g-import-not-at-top
+
+  probe = [w for w, _ in pre_tokenizers.Whitespace().pre_tokenize_str(hf_tokenizer._PROBE)]  # pylint: disable=protected-access
+  bad = hf_models.wordlevel_tokenizer(tmp_path / "probe_only.json", probe, unk=False)
+  tokenizer.Tokenizer.load(bad)
+  out = tmp_path / "shards"
+  args = ["crossbert_jax.prepare", f"--input={text_input}", f"--output={out}", "--shards=1", "--progress=false"]
+  _one_error_line(run_module([*args, f"--tokenizer={bad}"], check=False), "could not encode a document of shard 0")
+  assert not out.exists()
+  assert "wrote 1 shards" in run_module([*args, f"--tokenizer={bpe_folder}"]).stdout
+
+
+def test_ids_past_the_token_count_set_the_vocab_size(tmp_path, text_input):
+  """A vocabulary with a gap (8 tokens, one at id 70,000): the vocab size is 70,001, so prepare writes uint32
+  ids and a model of 2,048 rows is refused before step 1 (not a uint16 overflow, not a NaN loss)."""
+  big = hf_models.wordlevel_tokenizer(tmp_path / "gap" / "tokenizer.json", ["the", "a"], ids={"zebra": 70_000})
+  tok = tokenizer.Tokenizer.load(big)
+  assert tok.vocab_size == 70_001 and tok.encode("a zebra") == [6, 70_000]
+  run_module(["crossbert_jax.prepare", f"--input={text_input}", f"--output={tmp_path / 'shards'}", "--shards=1",
+              "--progress=false", f"--tokenizer={big}"])
+  assert shards.read_manifest(tmp_path / "shards")["dtype"] == "uint32"
+  _one_error_line(_train(tmp_path, big, "--config.model.vocab_size=2048"), "model.vocab_size=2048 is smaller")
+  assert not (tmp_path / "run").exists()
