@@ -46,8 +46,8 @@ def load_tokenizer(c: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer:
                     "--input=builtin --vocab_size=N --output=FILE.model` and pass --config.data.tokenizer=FILE.model")
   tok = tokenizer_lib.Tokenizer.load(c.data.tokenizer)
   if tok.vocab_size > c.model.vocab_size:
-    raise UserError(f"config model.vocab_size={c.model.vocab_size} is smaller than the tokenizer's "
-                    f"{tok.vocab_size} pieces ({c.data.tokenizer}); set --config.model.vocab_size>={tok.vocab_size}")
+    raise UserError(f"config model.vocab_size={c.model.vocab_size} is smaller than the tokenizer's vocabulary "
+                    f"(ids 0-{tok.vocab_size - 1}, {c.data.tokenizer}): set --config.model.vocab_size>={tok.vocab_size}")
   return tok
 
 
