@@ -125,7 +125,7 @@ class Trainer:
                warn: Callable[[str], None]):
     self.c, self.workdir, self.tok, self.stop, self.progress, self.warn = c, workdir, tok, stop, progress, warn
     self.primary = jax.process_index() == 0
-    self.tok_id = resume.tokenizer_identity(c.data.tokenizer, tok.vocab_size)
+    self.tok_id = resume.tokenizer_identity(c.data.tokenizer, tok)
     self.mesh, self.phases = mesh, phases_lib.expand(c)
     self._replacement_vocab = objectives.replacement_vocab_size(c, tok.vocab_size)
     self.phase = self.phases[0]
