@@ -151,3 +151,16 @@ def test_cli_checks_its_output_before_training(tmp_path):
   proc = subprocess.run([*base, f"--output={old}", "--force"], capture_output=True, text=True, cwd=REPO, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert tokenizer_lib.Tokenizer.load(old).vocab_size == 400
+
+
+def test_a_missing_tokenizer_is_named_as_missing(tmp_path):
+  """A missing tokenizer.json path does not exist (not "holds no tokenizer.json"); a run's tokenizer that moved
+  away names export's (evaluate's, pooler's) --tokenizer flag."""
+  with pytest.raises(UserError, match=r"x\.json'? does not exist"):
+    tokenizer_lib.Tokenizer.load(tmp_path / "x.json")
+  (tmp_path / "folder").mkdir()
+  with pytest.raises(UserError, match="holds no tokenizer.json"):
+    tokenizer_lib.Tokenizer.load(tmp_path / "folder")
+  for moved in (str(tmp_path / "gone" / "spm.model"), "runs/gone/spm.model"):
+    with pytest.raises(UserError, match=r"is not found .*: pass --tokenizer=PATH"):
+      tokenizer_lib.resolve_for_run(moved, str(tmp_path / "run"))
