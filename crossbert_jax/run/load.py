@@ -100,7 +100,8 @@ def run_tokenizer(workdir: str | epath.Path, config: ml_collections.ConfigDict, 
     recorded = ckpt.saved_meta(step).tokenizer
   finally:
     ckpt.close()
-  if recorded is not None and (change := resume.tokenizer_change(recorded, resume.tokenizer_identity(path, tok), flag)):
+  change = recorded and resume.tokenizer_change(recorded, resume.tokenizer_identity(path, tok), flag)
+  if change:
     raise UserError(f"--workdir {workdir} (step {step}) was trained with {change}: pass --tokenizer=PATH, the "
                     "tokenizer the run was trained with")
   return tok
