@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import corpus, tokenizer
 from tests import hf_models
 from tests.helpers import ROOT, run_module
 
@@ -96,7 +97,7 @@ def test_bert_keeps_the_imported_mlm_head(imported):
     c.train.init_from, c.data.seq_len, c.model.dtype, c.model.remat = str(imp), 64, "float32", "none"
   c = import_config.resolve(c)
   train_program = program.TrainProgram(c, sharding.make_mesh(c.mesh))
-  state = warm_start.from_imported(c, train_program.init_state())
+  state = warm_start.from_imported(c, train_program.init_state(), tokenizer.Tokenizer.load(imp))
   _, want = convert.load_imported(imp)
   assert set(want) == {"encoder", "head"}
   for part in ("encoder", "head"):
@@ -162,9 +163,51 @@ def test_bert_continues_an_imported_modernbert(imported, tmp_path):
   assert config["architectures"] == ["ModernBertForMaskedLM"]
   # The evaluation embedder (packed rows padded with the tokenizer's [PAD]) agrees with transformers.
   from crossbert_jax import evaluate  # pylint: disable=g-import-not-at-top
-  from crossbert_jax.data import corpus  # pylint: disable=g-import-not-at-top
   from crossbert_jax.evaluation import embedder  # pylint: disable=g-import-not-at-top
   texts = corpus.builtin_documents()[:40] + TEXTS
   ours, _ = evaluate.jax_model(str(workdir), None, embedder.Options(), progress=False)
   theirs = embedder.HFEmbedder(str(tmp_path / "export"), embedder.Options())
   np.testing.assert_allclose(ours.embed(texts), theirs.embed(texts), atol=1e-4)
+
+
+def _refused(proc, words: str) -> None:
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
+
+
+def test_a_tokenizer_other_than_the_imports_is_refused(imported, tmp_path):
+  """The import's embedding rows are its tokenizer's ids: a SentencePiece model in data.tokenizer is refused in one
+  line before step 1 (nothing left in the workdir); an import without a tokenizer is checked by size."""
+  from crossbert_jax.run import warm_start  # pylint: disable=g-import-not-at-top
+
+  _, imp = imported
+  spm = tokenizer.train_tokenizer(corpus.builtin_documents()[:60], 340, tmp_path / "spm.model", num_threads=1)
+  workdir = tmp_path / "run"
+  _refused(run_module(["crossbert_jax.train", "--config=configs/crossbert.py:from_hf", f"--workdir={workdir}",
+                       f"--config.train.init_from={imp}", f"--config.data.tokenizer={spm}", *RUN], check=False),
+           f"config train.init_from={imp} was trained with the tokenizer {imp}")
+  assert not workdir.exists()
+  bare = tmp_path / "bare"  # An import of a folder without tokenizer files.
+  bare.mkdir()
+  for name in ("config.json", "params.safetensors"):
+    (bare / name).write_bytes((imp / name).read_bytes())
+  c = _from_hf("configs/crossbert.py")
+  with c.unlocked():
+    c.train.init_from, c.data.tokenizer = str(bare), str(spm)
+  with pytest.raises(UserError, match="has 640 embedding rows but data.tokenizer=.* only 340 ids"):
+    warm_start.check_tokenizer(c, tokenizer.Tokenizer.load(spm), 640)
+  warm_start.check_tokenizer(c, tokenizer.Tokenizer.load(imp), 640)  # 620 ids, padded to 640: its own.
+
+
+def test_bert_over_an_import_without_mlm_head_is_refused(tmp_path):
+  """A ModernBertModel (no MLM head) imported for CrossBERT: BERT's from_hf refuses it in one line, as
+  `export import --objective=mlm` does, instead of training a fresh head."""
+  hf = hf_models.tiny_modernbert(tmp_path / "hf", with_head=False)
+  imp = tmp_path / "imp"
+  run_module(["crossbert_jax.export", "import", f"--hf={hf}", f"--output={imp}"])
+  _refused(run_module(["crossbert_jax.export", "import", f"--hf={hf}", f"--output={tmp_path / 'mlm'}",
+                       "--objective=mlm"], check=False), "holds no MLM head")
+  workdir = tmp_path / "run"
+  _refused(run_module(["crossbert_jax.train", "--config=configs/bert.py:from_hf", f"--workdir={workdir}",
+                       f"--config.train.init_from={imp}", *RUN], check=False), f"train.init_from={imp} holds no MLM head")
+  assert not workdir.exists()

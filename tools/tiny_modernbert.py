@@ -93,6 +93,24 @@ def wordpiece_tokenizer(path: pathlib.Path) -> pathlib.Path:
   return path
 
 
+def wordlevel_tokenizer(path: pathlib.Path, words, *, unk: bool = True, ids: dict[str, int] | None = None,
+                        roles: dict[str, str] | None = None) -> pathlib.Path:
+  """A whitespace WordLevel tokenizer.json: [PAD] [UNK] [CLS] [SEP] [MASK] at 0-4 ([UNK] left out with
+  `unk=False`, and then not the model's unk_token), then `words`; `ids` places more tokens at given ids.
+  `roles`: a special_tokens_map.json written beside it."""
+  from tokenizers import Tokenizer, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+
+  specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] if unk else ["[PAD]", "[CLS]", "[SEP]", "[MASK]"]
+  vocab = {t: i for i, t in enumerate(dict.fromkeys([*specials, *words]))}
+  tok = Tokenizer(models.WordLevel(vocab={**vocab, **(ids or {})}, unk_token="[UNK]" if unk else None))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tok.save(str(path))
+  if roles is not None:
+    (path.parent / "special_tokens_map.json").write_text(json.dumps(roles))
+  return path
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", required=True, help="Folder to write (must not exist yet).")

@@ -126,15 +126,19 @@ def _read_only(folder: epath.Path) -> bool:
 
 
 def check_output_file(path: str, flag: str = "--out", *, force: bool = True,
-                      companions: Sequence[str] = ()) -> epath.Path:
+                      companions: Sequence[str] = (), suffix: str = "") -> epath.Path:
   """Refuses an output file that is a folder or cannot be written (probed locally; nothing is left).
 
   `force=False`: also refuses one that exists, or whose companion files (the same name with each
   suffix in `companions`, e.g. ".md") exist: the command replaces them only with --force.
+  `suffix` (e.g. ".model"): also refuses a file name with another ending.
   """
   out = epath.Path(path)
   if out.is_dir():
-    raise UserError(f"{flag} {path} is a folder: give a file path in it, e.g. {flag}={out}/NAME.json")
+    raise UserError(f"{flag} {path} is a folder: give a file path in it, e.g. {flag}={out}/NAME{suffix or '.json'}")
+  if suffix and out.suffix != suffix:
+    raise UserError(f"{flag} {path} does not end in {suffix}: give a file path ending in {suffix}, "
+                    f"e.g. {flag}={out.with_suffix(suffix)}")
   existing = [p for p in (out, *(out.with_suffix(s) for s in companions)) if p.exists()]
   if existing and not force:
     raise UserError(f"{flag} {path}: {existing[0]} exists (earlier results): choose a new path, "
