@@ -6,6 +6,7 @@ r"""MTEB on our checkpoints, scored by mteb's own evaluators, with mteb's result
 Library: crossbert_jax.evaluation.mteb_run. Manual: docs/evaluation.md.
 """
 
+import hashlib
 from typing import Sequence
 
 from absl import app
@@ -44,7 +45,11 @@ def _define_flags() -> None:
 
 
 def _sources(f, options) -> list[tuple[str, MtebEncoder]]:
-  """(column label, encoder) per --workdir / --hf, then one per --pooler on the model it was trained on."""
+  """(column label, encoder) per --workdir / --hf, then one per --pooler on the model it was trained on.
+
+  mteb keys a result by model name and revision: the revision carries a digest of the model's identity (its
+  absolute path, and step), so runs whose folders have the same name never share a result.
+  """
   from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
 
   poolers, used, out = [pooler_lib.load_pooler(p) for p in f.pooler], set(), []
@@ -56,6 +61,8 @@ def _sources(f, options) -> list[tuple[str, MtebEncoder]]:
       emb = embedder_lib.HFEmbedder(source, options, progress=False)
       name, revision = epath.Path(source.rstrip("/")).name, "hf"
       label = f"hf:{name}"
+    label = evaluate.column_label(label, source, [col for col, _ in out])
+    revision += f"-{hashlib.sha256(emb.identity.encode()).hexdigest()[:8]}"
     for col, model in evaluate._with_poolers(emb, label, poolers, used):  # pylint: disable=protected-access
       suffix = col[len(label):].lstrip("+")
       rev = revision + (f"-{suffix}-{model.pooler.digest[:8]}" if suffix else "")
@@ -75,6 +82,9 @@ def main(argv: Sequence[str]) -> None:
   f = flags.FLAGS
   if not f.workdir and not f.hf:
     raise UserError("nothing to evaluate: pass --workdir=RUN and/or --hf=DIR")
+  from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
+
+  evaluate.check_distinct([("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf])
   logging.set_verbosity(logging.WARNING)  # Orbax restore chatter (dozens of INFO lines before any error).
   # mteb adds its results there and deletes nothing.
   outputs.check_folder_path(f.output_dir, "--output_dir", writes_inside=True)

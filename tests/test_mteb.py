@@ -1,6 +1,7 @@
 """mteb_eval end to end, offline: a benchmark by name on the tasks with local data, mteb's results layout
 (read back by mteb.ResultCache), the local STS layout against the direct loader, and kill/resume."""
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -54,11 +55,12 @@ def test_benchmark_offline_layout_and_result_cache(run_dir, local_data, tmp_path
   table = json.loads((out / "mteb_table.json").read_text())
   assert len(table["tasks"]) == 41 and table["Mean (Task)"] == {"run@5": None}  # 40 tasks not run: no mean.
   ours = table["tasks"]["STSBenchmark"]["run@5"]
-  folder = out / "results" / "crossbert_jax__run" / "step5"
+  revision = f"step5-{hashlib.sha256(f'{run_dir.resolve()}@5'.encode()).hexdigest()[:8]}"  # The run's identity.
+  folder = out / "results" / "crossbert_jax__run" / revision
   assert sorted(p.name for p in folder.iterdir()) >= ["STSBenchmark.json", "model_meta.json"]
   results = mteb.ResultCache(out).load_results(models=["crossbert_jax/run"], tasks=["STSBenchmark"])
   (model,) = results.model_results
-  assert model.model_revision == "step5"
+  assert model.model_revision == revision
   assert abs(100 * model.task_results[0].get_score() - ours) < 1e-9
   assert "| STSBenchmark | STS |" in (out / "mteb_table.md").read_text()
 
@@ -123,3 +125,31 @@ def test_embed_bench_refuses_a_bad_out_before_any_work(run_dir, tmp_path):
                     check=False)
   assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --out"), proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+
+def test_runs_with_the_same_folder_name_get_their_own_results(run_dir, local_data, tmp_path):
+  """A second run whose folder has the same name, scored into an --output_dir holding the first's results:
+  it is embedded and scored (not served the first's result), kept apart in results/, its own column."""
+  import shutil
+
+  other = tmp_path / "elsewhere" / run_dir.name
+  shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("eval_cache"))
+  out = tmp_path / "mteb"
+  _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark")
+  proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", f"--workdir={other}")
+  first, second = [l for l in proc.stdout.splitlines() if l.startswith("[1/1] STSBenchmark")]
+  assert "(cached" in first and " docs, " in second, proc.stdout[-2000:]
+  table = json.loads((out / "mteb_table.json").read_text())
+  assert list(table["Mean (Task)"]) == ["run@5", f"run@5 ({other})"]
+  revisions = sorted(p.name for p in (out / "results" / "crossbert_jax__run").iterdir())
+  assert len(revisions) == 2 and all(r.startswith("step5-") for r in revisions), revisions
+
+
+def test_a_model_given_twice_is_refused_before_loading(run_dir, local_data, tmp_path):
+  """The same run twice (two spellings of one path) would be two identical columns: one line, exit 2."""
+  out = tmp_path / "twice"
+  proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", f"--workdir={run_dir}/.", check=False)
+  assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+  assert proc.stderr.startswith(f"error: --workdir={run_dir}/. is --workdir={run_dir} again"), proc.stderr
+  assert not out.exists()
