@@ -20,7 +20,6 @@ from etils import epath
 
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
-from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation import generic
 from crossbert_jax.evaluation import pooler as pooler_lib
@@ -69,7 +68,7 @@ def jax_model(workdir: str, step: int | None, options: embedder_lib.Options, tok
               progress: bool = True) -> tuple[embedder_lib.JaxEmbedder, str]:
   """(embedder, label) for a training run's checkpoint."""
   config, params, step = load.load_run(workdir, step)
-  tok = tokenizer_lib.Tokenizer.load(tokenizer_path or tokenizer_lib.resolve_for_run(config.data.tokenizer, workdir))
+  tok = load.run_tokenizer(workdir, step, config, tokenizer_path)
   spec = EncoderSpec.from_config(config.model)
   identity = f"{absolute(workdir)}@{step}"
   label = f"{epath.Path(absolute(workdir)).name}@{step}"

@@ -153,3 +153,25 @@ def test_a_model_given_twice_is_refused_before_loading(run_dir, local_data, tmp_
   assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
   assert proc.stderr.startswith(f"error: --workdir={run_dir}/. is --workdir={run_dir} again"), proc.stderr
   assert not out.exists()
+
+
+def test_a_tokenizer_that_is_not_the_runs_is_refused(run_dir, local_data, shared_data, tmp_path):
+  """--tokenizer must be the one the run was trained with (its sha256 is in the checkpoint), as on resume: a larger
+  one would embed as NaN (sklearn's traceback), a same-size one would score something else. One line, exit 2."""
+  from crossbert_jax.data import corpus, tokenizer
+
+  larger, same_size = tmp_path / "larger.model", tmp_path / "same_size.model"
+  tokenizer.train_tokenizer(corpus.builtin_documents()[:1000], 600, larger)
+  tokenizer.train_tokenizer(corpus.builtin_documents()[1000:3000], 512, same_size)
+  cases = [(["crossbert_jax.mteb_eval", f"--workdir={run_dir}", f"--tokenizer={larger}", "--tasks=STSBenchmark",
+             f"--data_dir={local_data}", f"--output_dir={tmp_path / 'mteb'}"], larger),
+           (["crossbert_jax.evaluate", f"--workdir={run_dir}", f"--tokenizer={same_size}", "--tasks=stsb",
+             f"--data_dir={shared_data}", "--max_examples=50", "--nocache"], same_size),
+           (["crossbert_jax.pooler", f"--workdir={run_dir}", f"--tokenizer={same_size}",
+             f"--pairs={shared_data}/senteval/downstream/SNLI", f"--output={tmp_path / 'pooler'}"], same_size)]
+  for args, given in cases:
+    proc = run_module(args, env=cpu_env(**OFFLINE), check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"error: --tokenizer={given} is not the tokenizer step 5 of {run_dir} was "
+                                  "trained with"), proc.stderr
+  assert not (tmp_path / "pooler").exists()

@@ -1,6 +1,8 @@
 """A run's params for evaluation and export: `load_run` reads only the params of a checkpoint
-(newest readable, or a given step), placed on one device or sharded over the local ones."""
+(newest readable, or a given step), placed on one device or sharded over the local ones;
+`run_tokenizer` the tokenizer to feed them, checked against the one the step was trained with."""
 
+import hashlib
 import sys
 from typing import Any
 
@@ -11,6 +13,7 @@ from etils import epath
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError, one_line
+from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.run import checkpoint
 
 
@@ -84,3 +87,33 @@ def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_col
   finally:
     ckpt.close()
   return config, params, step
+
+
+def run_tokenizer(workdir: str | epath.Path, step: int, config: ml_collections.ConfigDict,
+                  override: str = "") -> tokenizer_lib.AnyTokenizer:
+  """The tokenizer of a run's checkpoint `step`: `override` (--tokenizer), else the run's data.tokenizer.
+
+  Refused, as a resume refuses it, when its content differs from the tokenizer the step was trained
+  with (its sha256, recorded in the checkpoint): other ids would embed text as something else, silently.
+  Checkpoints older than that record: refused when it has more pieces than the model's vocabulary (those
+  ids would embed as NaN).
+  """
+  path = override or tokenizer_lib.resolve_for_run(config.data.tokenizer, str(workdir))
+  tok = tokenizer_lib.Tokenizer.load(path)
+  given = f"--tokenizer={override}" if override else f"the run's tokenizer {path} (its data.tokenizer)"
+  fix = ("drop --tokenizer to use the run's own, or pass a copy of it" if override
+         else "it changed since; pass the original with --tokenizer=PATH")
+  ckpt = checkpoint.Checkpointer.reader(epath.Path(str(workdir)), read_only=False)  # As load_run: no warnings.
+  try:
+    trained = ckpt.saved_meta(step).tokenizer
+  finally:
+    ckpt.close()
+  digest = hashlib.sha256(tok.content).hexdigest()
+  if trained is not None and trained["sha256"] != digest:
+    raise UserError(f"{given} is not the tokenizer step {step} of {workdir} was trained with ({trained['path']}, "
+                    f"sha256 {trained['sha256'][:12]}, {trained['vocab_size']} pieces; this one: sha256 {digest[:12]}, "
+                    f"{tok.vocab_size} pieces): {fix}")
+  if tok.vocab_size > config.model.vocab_size:
+    raise UserError(f"{given} has {tok.vocab_size} pieces, more than the model's vocabulary "
+                    f"(model.vocab_size={config.model.vocab_size}) of {workdir}: {fix}")
+  return tok
