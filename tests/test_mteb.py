@@ -174,4 +174,27 @@ def test_a_tokenizer_that_is_not_the_runs_is_refused(run_dir, local_data, shared
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
     assert proc.stderr.startswith(f"error: --tokenizer={given} is not the tokenizer step 5 of {run_dir} was "
                                   "trained with"), proc.stderr
-  assert not (tmp_path / "pooler").exists()
+  assert not (tmp_path / "pooler").exists() and not (tmp_path / "mteb").exists()
+
+
+def test_output_dir_in_an_input_or_a_run_is_refused_and_a_failed_start_leaves_no_folder(run_dir, local_data,
+                                                                                          tmp_path):
+  """--output_dir may not be, contain or sit inside an input (--workdir, --data_dir) nor hold or sit inside a
+  training run, as export's and pooler's outputs: one line, exit 2, nothing made. A start that fails later (a
+  --layers the encoder lacks, found at the first batch) takes back the folders it made."""
+  other_run = tmp_path / "other_run"
+  (other_run / "checkpoints").mkdir(parents=True)
+  cases = {run_dir / "mteb": f"is inside --workdir {run_dir}", run_dir / "checkpoints" / "mteb": "is inside --workdir",
+           local_data: f"is --data_dir {local_data}", other_run: "holds training checkpoints",
+           other_run / "checkpoints" / "mteb": f"is inside {other_run}, which holds training checkpoints",
+           run_dir.parent: f"contains --workdir {run_dir}"}
+  for out, expected in cases.items():
+    made = not out.exists()
+    proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"error: --output_dir {out} ") and expected in proc.stderr, proc.stderr
+    assert not (made and out.exists())
+  out = tmp_path / "new" / "mteb"
+  proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", "--layers=9", check=False)
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
+  assert proc.stderr.startswith("error: --layers: 9 is out of range") and not (tmp_path / "new").exists()
