@@ -106,7 +106,7 @@ def test_mteb_eval_refuses_bad_data_before_loading_and_leaves_no_output(tmp_path
   not even a run), and no --output_dir made."""
   path = _sts(tmp_path / "data", STS_GOOD + "a\tb\tnan\n")
   out = tmp_path / "mteb"
-  proc = run_module(["crossbert_jax.mteb_eval", f"--workdir={tmp_path}", "--tasks=STSBenchmark",
+  proc = run_module(["crossbert_jax.mteb_eval", f"--workdir={tmp_path / 'run'}", "--tasks=STSBenchmark",
                      f"--data_dir={tmp_path / 'data'}", f"--output_dir={out}"],
                     env=cpu_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"), check=False)
   assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
