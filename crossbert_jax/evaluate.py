@@ -76,6 +76,21 @@ def jax_model(workdir: str, step: int | None, options: embedder_lib.Options, tok
   return embedder_lib.JaxEmbedder(spec, params["encoder"], tok, options, identity, progress), label
 
 
+def check_distinct(sources: Sequence[tuple[str, str]]) -> None:
+  """Refuses a --workdir or --hf given twice (two spellings of one folder): its columns would be copies."""
+  seen: dict[tuple[str, str], str] = {}
+  for kind, source in sources:
+    key = (kind, absolute(source))
+    if key in seen:
+      raise UserError(f"--{kind}={source} is --{kind}={seen[key]} again: give each model once")
+    seen[key] = source
+
+
+def column_label(label: str, source: str, taken: Sequence[str]) -> str:
+  """`label` (the run folder's name @ step), or `label (source)` when an earlier column has it: another
+  run whose folder has the same name."""
+  return label if label not in taken else f"{label} ({source})"
+
 
 def _define_flags() -> None:
   flags.DEFINE_multi_string("workdir", [], "Training run workdir(s); several give side-by-side columns.")
@@ -179,6 +194,7 @@ def main(argv: Sequence[str]) -> None:
   logging.set_verbosity(logging.WARNING)  # Orbax logs every restore step at INFO.
   if not f.workdir and not f.hf:
     raise UserError("nothing to evaluate: pass --workdir=RUN (a training run) and/or --hf=DIR")
+  check_distinct([("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf])
   options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), f.pooling, f.max_length, f.pair_mode)
   out = _check_output(f)
   tasks, retrieval_dirs = _load_tasks(f), _retrieval_dirs(f)
@@ -198,7 +214,7 @@ def main(argv: Sequence[str]) -> None:
     else:
       emb = embedder_lib.HFEmbedder(source, options, f.progress)
       label, cache_dir = f"hf:{epath.Path(source).name}", (f.cache_dir or None) if f.cache else None
-    label = label if label not in [m[0] for m in models] else f"{label} ({source})"
+    label = column_label(label, source, [m[0] for m in models])
     models += [(l, m, cache_dir, kind, source) for l, m in _with_poolers(emb, label, poolers, used)]
   unused = [i for i in range(len(poolers)) if i not in used]
   if unused:
@@ -227,13 +243,14 @@ def main(argv: Sequence[str]) -> None:
     print(f"wrote {out} and {out.with_suffix('.md')}", flush=True)
     for label, model, _, kind, source in models:
       if kind == "workdir" and isinstance(model, embedder_lib.JaxEmbedder):
-        _record_in_workdir(source, label, settings, results[label])
+        _record_in_workdir(source, model.identity, label, settings, results[label])
 
 
-def _record_in_workdir(workdir: str, label: str, settings: dict[str, Any], result: dict[str, Any]) -> None:
+def _record_in_workdir(workdir: str, identity: str, label: str, settings: dict[str, Any],
+                       result: dict[str, Any]) -> None:
   """The run's own scores as <workdir>/eval_results.json, which export's model card reports."""
   path = epath.Path(workdir) / EVAL_RESULTS
-  record = {"model": label, "step": int(label.rsplit("@", 1)[1]), "settings": settings,
+  record = {"model": label, "step": int(identity.rsplit("@", 1)[1]), "settings": settings,
             "scores": {k: round(float(v), 6) for k, v in flat_scores(result).items()}}
   try:
     path.write_text(json.dumps(record, indent=1))

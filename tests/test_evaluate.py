@@ -99,6 +99,15 @@ def test_cli_user_errors(tmp_path):
   assert len(lines) == 1 and "--data_dir" in lines[0], proc.stderr[-2000:]
 
 
+def test_a_model_given_twice_is_refused(tmp_path):
+  """Two spellings of one --workdir would be two identical columns: one line, before anything is read."""
+  proc = subprocess.run([sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={tmp_path}",
+                         f"--workdir={tmp_path}/.", "--tasks=sst2"], cwd=ROOT, env=ENV, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+      f"error: --workdir={tmp_path}/. is --workdir={tmp_path} again: give each model once"], proc.stderr[-2000:]
+
+
 def test_probe_scores_cache_and_mteb_wrapper(run_dir, shared_data, tmp_path):
   """probe_scores: the expected keys, finite, deterministic; the mteb wrapper's encode contract."""
   from crossbert_jax.run import load

@@ -104,4 +104,8 @@ def run_tokenizer(workdir: str | epath.Path, config: ml_collections.ConfigDict, 
   if change:
     raise UserError(f"--workdir {workdir} (step {step}) was trained with {change}: pass --tokenizer=PATH, the "
                     "tokenizer the run was trained with")
+  if not recorded and tok.vocab_size > config.model.vocab_size:  # Older checkpoints: ids past the table embed as NaN.
+    raise UserError(f"{flag}={path} has {tok.vocab_size} pieces, more than the model's vocabulary "
+                    f"(model.vocab_size={config.model.vocab_size}) of {workdir}: pass --tokenizer=PATH, the "
+                    "tokenizer the run was trained with")
   return tok
