@@ -1,6 +1,7 @@
 r"""Flat BERT baseline: the same encoder, 80/10/10 corruption, MLM head on the masked positions.
 
-Variants: tiny (CPU tests, minutes), small (benchmark shape), base (~ModernBERT-base), large.
+Variants: tiny (CPU tests, minutes), small (benchmark shape), base (~ModernBERT-base), large, from_hf and
+from_hf_cpu (continued pretraining of an import: docs/continued_pretraining.md).
 Launch:
   python -m crossbert_jax.train --config=configs/bert.py:tiny --workdir=runs/bert_tiny \
       --config.data.tokenizer=runs/tok/spm.model
@@ -21,7 +22,14 @@ def from_hf():
   return c
 
 
+def from_hf_cpu():
+  """from_hf for a trial on a CPU, as configs/crossbert.py:from_hf_cpu."""
+  return config_lib.on_cpu(from_hf())
+
+
 def get_config(variant: str = "tiny"):
   if variant == "from_hf":
     return from_hf()
+  if variant == "from_hf_cpu":
+    return from_hf_cpu()
   return config_lib.get_config("mlm", variant)

@@ -1,6 +1,7 @@
 r"""CrossBERT: encoder on the visible tokens, reconstructor for the masked ones (DESIGN §2).
 
-Variants: tiny (CPU tests, minutes), small (benchmark shape), base (~ModernBERT-base), large, and
+Variants: tiny (CPU tests, minutes), small (benchmark shape), base (~ModernBERT-base), large,
+from_hf / from_hf_cpu (continued pretraining of an import: docs/continued_pretraining.md), and
 two phased recipes (docs/training.md, "Phases"): base_recipe (ModernBERT's schedule at our
 scale) and tiny_recipe (the same on CPU: 70 s on 2 idle cores).
 Launch:
@@ -73,7 +74,13 @@ def from_hf():
   return c
 
 
-_RECIPES = {"base_recipe": base_recipe, "tiny_recipe": tiny_recipe, "from_hf": from_hf}
+def from_hf_cpu():
+  """from_hf for a trial on a CPU (a tiny import, or a few steps of a real one): float32, no remat,
+  batch 8 x 128 tokens, 10 warmup steps of 100 (core/config.CPU_TRIAL)."""
+  return config_lib.on_cpu(from_hf())
+
+
+_RECIPES = {"base_recipe": base_recipe, "tiny_recipe": tiny_recipe, "from_hf": from_hf, "from_hf_cpu": from_hf_cpu}
 
 
 def get_config(variant: str = "tiny"):

@@ -15,7 +15,6 @@ from etils import epath
 
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
-from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.evaluation import embed_bench
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.model.encoder import EncoderSpec
@@ -50,7 +49,7 @@ def main(argv: Sequence[str]) -> None:
   from crossbert_jax.run import load  # Local: pulls in the checkpoint stack.
 
   config, params, step = load.load_run(f.workdir, f.step)
-  tok = tokenizer_lib.Tokenizer.load(tokenizer_lib.resolve_for_run(config.data.tokenizer, f.workdir))
+  tok = load.run_tokenizer(f.workdir, config, step)
   ours = embedder_lib.JaxEmbedder(EncoderSpec.from_config(config.model), params["encoder"], tok, options)
   texts, st = embed_bench.bench_texts(f.texts), embed_bench.load_st(f.hf, f.max_length)
   parity = embed_bench.check_parity(ours, st, f.hf, texts[:embed_bench.PARITY_TEXTS])  # Before any timing.

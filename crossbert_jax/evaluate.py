@@ -20,12 +20,12 @@ from etils import epath
 
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
-from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation import generic
 from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.evaluation import tasks as eval_tasks
-from crossbert_jax.evaluation.runner import evaluate_model, markdown_table
+from crossbert_jax.evaluation.runner import evaluate_model, flat_scores, markdown_table
+from crossbert_jax.hf.files import EVAL_RESULTS
 from crossbert_jax.model.encoder import EncoderSpec
 from crossbert_jax.run import load
 
@@ -69,12 +69,27 @@ def jax_model(workdir: str, step: int | None, options: embedder_lib.Options, tok
               progress: bool = True) -> tuple[embedder_lib.JaxEmbedder, str]:
   """(embedder, label) for a training run's checkpoint."""
   config, params, step = load.load_run(workdir, step)
-  tok = tokenizer_lib.Tokenizer.load(tokenizer_path or tokenizer_lib.resolve_for_run(config.data.tokenizer, workdir))
+  tok = load.run_tokenizer(workdir, config, step, tokenizer_path)
   spec = EncoderSpec.from_config(config.model)
   identity = f"{absolute(workdir)}@{step}"
   label = f"{epath.Path(absolute(workdir)).name}@{step}"
   return embedder_lib.JaxEmbedder(spec, params["encoder"], tok, options, identity, progress), label
 
+
+def check_distinct(sources: Sequence[tuple[str, str]]) -> None:
+  """Refuses a --workdir or --hf given twice (two spellings of one folder): its columns would be copies."""
+  seen: dict[tuple[str, str], str] = {}
+  for kind, source in sources:
+    key = (kind, absolute(source))
+    if key in seen:
+      raise UserError(f"--{kind}={source} is --{kind}={seen[key]} again: give each model once")
+    seen[key] = source
+
+
+def column_label(label: str, source: str, taken: Sequence[str]) -> str:
+  """`label` (the run folder's name @ step), or `label (source)` when an earlier column has it: another
+  run whose folder has the same name."""
+  return label if label not in taken else f"{label} ({source})"
 
 
 def _define_flags() -> None:
@@ -179,6 +194,7 @@ def main(argv: Sequence[str]) -> None:
   logging.set_verbosity(logging.WARNING)  # Orbax logs every restore step at INFO.
   if not f.workdir and not f.hf:
     raise UserError("nothing to evaluate: pass --workdir=RUN (a training run) and/or --hf=DIR")
+  check_distinct([("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf])
   options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), f.pooling, f.max_length, f.pair_mode)
   out = _check_output(f)
   tasks, retrieval_dirs = _load_tasks(f), _retrieval_dirs(f)
@@ -198,7 +214,7 @@ def main(argv: Sequence[str]) -> None:
     else:
       emb = embedder_lib.HFEmbedder(source, options, f.progress)
       label, cache_dir = f"hf:{epath.Path(source).name}", (f.cache_dir or None) if f.cache else None
-    label = label if label not in [m[0] for m in models] else f"{label} ({source})"
+    label = column_label(label, source, [m[0] for m in models])
     models += [(l, m, cache_dir, kind, source) for l, m in _with_poolers(emb, label, poolers, used)]
   unused = [i for i in range(len(poolers)) if i not in used]
   if unused:
@@ -225,6 +241,22 @@ def main(argv: Sequence[str]) -> None:
       raise UserError(f"--output {out}: could not write ({e.strerror or e}); the table is printed above: "
                       "free space or choose a writable --output") from None
     print(f"wrote {out} and {out.with_suffix('.md')}", flush=True)
+    for label, model, _, kind, source in models:
+      if kind == "workdir" and isinstance(model, embedder_lib.JaxEmbedder):
+        _record_in_workdir(source, model.identity, label, settings, results[label])
+
+
+def _record_in_workdir(workdir: str, identity: str, label: str, settings: dict[str, Any],
+                       result: dict[str, Any]) -> None:
+  """The run's own scores as <workdir>/eval_results.json, which export's model card reports."""
+  path = epath.Path(workdir) / EVAL_RESULTS
+  record = {"model": label, "step": int(identity.rsplit("@", 1)[1]), "settings": settings,
+            "scores": {k: round(float(v), 6) for k, v in flat_scores(result).items()}}
+  try:
+    path.write_text(json.dumps(record, indent=1))
+  except OSError as e:
+    print(f"warning: could not record the scores in {path} ({e.strerror or e}); the model card will not show "
+          "them", flush=True)
 
 
 def _json_default(value):

@@ -17,7 +17,6 @@ from etils import epath
 
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
-from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.hf import files as hf_files
 from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, export, import_hf, similarity
 from crossbert_jax.run import load, metrics
@@ -28,7 +27,7 @@ def export_run(workdir: str, output: str, step: int | None = None, tokenizer: st
   """Exports a training run's checkpoint (latest, or `step`) to the HF folder `output`."""
   outputs.check_output_dir(output, force, inputs={"--workdir": workdir})  # Before the slow restore.
   config, params, step = load.load_run(workdir, step)
-  tok = tokenizer_lib.Tokenizer.load(tokenizer or tokenizer_lib.resolve_for_run(config.data.tokenizer, workdir))
+  tok = load.run_tokenizer(workdir, config, step, tokenizer)
   rows = metrics.read_metrics(workdir) if metrics.metrics_files(workdir) else None
   info = hf_files.run_summary(epath.Path(workdir), config, step, rows)
   return export(config, params, tok, output, do_verify=do_verify, force=force, info=info,

@@ -6,6 +6,7 @@ r"""MTEB on our checkpoints, scored by mteb's own evaluators, with mteb's result
 Library: crossbert_jax.evaluation.mteb_run. Manual: docs/evaluation.md.
 """
 
+import hashlib
 from typing import Sequence
 
 from absl import app
@@ -44,7 +45,11 @@ def _define_flags() -> None:
 
 
 def _sources(f, options) -> list[tuple[str, MtebEncoder]]:
-  """(column label, encoder) per --workdir / --hf, then one per --pooler on the model it was trained on."""
+  """(column label, encoder) per --workdir / --hf, then one per --pooler on the model it was trained on.
+
+  mteb keys a result by model name and revision: the revision carries a digest of the model's identity (its
+  absolute path, and step), so runs whose folders have the same name never share a result.
+  """
   from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
 
   poolers, used, out = [pooler_lib.load_pooler(p) for p in f.pooler], set(), []
@@ -56,6 +61,8 @@ def _sources(f, options) -> list[tuple[str, MtebEncoder]]:
       emb = embedder_lib.HFEmbedder(source, options, progress=False)
       name, revision = epath.Path(source.rstrip("/")).name, "hf"
       label = f"hf:{name}"
+    label = evaluate.column_label(label, source, [col for col, _ in out])
+    revision += f"-{hashlib.sha256(emb.identity.encode()).hexdigest()[:8]}"
     for col, model in evaluate._with_poolers(emb, label, poolers, used):  # pylint: disable=protected-access
       suffix = col[len(label):].lstrip("+")
       rev = revision + (f"-{suffix}-{model.pooler.digest[:8]}" if suffix else "")
@@ -67,20 +74,24 @@ def _sources(f, options) -> list[tuple[str, MtebEncoder]]:
   return out
 
 
-@exit_on_user_error
-def main(argv: Sequence[str]) -> None:
-  """CLI entry point."""
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {' '.join(argv[1:])}; every option is a --flag")
-  f = flags.FLAGS
+def _check_inputs(f) -> None:
+  """Before any slow work: the models, --data_dir, and --output_dir, which mteb adds its results to (and
+  resumes from), deleting nothing: it may not be, contain or sit inside an input, nor hold or sit inside a
+  training run (core/outputs.py, as export and pooler)."""
+  from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
+
   if not f.workdir and not f.hf:
     raise UserError("nothing to evaluate: pass --workdir=RUN and/or --hf=DIR")
-  logging.set_verbosity(logging.WARNING)  # Orbax restore chatter (dozens of INFO lines before any error).
-  # mteb adds its results there and deletes nothing.
-  outputs.check_folder_path(f.output_dir, "--output_dir", writes_inside=True)
+  evaluate.check_distinct([("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf])
   if f.data_dir and not epath.Path(f.data_dir).is_dir():
     raise UserError(f"--data_dir={f.data_dir} is not a folder: make one with tools/mteb_local_data.py")
-  # The tasks first: a bad name or a missing file is found before the checkpoint restore, not after it.
+  inputs = [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf] + \
+           [("--pooler", p) for p in f.pooler] + [("--data_dir", f.data_dir)]
+  outputs.check_added_to(f.output_dir, "--output_dir", inputs, writes_inside=True)
+
+
+def _task_plan(f) -> tuple[list, mteb_run.TaskPlan]:
+  """The tasks, and which can run: a bad name or a bad local file is found before the checkpoint restore."""
   tasks = mteb_run.select_tasks(f.benchmark, [t.strip() for t in f.tasks.split(",") if t.strip()])
   task_plan = mteb_run.plan(tasks, f.data_dir)
   if task_plan.skipped:
@@ -90,15 +101,29 @@ def main(argv: Sequence[str]) -> None:
     print(mteb_run.summary_line(task_plan), flush=True)
   if not task_plan.tasks:
     raise UserError("no task can run: none has local data in --data_dir and the Hub is unreachable")
+  return tasks, task_plan
+
+
+@exit_on_user_error
+def main(argv: Sequence[str]) -> None:
+  """CLI entry point."""
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {' '.join(argv[1:])}; every option is a --flag")
+  f = flags.FLAGS
+  logging.set_verbosity(logging.WARNING)  # Orbax restore chatter (dozens of INFO lines before any error).
+  _check_inputs(f)
+  tasks, task_plan = _task_plan(f)
   import mteb  # Local: heavy.
 
-  cache = mteb.ResultCache(f.output_dir)
   options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), max_length=f.max_length)
+  sources = _sources(f, options)
   scores, failed = {}, {}
-  for label, encoder in _sources(f, options):
-    print(f"{label}: results/{encoder.name.replace('/', '__')}/{encoder.revision}/", flush=True)
-    scores[label], more = mteb_run.run_tasks(encoder, task_plan, cache, force=f.force)
-    failed.update(more)
+  with outputs.removed_unless_written(f.output_dir):  # E.g. --layers out of range, found at the first batch.
+    cache = mteb.ResultCache(f.output_dir)
+    for label, encoder in sources:
+      print(f"{label}: results/{encoder.name.replace('/', '__')}/{encoder.revision}/", flush=True)
+      scores[label], more = mteb_run.run_tasks(encoder, task_plan, cache, force=f.force)
+      failed.update(more)
   types = mteb_run.task_types(tasks)
   table = mteb_table.summary(scores, types)
   mteb_table.write(epath.Path(f.output_dir) / TABLE_FILE, table, types)

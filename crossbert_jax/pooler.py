@@ -18,7 +18,6 @@ from absl import logging
 
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
-from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.hf import convert
@@ -60,7 +59,7 @@ def _load_encoder(f, options: embedder_lib.Options):
     emb = embedder_lib.HFEmbedder(f.hf, options)
     return emb, {"kind": "hf", "path": os.path.abspath(f.hf)}, None
   config, params, step = load.load_run(f.workdir, f.step)
-  tok = tokenizer_lib.Tokenizer.load(f.tokenizer or tokenizer_lib.resolve_for_run(config.data.tokenizer, f.workdir))
+  tok = load.run_tokenizer(f.workdir, config, step, f.tokenizer)
   identity = f"{os.path.abspath(f.workdir)}@{step}"  # As crossbert_jax.evaluate names the run.
   emb = embedder_lib.JaxEmbedder(EncoderSpec.from_config(config.model), params["encoder"], tok, options, identity)
   return emb, {"kind": "workdir", "path": os.path.abspath(f.workdir), "step": step}, (config, params, tok)

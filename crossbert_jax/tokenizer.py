@@ -1,6 +1,6 @@
 r"""Train a SentencePiece model with our special ids.
 
-  python -m crossbert_jax.tokenizer --input=PATH[,PATH...] --vocab_size=32768 --output=spm.model
+  python -m crossbert_jax.tokenizer --input=PATH[,PATH...] --vocab_size=32768 --output=spm.model [--force]
 
 Library: crossbert_jax.data.tokenizer. Manual: docs/data.md.
 """
@@ -13,6 +13,7 @@ from absl import app
 from absl import flags
 
 from crossbert_jax.core import formats
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.data import sources
 from crossbert_jax.data.tokenizer import Tokenizer, train_tokenizer
@@ -26,6 +27,7 @@ def _define_flags() -> None:
                       "a path that exists whole is not split on its commas.")
   flags.DEFINE_integer("vocab_size", None, "Vocabulary size, specials included.")
   flags.DEFINE_string("output", None, "Where to write the .model file (gs:// works).")
+  flags.DEFINE_bool("force", False, "Replace an existing --output file.")
   flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"], "SentencePiece model type.")
   flags.DEFINE_enum("format", "auto", list(formats.choices()),
                     "Input format; auto picks by file extension.")
@@ -45,6 +47,7 @@ def main(argv: Sequence[str]) -> None:
     if f[name].value in (None, ""):
       raise UserError(f"--{name} is required (e.g. --input=builtin --vocab_size=1024 "
                       "--output=/tmp/tok.model)")
+  outputs.check_output_file(f.output, "--output", force=f.force, suffix=".model")  # Before the slow training.
   docs = sources.iter_documents(f.input, fmt=f.format, text_field=f.text_field,
                              text_unit=f.text_unit)
   if f.max_documents > 0:

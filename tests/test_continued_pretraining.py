@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import corpus, tokenizer
 from tests import hf_models
 from tests.helpers import ROOT, run_module
 
@@ -24,12 +25,25 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "[MASK] and [CLS] spell
          "She ordered a café crème. 😀", "  leading spaces\tand tabs\n\nand blank lines  ", ""]
 
 
-def _from_hf(path: str):
+def _from_hf(path: str, variant: str = "from_hf"):
   """`path`:from_hf, loaded as config_flags loads a config file (by path)."""
   spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem + "_config", ROOT / path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config("from_hf")
+  return module.get_config(variant)
+
+
+@pytest.mark.parametrize("path", ["configs/crossbert.py", "configs/bert.py"])
+def test_from_hf_cpu_is_from_hf_with_the_cpu_trial_run_settings(path):
+  """The documented CPU trial: from_hf's pod settings (bf16, full remat, batch 256, warmup 3000) would
+  learn nothing in its 100 steps; from_hf_cpu differs from from_hf in exactly core/config.CPU_TRIAL."""
+  from crossbert_jax.core import config as config_lib
+
+  pod, cpu = _from_hf(path).to_dict(), _from_hf(path, "from_hf_cpu").to_dict()
+  changed = {f"{s}.{k}" for s in pod if isinstance(pod[s], dict) for k in pod[s] if pod[s][k] != cpu[s][k]}
+  assert changed == set(config_lib.CPU_TRIAL)
+  assert all(cpu[k.split(".")[0]][k.split(".")[1]] == v for k, v in config_lib.CPU_TRIAL.items())
+  assert cpu["train"]["warmup_steps"] < cpu["train"]["steps"] and cpu["train"]["shape_from_init"]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +98,7 @@ def test_bert_keeps_the_imported_mlm_head(imported):
     c.train.init_from, c.data.seq_len, c.model.dtype, c.model.remat = str(imp), 64, "float32", "none"
   c = import_config.resolve(c)
   train_program = program.TrainProgram(c, sharding.make_mesh(c.mesh))
-  state = warm_start.from_imported(c, train_program.init_state())
+  state = warm_start.from_imported(c, train_program.init_state(), tokenizer.Tokenizer.load(imp))
   _, want = convert.load_imported(imp)
   assert set(want) == {"encoder", "head"}
   for part in ("encoder", "head"):
@@ -150,12 +164,54 @@ def test_bert_continues_an_imported_modernbert(imported, tmp_path):
   assert config["architectures"] == ["ModernBertForMaskedLM"]
   # The evaluation embedder (packed rows padded with the tokenizer's [PAD]) agrees with transformers.
   from crossbert_jax import evaluate  # pylint: disable=g-import-not-at-top
-  from crossbert_jax.data import corpus  # pylint: disable=g-import-not-at-top
   from crossbert_jax.evaluation import embedder  # pylint: disable=g-import-not-at-top
   texts = corpus.builtin_documents()[:40] + TEXTS
   ours, _ = evaluate.jax_model(str(workdir), None, embedder.Options(), progress=False)
   theirs = embedder.HFEmbedder(str(tmp_path / "export"), embedder.Options())
   np.testing.assert_allclose(ours.embed(texts), theirs.embed(texts), atol=1e-4)
+
+
+def _refused(proc, words: str) -> None:
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
+
+
+def test_a_tokenizer_other_than_the_imports_is_refused(imported, tmp_path):
+  """The import's embedding rows are its tokenizer's ids: a SentencePiece model in data.tokenizer is refused in one
+  line before step 1 (nothing left in the workdir); an import without a tokenizer is checked by size."""
+  from crossbert_jax.run import warm_start  # pylint: disable=g-import-not-at-top
+
+  _, imp = imported
+  spm = tokenizer.train_tokenizer(corpus.builtin_documents()[:60], 340, tmp_path / "spm.model", num_threads=1)
+  workdir = tmp_path / "run"
+  _refused(run_module(["crossbert_jax.train", "--config=configs/crossbert.py:from_hf", f"--workdir={workdir}",
+                       f"--config.train.init_from={imp}", f"--config.data.tokenizer={spm}", *RUN], check=False),
+           f"config train.init_from={imp} was trained with the tokenizer {imp}")
+  assert not workdir.exists()
+  bare = tmp_path / "bare"  # An import of a folder without tokenizer files.
+  bare.mkdir()
+  for name in ("config.json", "params.safetensors"):
+    (bare / name).write_bytes((imp / name).read_bytes())
+  c = _from_hf("configs/crossbert.py")
+  with c.unlocked():
+    c.train.init_from, c.data.tokenizer = str(bare), str(spm)
+  with pytest.raises(UserError, match="has 640 embedding rows but data.tokenizer=.* only 340 ids"):
+    warm_start.check_tokenizer(c, tokenizer.Tokenizer.load(spm), 640)
+  warm_start.check_tokenizer(c, tokenizer.Tokenizer.load(imp), 640)  # 620 ids, padded to 640: its own.
+
+
+def test_bert_over_an_import_without_mlm_head_is_refused(tmp_path):
+  """A ModernBertModel (no MLM head) imported for CrossBERT: BERT's from_hf refuses it in one line, as
+  `export import --objective=mlm` does, instead of training a fresh head."""
+  hf = hf_models.tiny_modernbert(tmp_path / "hf", with_head=False)
+  imp = tmp_path / "imp"
+  run_module(["crossbert_jax.export", "import", f"--hf={hf}", f"--output={imp}"])
+  _refused(run_module(["crossbert_jax.export", "import", f"--hf={hf}", f"--output={tmp_path / 'mlm'}",
+                       "--objective=mlm"], check=False), "holds no MLM head")
+  workdir = tmp_path / "run"
+  _refused(run_module(["crossbert_jax.train", "--config=configs/bert.py:from_hf", f"--workdir={workdir}",
+                       f"--config.train.init_from={imp}", *RUN], check=False), f"train.init_from={imp} holds no MLM head")
+  assert not workdir.exists()
 
 
 def test_a_fork_takes_its_sources_init_from_and_refuses_another(imported, tmp_path):

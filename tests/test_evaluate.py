@@ -99,6 +99,15 @@ def test_cli_user_errors(tmp_path):
   assert len(lines) == 1 and "--data_dir" in lines[0], proc.stderr[-2000:]
 
 
+def test_a_model_given_twice_is_refused(tmp_path):
+  """Two spellings of one --workdir would be two identical columns: one line, before anything is read."""
+  proc = subprocess.run([sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={tmp_path}",
+                         f"--workdir={tmp_path}/.", "--tasks=sst2"], cwd=ROOT, env=ENV, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+      f"error: --workdir={tmp_path}/. is --workdir={tmp_path} again: give each model once"], proc.stderr[-2000:]
+
+
 def test_probe_scores_cache_and_mteb_wrapper(run_dir, shared_data, tmp_path):
   """probe_scores: the expected keys, finite, deterministic; the mteb wrapper's encode contract."""
   from crossbert_jax.run import load
@@ -188,15 +197,35 @@ def test_generic_pair_regression_and_task_file_cli(run_dir, shared_data, tmp_pat
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(out.read_text())["models"]["run@5"]["tasks"]
   assert list(result) == ["sts_pairs", "sst", "para", "nli"]
+  # The score is the Spearman of the CLI's own cosines (its cached embeddings), exactly.
+  side_a, side_b = (np.load(next(cache.glob(f"sts_pairs-eval-{part}-*.npy"))) for part in ("a", "b"))
+  cli_cosine = probes.cosine(side_a, side_b)
+  assert result["sts_pairs"]["scores"]["cosine/eval/spearman"] == probes.spearman(cli_cosine, sts_test.labels)
+  # And those embeddings are this process's, to float32 rounding: the CLI runs on 1 CPU device, this
+  # process on 8 fake ones, so the per-device batch shapes (and XLA's CPU kernels) differ. Measured
+  # on AMD EPYC: max |diff| 1.8e-7 in the embeddings and cosines; the sorted cosines have gaps of
+  # 6e-8, so ranks of near-ties flip and Spearman moves by 4.9e-5. Compare the continuous cosines.
   emb, _ = _run_embedder(run_dir)
-  expected = probes.spearman(probes.cosine(emb.embed(sts_test.texts), emb.embed(sts_test.pairs)), sts_test.labels)
-  assert result["sts_pairs"]["scores"]["cosine/eval/spearman"] == pytest.approx(expected, abs=1e-5)
+  here_cosine = probes.cosine(emb.embed(sts_test.texts), emb.embed(sts_test.pairs))
+  np.testing.assert_allclose(cli_cosine, here_cosine, rtol=0, atol=1e-6)
   assert {"linear/eval/spearman", "knn/eval/spearman"} <= set(result["sts_pairs"]["scores"])
   assert set(result["sst"]["scores"]) == {f"{p}/dev/{m}" for p in ("linear", "knn") for m in ("accuracy", "f1")}
   assert {"cosine/cv/accuracy", "cosine/cv/f1", "linear/cv/f1"} <= set(result["para"]["scores"])
   assert not any(k.startswith("cosine") for k in result["nli"]["scores"])  # Three classes: no threshold.
   assert result["nli"]["sizes"] == {"train": 150}
   assert {p.name.split("-")[0] for p in cache.iterdir()} == {"sts_pairs", "sst", "para", "nli"}
+  # The run's own scores are recorded in its workdir, and export's model card shows them as a table.
+  from etils import epath
+  from crossbert_jax.hf import files
+  from crossbert_jax.run import load
+
+  record = json.loads((run_dir / "eval_results.json").read_text())
+  score = result["sts_pairs"]["scores"]["cosine/eval/spearman"]
+  assert record["step"] == 5 and record["scores"]["sts_pairs/cosine/eval/spearman"] == round(score, 6)
+  config, _, _ = load.load_run(run_dir)
+  card = files.model_card(config, files.run_summary(epath.Path(run_dir), config, 5), None)
+  assert "Frozen probes (`python -m crossbert_jax.evaluate`) at step 5:" in card, card
+  assert f"| sts_pairs/cosine/eval/spearman | {100 * score:.1f} |" in card, card
 
 
 def test_pooler_training_leaves_the_encoder_untouched(run_dir, shared_data):

@@ -6,6 +6,7 @@ perturbed (so a swapped norm or transposed kernel cannot hide behind an init of 
 """
 
 import json
+import pathlib
 
 import jax
 import numpy as np
@@ -250,11 +251,19 @@ def _cli(module_args, check=True, wait=True):
   return run_module(module_args, check=check, wait=wait)
 
 
+def _finished(real_run):
+  """The real run's workdir, once its training has finished."""
+  run, train = real_run
+  if train.returncode is None:
+    _, err = train.communicate(timeout=600)
+    assert train.returncode == 0, f"training failed ({train.returncode}):\n{err[-3000:]}"
+  assert train.returncode == 0, "training failed (see the first test that waited for it)"
+  return run
+
+
 def test_cli_real_run_exports_verifies_and_imports(tmp_path, real_run):
   """A real run exports with --verify through the CLI, imports back bitwise, prints similarities."""
-  run, train = real_run
-  _, err = train.communicate(timeout=600)
-  assert train.returncode == 0, f"training failed ({train.returncode}):\n{err[-3000:]}"
+  run = _finished(real_run)
   out = tmp_path / "hf"
   proc = _cli(["crossbert_jax.export", f"--workdir={run}", f"--output={out}", "--verify", "--similarity"])
   assert "verified" in proc.stdout, proc.stdout
@@ -269,3 +278,20 @@ def test_cli_real_run_exports_verifies_and_imports(tmp_path, real_run):
   _, params, _ = load.load_run(run)
   _, imported = convert.load_imported(tmp_path / "imported")
   _assert_bitwise(imported, {k: jax.tree.map(np.asarray, params[k]) for k in ("encoder", "head")})
+
+
+def test_export_refuses_a_tokenizer_the_run_was_not_trained_with(tmp_path, real_run, tok_path):
+  """--tokenizer is checked against the checkpoint's record: another model is one line and no folder; the
+  same file elsewhere exports."""
+  run = _finished(real_run)
+  other = tokenizer.train_tokenizer(corpus.builtin_documents()[4000:6000], 400, tmp_path / "other.model")
+  out = tmp_path / "hf"
+  proc = _cli(["crossbert_jax.export", f"--workdir={run}", f"--output={out}", f"--tokenizer={other}"], check=False)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+  assert f"was trained with the tokenizer {tok_path}" in lines[0] and f"--tokenizer={other} differs" in lines[0]
+  assert not out.exists()
+  copy = tmp_path / "copy.model"
+  copy.write_bytes(pathlib.Path(tok_path).read_bytes())
+  _cli(["crossbert_jax.export", f"--workdir={run}", f"--output={out}", f"--tokenizer={copy}"])
+  assert (out / "tokenizer.json").is_file()

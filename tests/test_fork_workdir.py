@@ -151,7 +151,7 @@ def test_a_source_step_removed_while_it_is_read(tmp_path, source, spm_model):
   c.train.steps = 8
   tok = tokenizer_lib.Tokenizer.load(spm_model)
   program = program_lib.TrainProgram(c, sharding.make_mesh(c.mesh))
-  tok_id = resume.tokenizer_identity(spm_model, tok.vocab_size)
+  tok_id = resume.tokenizer_identity(spm_model, tok)
   feed = feed_lib.PhaseFeed(tok, seed=c.train.seed, process_index=0, process_count=1)
 
   def removing_first(src: pathlib.Path):

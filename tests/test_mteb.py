@@ -1,6 +1,7 @@
 """mteb_eval end to end, offline: a benchmark by name on the tasks with local data, mteb's results layout
 (read back by mteb.ResultCache), the local STS layout against the direct loader, and kill/resume."""
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -50,11 +51,12 @@ def test_benchmark_offline_layout_and_result_cache(run_dir, local_data, tmp_path
   table = json.loads((out / "mteb_table.json").read_text())
   assert len(table["tasks"]) == 41 and table["Mean (Task)"] == {"run@5": None}  # 40 tasks not run: no mean.
   ours = table["tasks"]["STSBenchmark"]["run@5"]
-  folder = out / "results" / "crossbert_jax__run" / "step5"
+  revision = f"step5-{hashlib.sha256(f'{run_dir.resolve()}@5'.encode()).hexdigest()[:8]}"  # The run's identity.
+  folder = out / "results" / "crossbert_jax__run" / revision
   assert sorted(p.name for p in folder.iterdir()) >= ["STSBenchmark.json", "model_meta.json"]
   results = mteb.ResultCache(out).load_results(models=["crossbert_jax/run"], tasks=["STSBenchmark"])
   (model,) = results.model_results
-  assert model.model_revision == "step5"
+  assert model.model_revision == revision
   assert abs(100 * model.task_results[0].get_score() - ours) < 1e-9
   assert "| STSBenchmark | STS |" in (out / "mteb_table.md").read_text()
 
@@ -111,4 +113,76 @@ def test_killed_during_second_task_resumes_to_the_same_table(run_dir, local_data
   forced = _mteb_eval(run_dir, local_data, killed, "--tasks=STSBenchmark,SciFact", "--force")
   assert "(cached" not in forced.stdout
   assert (killed / "mteb_table.json").read_bytes() == (whole / "mteb_table.json").read_bytes()
+
+
+def test_runs_with_the_same_folder_name_get_their_own_results(run_dir, local_data, tmp_path):
+  """A second run whose folder has the same name, scored into an --output_dir holding the first's results:
+  it is embedded and scored (not served the first's result), kept apart in results/, its own column."""
+  import shutil
+
+  other = tmp_path / "elsewhere" / run_dir.name
+  shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("eval_cache"))
+  out = tmp_path / "mteb"
+  _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark")
+  proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", f"--workdir={other}")
+  first, second = [l for l in proc.stdout.splitlines() if l.startswith("[1/1] STSBenchmark")]
+  assert "(cached" in first and " docs, " in second, proc.stdout[-2000:]
+  table = json.loads((out / "mteb_table.json").read_text())
+  assert list(table["Mean (Task)"]) == ["run@5", f"run@5 ({other})"]
+  revisions = sorted(p.name for p in (out / "results" / "crossbert_jax__run").iterdir())
+  assert len(revisions) == 2 and all(r.startswith("step5-") for r in revisions), revisions
+
+
+def test_a_model_given_twice_is_refused_before_loading(run_dir, local_data, tmp_path):
+  """The same run twice (two spellings of one path) would be two identical columns: one line, exit 2."""
+  out = tmp_path / "twice"
+  proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", f"--workdir={run_dir}/.", check=False)
+  assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+  assert proc.stderr.startswith(f"error: --workdir={run_dir}/. is --workdir={run_dir} again"), proc.stderr
+  assert not out.exists()
+
+
+def test_a_tokenizer_that_is_not_the_runs_is_refused(run_dir, local_data, shared_data, tmp_path):
+  """--tokenizer must be the one the run was trained with (its sha256 is in the checkpoint), as on resume: a larger
+  one would embed as NaN (sklearn's traceback), a same-size one would score something else. One line, exit 2."""
+  from crossbert_jax.data import corpus, tokenizer
+
+  larger, same_size = tmp_path / "larger.model", tmp_path / "same_size.model"
+  tokenizer.train_tokenizer(corpus.builtin_documents()[:1000], 600, larger)
+  tokenizer.train_tokenizer(corpus.builtin_documents()[1000:3000], 512, same_size)
+  cases = [(["crossbert_jax.mteb_eval", f"--workdir={run_dir}", f"--tokenizer={larger}", "--tasks=STSBenchmark",
+             f"--data_dir={local_data}", f"--output_dir={tmp_path / 'mteb'}"], larger),
+           (["crossbert_jax.evaluate", f"--workdir={run_dir}", f"--tokenizer={same_size}", "--tasks=stsb",
+             f"--data_dir={shared_data}", "--max_examples=50", "--nocache"], same_size),
+           (["crossbert_jax.pooler", f"--workdir={run_dir}", f"--tokenizer={same_size}",
+             f"--pairs={shared_data}/senteval/downstream/SNLI", f"--output={tmp_path / 'pooler'}"], same_size)]
+  for args, given in cases:
+    proc = run_module(args, env=cpu_env(**OFFLINE), check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"error: --workdir {run_dir} (step 5) was trained with the tokenizer "), proc.stderr
+    assert f"--tokenizer={given} differs" in proc.stderr, proc.stderr
+  assert not (tmp_path / "pooler").exists() and not (tmp_path / "mteb").exists()
+
+
+def test_output_dir_in_an_input_or_a_run_is_refused_and_a_failed_start_leaves_no_folder(run_dir, local_data,
+                                                                                          tmp_path):
+  """--output_dir may not be, contain or sit inside an input (--workdir, --data_dir) nor hold or sit inside a
+  training run, as export's and pooler's outputs: one line, exit 2, nothing made. A start that fails later (a
+  --layers the encoder lacks, found at the first batch) takes back the folders it made."""
+  other_run = tmp_path / "other_run"
+  (other_run / "checkpoints").mkdir(parents=True)
+  cases = {run_dir / "mteb": f"is inside --workdir {run_dir}", run_dir / "checkpoints" / "mteb": "is inside --workdir",
+           local_data: f"is --data_dir {local_data}", other_run: "holds training checkpoints",
+           other_run / "checkpoints" / "mteb": f"is inside {other_run}, which holds training checkpoints",
+           run_dir.parent: f"contains --workdir {run_dir}"}
+  for out, expected in cases.items():
+    made = not out.exists()
+    proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"error: --output_dir {out} ") and expected in proc.stderr, proc.stderr
+    assert not (made and out.exists())
+  out = tmp_path / "new" / "mteb"
+  proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", "--layers=9", check=False)
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
+  assert proc.stderr.startswith("error: --layers: 9 is out of range") and not (tmp_path / "new").exists()
 

@@ -171,3 +171,16 @@ def test_grad_accum_is_exact(runs):
                              err_msg="grad_accum=2 grad_norm is not |sum(micro grads)| / total targets (tol 1e-5)")
   np.testing.assert_allclose(m2[0]["loss"], m1[0]["loss"], rtol=0.05,
                              err_msg="grad_accum=2 loss is far from grad_accum=1 on the same batch (5%, masks differ)")
+
+
+def test_a_param_the_mesh_does_not_divide_is_one_config_line():
+  """fsdp=8 over an embedding width of 20: refused naming the param and the mesh axis, not XLA's
+  IndivisibleError traceback from inside the lowering (as `compile --topology` on 128 chips gave)."""
+  c = config_lib.get_config("crossbert", "tiny")
+  c.model.embed_dim, c.model.num_heads, c.model.mlp_dim = 20, 2, 40
+  c.mesh.data, c.mesh.fsdp = 1, 8
+  mesh = sharding.make_mesh(c.mesh)
+  with pytest.raises(UserError, match=r"config mesh: param \S+ .* split 8 ways \(mesh.fsdp=8\)"):
+    program_lib.param_shardings(c, mesh, sharding.logical_rules(c.mesh))
+  c.mesh.data, c.mesh.fsdp = 2, 4  # 20 splits 4 ways: accepted.
+  program_lib.param_shardings(c, sharding.make_mesh(c.mesh), sharding.logical_rules(c.mesh))

@@ -130,3 +130,37 @@ def test_missing_or_bad_files(tmp_path):
     tokenizer_lib.Tokenizer.load(tmp_path / "junk.model")
   with pytest.raises(UserError, match="vocab_size"):
     tokenizer_lib.train_tokenizer(["Some text here."], 100, tmp_path / "small.model")
+
+
+def test_cli_checks_its_output_before_training(tmp_path):
+  """An existing --output is kept (replaced only with --force), a non-.model name or a folder is refused: one
+  line each, before any training."""
+  old = tmp_path / "old.model"
+  old.write_bytes(b"the user's model")
+  (tmp_path / "dir").mkdir()
+  base = [sys.executable, "-m", "crossbert_jax.tokenizer", "--input=builtin", "--vocab_size=400",
+          "--max_documents=300"]
+  refusals = {str(old): "exists", str(tmp_path / "x.json"): "does not end in .model",
+              str(tmp_path / "dir"): "is a folder"}
+  for output, words in refusals.items():
+    proc = subprocess.run([*base, f"--output={output}"], capture_output=True, text=True, cwd=REPO, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
+  assert old.read_bytes() == b"the user's model" and sorted(p.name for p in tmp_path.iterdir()) == ["dir", "old.model"]
+  assert not any((tmp_path / "dir").iterdir())
+  proc = subprocess.run([*base, f"--output={old}", "--force"], capture_output=True, text=True, cwd=REPO, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert tokenizer_lib.Tokenizer.load(old).vocab_size == 400
+
+
+def test_a_missing_tokenizer_is_named_as_missing(tmp_path):
+  """A missing tokenizer.json path does not exist (not "holds no tokenizer.json"); a run's tokenizer that moved
+  away names export's (evaluate's, pooler's) --tokenizer flag."""
+  with pytest.raises(UserError, match=r"x\.json'? does not exist"):
+    tokenizer_lib.Tokenizer.load(tmp_path / "x.json")
+  (tmp_path / "folder").mkdir()
+  with pytest.raises(UserError, match="holds no tokenizer.json"):
+    tokenizer_lib.Tokenizer.load(tmp_path / "folder")
+  for moved in (str(tmp_path / "gone" / "spm.model"), "runs/gone/spm.model"):
+    with pytest.raises(UserError, match=r"is not found .*: pass --tokenizer=PATH"):
+      tokenizer_lib.resolve_for_run(moved, str(tmp_path / "run"))

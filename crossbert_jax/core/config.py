@@ -41,6 +41,20 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   return c
 
 
+# A CPU trial of a pod-sized recipe (configs/*.py:from_hf_cpu): float32, no remat, a small batch,
+# a warmup that ends inside a short run. The model shape is untouched.
+CPU_TRIAL = {"model.dtype": "float32", "model.remat": "none", "train.batch_size": 8, "data.seq_len": 128,
+             "train.warmup_steps": 10, "train.steps": 100, "checkpoint.every_steps": 50}
+
+
+def on_cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`c` with the CPU_TRIAL run settings (any of them can still be set by flags)."""
+  for key, value in CPU_TRIAL.items():
+    section, name = key.split(".")
+    c[section][name] = value
+  return c
+
+
 def _err(key: str, msg: str) -> UserError:
   return UserError(f"config {key}: {msg}")
 

@@ -1,13 +1,15 @@
 """Output folders and files of the commands: checked before any slow work, written atomically.
 
 One rule for every command that writes a folder (`export`, `export import`, `pooler --output` /
-`--export`, `report`): an output may never be, contain or sit inside one of the command's inputs,
-never holds (or sits inside) a training run's checkpoints, and replaces a non-empty folder only
-with `--force`. `staged_output_dir` then writes into a temporary sibling and swaps it in at the
-end, so a failure or a kill leaves the old folder or the new one, never a mix; `staged_files`
-moves a staged set of files into a folder that keeps its other files (the report). Files
-(`compile --out`, `bench --out`, `embed_bench --out`, `evaluate --output`): `check_output_file`
-refuses an existing one unless the command was given `--force`.
+`--export`, `report`, `mteb_eval --output_dir`): an output may never be, contain or sit inside one
+of the command's inputs, never holds (or sits inside) a training run's checkpoints, and replaces a
+non-empty folder only with `--force`. `staged_output_dir` then writes into a temporary sibling and
+swaps it in at the end, so a failure or a kill leaves the old folder or the new one, never a mix;
+`staged_files` moves a staged set of files into a folder that keeps its other files (the report);
+`check_added_to` checks such a folder alone (mteb_eval's results, which it adds to and resumes
+from), and `removed_unless_written` takes back the folders a failed start made. Files
+(`compile --out`, `bench --out`, `embed_bench --out`, `evaluate --output`, `tokenizer --output`):
+`check_output_file` refuses an existing one unless the command was given `--force`.
 """
 
 import contextlib
@@ -73,17 +75,24 @@ def check_output_dir(path: str | os.PathLike, force: bool, *, flag: str = "--out
   return output
 
 
-def _check_location(path: str | os.PathLike, flag: str, inputs: Mapping[str, str | os.PathLike | None] | None,
-                    may_sit_inside: Sequence[str], inside_run_ok: bool) -> epath.Path:
-  """The absolute output folder, refused when it is an input's, a run's or a file's place."""
+Inputs = Mapping[str, str | os.PathLike | None] | Sequence[tuple[str, str | os.PathLike | None]]
+
+
+def _check_location(path: str | os.PathLike, flag: str, inputs: Inputs | None, may_sit_inside: Sequence[str],
+                    inside_run_ok: bool, writes_inside: bool = False,
+                    harm: str = "--force would delete it") -> epath.Path:
+  """The absolute output folder, refused when it is an input's, a run's or a file's place.
+
+  `inputs`: {flag: path}, or (flag, path) pairs when a flag is repeated (several --workdir); `harm`: what
+  writing there would do to an input, for the error line."""
   output = absolute(path)
-  for name, given in (inputs or {}).items():
+  for name, given in (inputs.items() if isinstance(inputs, Mapping) else inputs or ()):
     if not given:
       continue
     where = relation(output, absolute(given))
     if where and not (where == "is inside" and name in may_sit_inside):
       raise UserError(f"{flag} {path} {where} {name} {given}: an output may not be, contain or sit inside "
-                      f"an input (--force would delete it); choose a {flag} outside it")
+                      f"an input ({harm}); choose a {flag} outside it")
   for folder in output.parents:
     # A folder inside a run (even another run) would be replaced with everything in it.
     checkpoints = folder / CHECKPOINTS
@@ -91,8 +100,37 @@ def _check_location(path: str | os.PathLike, flag: str, inputs: Mapping[str, str
       continue
     raise UserError(f"{flag} {path} is inside {folder}, which holds training checkpoints: "
                     f"choose a {flag} outside any training run")
-  check_folder_path(path, flag)
+  check_folder_path(path, flag, writes_inside=writes_inside)
   return output
+
+
+def check_added_to(path: str | os.PathLike, flag: str, inputs: Inputs | None = None, *,
+                   writes_inside: bool = False) -> epath.Path:
+  """Refuses a folder the command adds its files to, keeping the others there (a report folder, mteb_eval's
+  results): it may not be, contain or sit inside an input, nor hold or sit inside a training run.
+
+  writes_inside: the files are written in place (as check_folder_path). Returns the absolute path.
+  """
+  output = _check_location(path, flag, inputs, (), inside_run_ok=False, writes_inside=writes_inside,
+                           harm="its files would mix with the input's")
+  if output.is_dir() and holds_checkpoints(output):
+    raise UserError(f"{flag} {path} holds training checkpoints: choose a folder outside any training run")
+  return output
+
+
+@contextlib.contextmanager
+def removed_unless_written(path: str | os.PathLike) -> Iterator[None]:
+  """On a failure in the block, removes the folders of `path` it made, as long as no file was written
+  there: a failed start leaves no empty output folder. A folder that existed before is never touched."""
+  output = absolute(path)
+  new = None if "://" in str(output) else next((p for p in reversed([output, *output.parents]) if not p.exists()),
+                                                None)
+  try:
+    yield
+  except BaseException:
+    if new is not None and new.is_dir() and not any(p.is_file() for p in new.rglob("*")):
+      new.rmtree()
+    raise
 
 
 def check_folder_path(path: str | os.PathLike, flag: str, *, writes_inside: bool = False) -> None:
@@ -127,15 +165,18 @@ def _read_only(folder: epath.Path) -> bool:
 
 
 def check_output_file(path: str, flag: str = "--out", *, force: bool = False,
-                      companions: Sequence[str] = ()) -> epath.Path:
+                      companions: Sequence[str] = (), suffix: str = "") -> epath.Path:
   """Refuses an output file that is a folder or cannot be written (probed locally; nothing is left),
   and, unless `force` (the command's --force), one that exists or whose companion files (the same
   name with each suffix in `companions`, e.g. ".md") exist: earlier results are never replaced
-  silently.
+  silently. `suffix` (e.g. ".model"): also refuses a file name with another ending.
   """
   out = epath.Path(path)
   if out.is_dir():
-    raise UserError(f"{flag} {path} is a folder: give a file path in it, e.g. {flag}={out}/NAME.json")
+    raise UserError(f"{flag} {path} is a folder: give a file path in it, e.g. {flag}={out}/NAME{suffix or '.json'}")
+  if suffix and out.suffix != suffix:
+    raise UserError(f"{flag} {path} does not end in {suffix}: give a file path ending in {suffix}, "
+                    f"e.g. {flag}={out.with_suffix(suffix)}")
   existing = [p for p in (out, *(out.with_suffix(s) for s in companions)) if p.exists()]
   if existing and not force:
     raise UserError(f"{flag} {path}: {existing[0]} exists (earlier results): choose a new path, "
@@ -229,9 +270,7 @@ def staged_files(path: str | os.PathLike, force: bool, *, marker: str, flag: str
   it is replaced only with `force`. Each file is moved in with one rename (whole or absent); a
   failure in the body leaves the folder as it was.
   """
-  output = _check_location(path, flag, inputs, (), inside_run_ok=False)
-  if output.is_dir() and holds_checkpoints(output):
-    raise UserError(f"{flag} {path} holds training checkpoints: choose a folder outside any training run")
+  output = check_added_to(path, flag, inputs)
   if (output / marker).exists() and not force:
     raise UserError(f"{flag} {path} already holds {marker}: pass --force to replace it (and the files written "
                     "with it; other files there are kept) or choose a new folder")

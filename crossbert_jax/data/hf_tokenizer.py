@@ -21,6 +21,8 @@ ROLES = ("pad", "unk", "cls", "sep", "mask")
 # Usual token names of each role, tried in order when the folder's files name none.
 _USUAL = {"pad": ("[PAD]", "<pad>", "<|padding|>"), "unk": ("[UNK]", "<unk>"), "cls": ("[CLS]", "<s>", "<cls>"),
           "sep": ("[SEP]", "</s>", "<sep>"), "mask": ("[MASK]", "<mask>")}
+# Text no fixed vocabulary covers (rare words, scripts, an emoji): a tokenizer must encode it, if only to unknowns.
+_PROBE = "Zyzzyva qwxjk ß Ελλάδα 漢字 😀 \u0007"
 
 
 def is_hf_tokenizer(path: str | os.PathLike) -> bool:
@@ -72,15 +74,21 @@ class HfTokenizer:
     ids = {role: (self._tok.token_to_id(t) if t else -1) for role, t in self.role_tokens.items()}
     if ids["pad"] < 0:  # Padding is masked out everywhere; [SEP] stands in where a file has no pad.
       ids["pad"], self.role_tokens["pad"] = ids["sep"], self.role_tokens["sep"]
+    self._check_distinct(ids)
     added = [t.content for t in self._tok.get_added_tokens_decoder().values() if t.special]
     others = tuple(self._tok.token_to_id(t) for t in added)
     self.special_ids = SpecialIds.of(ids["pad"], ids["unk"], ids["cls"], ids["sep"], ids["mask"], others)
-    self._vocab_size = max(self._tok.get_vocab_size(with_added_tokens=True), max(self.special_ids.reserved) + 1)
+    # The largest id + 1, not the number of tokens: a vocabulary may leave gaps.
+    self._vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
+    self._check_encodes()
 
   def _role_token(self, role: str) -> str | None:
     """The role's token: the folder's files, else a usual name in the vocabulary; None for a missing pad/unk."""
     named = self._named.get(role)
-    if named is not None and self._tok.token_to_id(named) is not None:
+    if named is not None:
+      if self._tok.token_to_id(named) is None:
+        raise UserError(f"tokenizer {self.source}: its {role}_token {named!r} (special_tokens_map.json / "
+                        "tokenizer_config.json) is not in its vocabulary: name a token the tokenizer has")
       return named
     for token in _USUAL[role]:
       if self._tok.token_to_id(token) is not None:
@@ -90,11 +98,31 @@ class HfTokenizer:
     raise UserError(f"tokenizer {self.source} has no {role} token ({' '.join(_USUAL[role])} or a {role}_token in "
                     "special_tokens_map.json): add one to the tokenizer, or name it in special_tokens_map.json")
 
+  def _check_distinct(self, ids: dict[str, int]) -> None:
+    """Refuses two roles on one id ([SEP] standing in for a missing pad aside): masking and packing tell them apart."""
+    seen: dict[int, str] = {}
+    for role, i in ids.items():
+      other = seen.setdefault(i, role)
+      if i >= 0 and other != role and {other, role} != {"pad", "sep"}:
+        raise UserError(f"tokenizer {self.source}: its {other} and {role} tokens are both {self.role_tokens[role]!r} "
+                        f"(id {i}): name distinct {other}_token and {role}_token in special_tokens_map.json")
+
+  def _check_encodes(self) -> None:
+    """Refuses a tokenizer that cannot encode any text (a WordLevel or WordPiece model without its unknown token)."""
+    try:
+      self._tok.encode(_PROBE, add_special_tokens=False)
+    except Exception as e:  # pylint: disable=broad-except  (the library raises plain Exception)
+      raise UserError(f"tokenizer {self.source} cannot encode arbitrary text ({' '.join(str(e).split())[:100]}): "
+                      "give it an unknown token (e.g. [UNK] in its vocabulary and as its model's unk_token)") from None
+
   @classmethod
   def load(cls, path: str | os.PathLike) -> "HfTokenizer":
     """Loads a tokenizer.json, or the one in folder `path` (roles from the files beside it)."""
     path = epath.Path(path)
     file = path / TOKENIZER_FILE if path.is_dir() else path
+    if not path.exists():
+      raise UserError(f"tokenizer {path} does not exist: point data.tokenizer / --tokenizer at a "
+                      "tokenizer.json or a model folder holding one")
     if not file.is_file():
       raise UserError(f"tokenizer {path} holds no {TOKENIZER_FILE}: point data.tokenizer / --tokenizer at a "
                       "tokenizer.json or a model folder holding one")

@@ -29,7 +29,7 @@ import tqdm
 from etils import epath
 
 from crossbert_jax.core import outputs
-from crossbert_jax.core.errors import UserError
+from crossbert_jax.core.errors import UserError, one_line
 from crossbert_jax.data import shards as shards_lib
 from crossbert_jax.data import sources
 from crossbert_jax.data import tokenizer as tokenizer_lib
@@ -69,9 +69,18 @@ def _records(spec: str, index: int, count: int, fmt: str, text_field: str, text_
     if doc is not None:
       batch.append(doc)
     if batch and (doc is None or len(batch) == _ENCODE_BATCH):
-      for ids in tok.encode_batch(batch):
+      for ids in _encode(tok, batch, index):
         yield np.asarray(ids, dtype).tobytes(), len(ids)
       batch = []
+
+
+def _encode(tok: tokenizer_lib.AnyTokenizer, batch: list[str], index: int) -> list[list[int]]:
+  """The ids of `batch`; a tokenizer that fails on them is a bad input (the set is removed), not a crash."""
+  try:
+    return tok.encode_batch(batch)
+  except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exception.
+    raise UserError(f"--tokenizer could not encode a document of shard {index} ({one_line(e)}): give a "
+                    "tokenizer that encodes any text (with an unknown token)") from None
 
 
 def write_shard(spec: str, output: str, index: int, count: int, fmt: str, text_field: str,

@@ -133,7 +133,7 @@ class Tokenizer:
     if str(path) and hf_tokenizer.is_hf_tokenizer(path):
       return hf_tokenizer.HfTokenizer.load(path)
     if not str(path) or not path.is_file():
-      raise UserError(f"tokenizer {str(path)!r} does not exist: set data.tokenizer to a .model "
+      raise UserError(f"tokenizer {str(path)!r} does not exist: point data.tokenizer / --tokenizer at a .model "
                       "file from `python -m crossbert_jax.tokenizer`, a tokenizer.json or a folder holding one")
     return cls(path.read_bytes(), source=str(path))
 
@@ -192,11 +192,13 @@ def resolve_for_run(path: str, workdir: str) -> str:
   """
   if not path:
     raise UserError(f"--workdir {workdir}: its config names no data.tokenizer; pass --tokenizer=PATH")
-  if epath.Path(path).exists() or os.path.isabs(path) or "://" in path:
+  if epath.Path(path).exists():
     return path
-  if "://" not in workdir:
+  relative = not os.path.isabs(path) and "://" not in path
+  if relative and "://" not in workdir:
     for parent in epath.Path(workdir).resolve().parents:
       if (parent / path).exists():
         return str(parent / path)
-  raise UserError(f"tokenizer {path} (from the run's config) is not found from here or above --workdir "
-                  f"{workdir}; pass --tokenizer=PATH")
+  where = f"from here or above --workdir {workdir}" if relative else "(moved or deleted?)"
+  raise UserError(f"tokenizer {path} (the run's data.tokenizer) is not found {where}: pass --tokenizer=PATH, "
+                  "the run's tokenizer where it is now")

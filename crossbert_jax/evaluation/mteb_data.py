@@ -9,58 +9,95 @@ A multilingual task reads `DIR/<TaskName>/<subset>/` per subset it evaluates (e.
 is filled into `task.dataset` (the shape mteb's own `load_data` gives) and `task.data_loaded` set,
 so mteb's evaluators score it with no network. Reranking candidates are each query's judged
 documents (those its qrels name, relevant or not).
+
+Files are read strictly (generic.read_records: a TSV row has exactly its header's fields, a JSONL
+line is one object with every key), because mteb would turn a bad row into a traceback or a silent
+nan: every bad row is one line naming the file and line. STS scores are finite, inside the task's
+range and not all equal; pair labels 0 or 1, both present; qrels scores whole numbers, every judged
+query in queries.jsonl; no file is empty.
 """
 
-import csv
-import io
-import json
+import math
 from typing import Any
 
 from etils import epath
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.evaluation import generic
 
 TABLE_TYPES = ("STS", "PairClassification")
 LAYOUT_TYPES = TABLE_TYPES + ("Classification", "Clustering", "Retrieval", "Reranking")
+COLUMNS = {"STS": ("sentence1", "sentence2", "score"), "PairClassification": ("sentence1", "sentence2", "label"),
+           "Classification": ("text", "label"), "Clustering": ("sentences", "labels")}
+BEIR_FILES = "a retrieval task's folder holds corpus.jsonl, queries.jsonl and qrels/<split>.tsv"
 
 
-def _rows(folder: epath.Path, split: str) -> list[dict] | None:
-  """Rows of <split>.jsonl or <split>.tsv (header line), or None when neither exists."""
-  jsonl, tsv = folder / f"{split}.jsonl", folder / f"{split}.tsv"
-  if jsonl.is_file():
-    return [json.loads(line) for line in jsonl.read_text(encoding="utf-8").splitlines() if line.strip()]
-  if tsv.is_file():
-    return list(csv.DictReader(io.StringIO(tsv.read_text(encoding="utf-8")), delimiter="\t",
-                               quoting=csv.QUOTE_NONE))
-  return None
+def _number(path: str, n: int, value: Any, what: str) -> float:
+  """`value` as a finite float, else one line naming the file and line."""
+  try:
+    x = float(value) if not isinstance(value, bool) else math.nan
+  except (TypeError, ValueError):
+    x = math.nan
+  if not math.isfinite(x):
+    raise UserError(f"{path} line {n}: {what} {value!r} is not a finite number; fix or drop the row")
+  return x
 
 
-def _columns(rows: list[dict], names: tuple[str, ...], where: epath.Path) -> dict[str, list]:
-  missing = [n for n in names if rows and n not in rows[0]]
-  if missing or not rows:
-    raise UserError(f"--data_dir: {where} lacks column {(missing or names)[0]!r}; this task type needs "
-                    f"{', '.join(names)}")
-  return {n: [r[n] for r in rows] for n in names}
+def _varied(path: str, values: list, what: str, why: str) -> None:
+  if len(set(values)) < 2:
+    raise UserError(f"{path}: every {what} is {values[0]!r}; {why}")
 
 
-def _split_data(task_type: str, folder: epath.Path, split: str):
+def _sts_scores(task, path: str, rows: list[tuple[int, dict]]) -> list[float]:
+  """The gold scores: finite, inside the task's range (min_score..max_score, which mteb normalises by), varied."""
+  low, high = task.min_score, task.max_score
+  scores = []
+  for n, row in rows:
+    x = _number(path, n, row["score"], "score")
+    if not low <= x <= high:
+      raise UserError(f"{path} line {n}: score {x:g} is outside {task.metadata.name}'s range {low}..{high}; "
+                      "rescale the scores to it")
+    scores.append(x)
+  _varied(path, scores, "score", "Spearman and Pearson of constant scores are undefined (nan): the pairs need "
+          "different gold scores")
+  return scores
+
+
+def _pair_labels(path: str, rows: list[tuple[int, dict]]) -> list[int]:
+  labels = []
+  for n, row in rows:
+    x = _number(path, n, row["label"], "label")
+    if x not in (0, 1):
+      raise UserError(f"{path} line {n}: label {row['label']!r} is not 0 or 1; a pair is a paraphrase (1) or not (0)")
+    labels.append(int(x))
+  _varied(path, labels, "label", "average precision needs both 0 and 1 pairs")
+  return labels
+
+
+def _clusters(path: str, rows: list[tuple[int, dict]]) -> None:
+  for n, row in rows:
+    sentences, labels = row["sentences"], row["labels"]
+    if not isinstance(sentences, list) or not isinstance(labels, list) or len(sentences) != len(labels):
+      raise UserError(f"{path} line {n}: sentences and labels must be two lists of the same length (one label per "
+                      "sentence); write the clustering sets as JSONL")
+
+
+def _split_data(task, folder: epath.Path, split: str):
   """One split of a non-retrieval task as a datasets.Dataset (None when its file is absent)."""
   import datasets  # Local: slow to import.
 
-  rows = _rows(folder, split)
-  if rows is None:
+  path = next((str(p) for p in (folder / f"{split}.jsonl", folder / f"{split}.tsv") if p.is_file()), None)
+  if path is None:
     return None
-  where = folder / split
+  task_type = task.metadata.type
+  rows = generic.read_records(path, COLUMNS[task_type])  # Each bad row is one line naming the file and line.
+  cols = {name: [row[name] for _, row in rows] for name in COLUMNS[task_type]}
   if task_type == "STS":
-    cols = _columns(rows, ("sentence1", "sentence2", "score"), where)
-    cols["score"] = [float(s) for s in cols["score"]]
+    cols["score"] = _sts_scores(task, path, rows)
   elif task_type == "PairClassification":
-    cols = _columns(rows, ("sentence1", "sentence2", "label"), where)
-    cols = {"sentence1": cols["sentence1"], "sentence2": cols["sentence2"], "labels": [int(l) for l in cols["label"]]}
-  elif task_type == "Classification":
-    cols = _columns(rows, ("text", "label"), where)
-  else:  # Clustering.
-    cols = _columns(rows, ("sentences", "labels"), where)
+    cols = {"sentence1": cols["sentence1"], "sentence2": cols["sentence2"], "labels": _pair_labels(path, rows)}
+  elif task_type == "Clustering":
+    _clusters(path, rows)
   return datasets.Dataset.from_dict(cols)
 
 
@@ -71,33 +108,59 @@ def _needed_splits(task) -> list[str]:
   return splits
 
 
-def _read_qrels(path: epath.Path) -> dict[str, dict[str, int]]:
-  qrels: dict[str, dict[str, int]] = {}
-  for line in path.read_text(encoding="utf-8").splitlines()[1:]:
-    if line.strip():
-      q, d, score = line.split("\t")[:3]
-      qrels.setdefault(q, {})[d] = int(float(score))
+def _read_qrels(path: epath.Path) -> dict[str, tuple[int, dict[str, int]]]:
+  """{query id: (its first line, {document id: relevance})} of a qrels file (a header line, then
+  query-id, corpus-id, score)."""
+  qrels: dict[str, tuple[int, dict[str, int]]] = {}
+  lines = [(n, line.removesuffix("\r")) for n, line in enumerate(generic.decode(str(path)).split("\n"), 1)]
+  for n, line in lines[1:]:
+    if not line.strip():
+      continue
+    fields = line.split("\t")
+    if len(fields) < 3:
+      raise UserError(f"{path} line {n} has {len(fields)} tab-separated field(s); a qrels row is query-id, "
+                      "corpus-id, score")
+    score = _number(str(path), n, fields[2], "score")
+    if score != int(score):
+      raise UserError(f"{path} line {n}: score {fields[2]!r} is not a whole number; relevance is a grade (0, 1, 2...)")
+    qrels.setdefault(fields[0], (n, {}))[1][fields[1]] = int(score)
+  if not qrels:
+    raise UserError(f"{path} holds no judgements (a header line, then query-id, corpus-id, score rows)")
   return qrels
 
 
-def _jsonl(path: epath.Path) -> list[dict]:
+def _jsonl(path: epath.Path, keys: tuple[str, ...]) -> list[dict]:
+  """The rows of a BEIR .jsonl file; each holds `keys`."""
   if not path.is_file():
-    raise UserError(f"--data_dir: {path} is missing; a retrieval task's folder holds corpus.jsonl, "
-                    "queries.jsonl and qrels/<split>.tsv")
-  return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    raise UserError(f"--data_dir: {path} is missing; {BEIR_FILES}")
+  return [row for _, row in generic.read_records(str(path), keys)]
+
+
+def _judged_queries(folder: epath.Path, qrels_path: epath.Path, qrels: dict) -> list[dict]:
+  """The queries that qrels judges; refused when a judged query is not in queries.jsonl, or none is judged."""
+  path = folder / "queries.jsonl"
+  queries = _jsonl(path, ("_id", "text"))
+  ids = {str(q["_id"]) for q in queries}
+  absent = [(n, q) for q, (n, _) in qrels.items() if q not in ids]
+  if absent:
+    raise UserError(f"{qrels_path} line {absent[0][0]}: query {absent[0][1]!r} is not in {path}; the qrels and "
+                    "queries files must be of one data set")
+  return [q for q in queries if str(q["_id"]) in qrels]
 
 
 def _retrieval_split(folder: epath.Path, split: str, reranking: bool) -> dict[str, Any]:
   """mteb's retrieval split: corpus / queries Datasets, relevant_docs, top_ranked."""
   import datasets
 
-  qrels = _read_qrels(folder / "qrels" / f"{split}.tsv")
-  corpus = _jsonl(folder / "corpus.jsonl")
-  queries = [r for r in _jsonl(folder / "queries.jsonl") if str(r["_id"]) in qrels]
+  qrels_path = folder / "qrels" / f"{split}.tsv"
+  judged = _read_qrels(qrels_path)
+  corpus = _jsonl(folder / "corpus.jsonl", ("_id", "text"))
+  queries = _judged_queries(folder, qrels_path, judged)
+  qrels = {q: docs for q, (_, docs) in judged.items()}
   return {
       "corpus": datasets.Dataset.from_dict({"id": [str(r["_id"]) for r in corpus],
                                             "title": [r.get("title", "") for r in corpus],
-                                            "text": [r.get("text", "") for r in corpus]}),
+                                            "text": [r["text"] for r in corpus]}),
       "queries": datasets.Dataset.from_dict({"id": [str(r["_id"]) for r in queries],
                                              "text": [r["text"] for r in queries]}),
       "relevant_docs": qrels,
@@ -115,7 +178,7 @@ def _subset_data(task, folder: epath.Path):
     if not all((folder / "qrels" / f"{s}.tsv").is_file() for s in splits):
       return None
     return {s: _retrieval_split(folder, s, task_type == "Reranking") for s in splits}
-  data = {s: _split_data(task_type, folder, s) for s in _needed_splits(task)}
+  data = {s: _split_data(task, folder, s) for s in _needed_splits(task)}
   if any(d is None for d in data.values()):
     return None
   return datasets.DatasetDict(data)

@@ -116,6 +116,9 @@ def hf_config(config: ml_collections.ConfigDict, specials: SpecialIds = SENTENCE
   return out
 
 
+EVAL_RESULTS = "eval_results.json"  # `evaluate` records each run's own scores here, in its workdir.
+
+
 def run_summary(workdir: epath.Path | None, config: ml_collections.ConfigDict, step: int,
                 metrics_rows: list[dict] | None = None) -> dict:
   """Step, tokens seen, loss and results of a run for the model card (`metrics_rows`: read_metrics)."""
@@ -129,7 +132,7 @@ def run_summary(workdir: epath.Path | None, config: ml_collections.ConfigDict, s
       info["loss"] = rows[-1].get("loss")
     probes = {k: v for r in rows for k, v in r.items() if k.startswith("probe/")}
     info["results"] = probes or None
-  for name in ("results.json", "eval_results.json"):
+  for name in ("results.json", EVAL_RESULTS):
     if (workdir / name).exists():
       info["results"] = json.loads((workdir / name).read_text())
   return info
@@ -140,6 +143,17 @@ def _data(data_cfg: ml_collections.ConfigDict) -> str:
   if not data_cfg.mixture:
     return f"`{data_cfg.path}`"
   return "a mixture of " + ", ".join(f"`{src['path']}` (weight {src['weight']:g})" for src in data_cfg.mixture)
+
+
+def _evaluation_table(record: dict, step: int) -> list[str]:
+  """`evaluate`'s scores of this run (frozen probes, x100), and what they were measured on."""
+  settings = record["settings"]
+  subset = f", at most {settings['max_examples']} examples per split" if settings.get("max_examples") else ""
+  at = f"step {record['step']}" + ("" if record["step"] == step else f" (this export is step {step})")
+  lines = [f"Frozen probes (`python -m crossbert_jax.evaluate`) at {at}: mean-pooled layer(s) "
+           f"{settings.get('layers')}, max length {settings.get('max_length')}{subset}. Scores x100.", "",
+           "| score | value |", "|---|---:|"]
+  return lines + [f"| {k} | {100 * v:.1f} |" for k, v in record["scores"].items()]
 
 
 def model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | None,
@@ -169,8 +183,11 @@ def model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | Non
   if info["loss"] is not None:
     lines.append(f"- Final training loss: {info['loss']:.4f}")
   lines += ["", "## Evaluation", ""]
-  if info["results"]:
-    lines += ["```json", json.dumps(info["results"], indent=2), "```"]
+  results = info["results"]
+  if results and {"step", "settings", "scores"} <= set(results):  # `evaluate`'s record: a table.
+    lines += _evaluation_table(results, info["step"])
+  elif results:
+    lines += ["```json", json.dumps(results, indent=2), "```"]
   else:
     lines.append("No evaluation results were recorded with this run.")
   if verify:

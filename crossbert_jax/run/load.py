@@ -1,5 +1,6 @@
 """A run's params for evaluation and export: `load_run` reads only the params of a checkpoint
-(newest readable, or a given step), placed on one device or sharded over the local ones."""
+(newest readable, or a given step), placed on one device or sharded over the local ones;
+`run_tokenizer` its tokenizer, checked against the one the checkpoint records."""
 
 import sys
 from typing import Any
@@ -11,7 +12,8 @@ from etils import epath
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError, one_line
-from crossbert_jax.run import checkpoint
+from crossbert_jax.data import tokenizer as tokenizer_lib
+from crossbert_jax.run import checkpoint, resume
 
 
 def _params_placement(c: ml_collections.ConfigDict, abstract: Any) -> Any:
@@ -84,3 +86,26 @@ def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_col
   finally:
     ckpt.close()
   return config, params, step
+
+
+def run_tokenizer(workdir: str | epath.Path, config: ml_collections.ConfigDict, step: int,
+                  path: str = "") -> tokenizer_lib.AnyTokenizer:
+  """The tokenizer of checkpoint `step` of the run in `workdir`: `path` (a --tokenizer), else the run's
+  data.tokenizer; refused when it is not the tokenizer (file and special ids) that the checkpoint records."""
+  flag = "--tokenizer" if path else "data.tokenizer"
+  path = path or tokenizer_lib.resolve_for_run(config.data.tokenizer, str(workdir))
+  tok = tokenizer_lib.Tokenizer.load(path)
+  ckpt = checkpoint.Checkpointer.reader(epath.Path(str(workdir)), read_only=False)  # As load_run: no warnings.
+  try:
+    recorded = ckpt.saved_meta(step).tokenizer
+  finally:
+    ckpt.close()
+  change = recorded and resume.tokenizer_change(recorded, resume.tokenizer_identity(path, tok), flag)
+  if change:
+    raise UserError(f"--workdir {workdir} (step {step}) was trained with {change}: pass --tokenizer=PATH, the "
+                    "tokenizer the run was trained with")
+  if not recorded and tok.vocab_size > config.model.vocab_size:  # Older checkpoints: ids past the table embed as NaN.
+    raise UserError(f"{flag}={path} has {tok.vocab_size} pieces, more than the model's vocabulary "
+                    f"(model.vocab_size={config.model.vocab_size}) of {workdir}: pass --tokenizer=PATH, the "
+                    "tokenizer the run was trained with")
+  return tok

@@ -4,8 +4,8 @@ Refused (one line naming every differing key): anything that changes the params'
 meaning or what the data iterator's saved position points at -- `objective`, `model.*`
 (except `remat`, `dtype`, `init_std`, the attention kernel keys and `loss_chunk`), `reconstructor.*`, `masking.*`, `mlm.*`, `train.seed`,
 and `data.path` / `mixture` / `format` / `text_field` / `text_unit` / `seq_len` / `shuffle_seed` -- and a
-tokenizer file whose content differs from the one the run was trained with (its sha256 and
-vocabulary size are stored in every checkpoint).
+tokenizer whose file content or special ids differ from those the run was trained with (its sha256,
+vocabulary size and special ids are stored in every checkpoint; older ones lack the special ids).
 Allowed with a one-line warning: every other key (runtime keys such as `model.remat`,
 `data.worker_count`, `metrics.log_every`, `checkpoint.*`, `mesh.*`, `eval.*`, and the
 optimizer). A change of the learning-rate schedule (`train.steps`, `learning_rate`,
@@ -26,12 +26,12 @@ import json
 from typing import Any
 
 import ml_collections
-from etils import epath
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import pipeline
+from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.run import checkpoint
 from crossbert_jax.training import objectives, optimizer
 
@@ -47,11 +47,26 @@ _SILENT = {"train.stop_at_step", "train.fork_from", "metrics.progress_bar", "dat
 _SCHEDULE = ("steps", "learning_rate", "warmup_steps", "decay", "decay_fraction", "decay_shape", "final_lr_ratio")
 
 
-def tokenizer_identity(path: str, vocab_size: int) -> dict[str, Any]:
-  """{path, sha256, vocab_size} of the tokenizer file (a folder's tokenizer.json): what a checkpoint records."""
-  file = epath.Path(path) / "tokenizer.json" if epath.Path(path).is_dir() else epath.Path(path)
-  digest = hashlib.sha256(file.read_bytes()).hexdigest()
-  return {"path": str(path), "sha256": digest, "vocab_size": int(vocab_size)}
+def tokenizer_identity(path: str, tok: tokenizer_lib.AnyTokenizer) -> dict[str, Any]:
+  """What a checkpoint records of its tokenizer: {path, sha256 of its file (a folder's tokenizer.json),
+  vocab_size, special_ids} -- the role ids too, as files beside a tokenizer.json can move them."""
+  return {"path": str(path), "sha256": hashlib.sha256(tok.content).hexdigest(), "vocab_size": int(tok.vocab_size),
+          "special_ids": {role: int(i) for role, i in tok.special_ids._asdict().items() if role != "reserved"}}
+
+
+def tokenizer_change(old: dict[str, Any], new: dict[str, Any], flag: str) -> str | None:
+  """How tokenizer identity `new` (given by `flag`) differs from `old`, a checkpoint's record; None if it does not.
+
+  Checkpoints written before the special ids were recorded are compared by the file alone."""
+  if old["sha256"] != new["sha256"]:
+    return (f"the tokenizer {old['path']} (sha256 {old['sha256'][:12]}, {old['vocab_size']} pieces), but "
+            f"{flag}={new['path']} differs (sha256 {new['sha256'][:12]}, {new['vocab_size']} pieces)")
+  if "special_ids" in old and old["special_ids"] != new["special_ids"]:
+    moved = ", ".join(f"{role} {old['special_ids'].get(role)} -> {i}" for role, i in new["special_ids"].items()
+                      if old["special_ids"].get(role) != i)
+    return (f"the tokenizer {old['path']}, but {flag}={new['path']}, the same file, gives other special ids "
+            f"({moved}; special_tokens_map.json / tokenizer_config.json beside it name other tokens)")
+  return None
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -123,15 +138,11 @@ def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta 
   another run's, which a fork starts from (the refusals' fixes say so).
   """
   where = f"--workdir {workdir} holds a checkpoint (step {step})"
-  if meta is not None and meta.tokenizer is not None:
-    old = meta.tokenizer
-    if old["sha256"] != tokenizer["sha256"]:
-      fix = ("fork with the source's tokenizer or from a run trained with this one" if forking
-             else "resume with the run's tokenizer or use a new --workdir")
-      raise UserError(
-          f"{where} trained with the tokenizer {old['path']} (sha256 {old['sha256'][:12]}, {old['vocab_size']} "
-          f"pieces), but data.tokenizer={tokenizer['path']} differs (sha256 {tokenizer['sha256'][:12]}, "
-          f"{tokenizer['vocab_size']} pieces); {fix}")
+  recorded = meta.tokenizer if meta is not None else None
+  if recorded is not None and (change := tokenizer_change(recorded, tokenizer, "data.tokenizer")):
+    fix = ("fork with the source's tokenizer or from a run trained with this one" if forking
+           else "resume with the run's tokenizer or use a new --workdir")
+    raise UserError(f"{where} trained with {change}; {fix}")
   a, b = _flat(saved), _flat(json.loads(json.dumps(now.to_dict())))  # As saved: tuples become lists.
   changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
   phased = phases_lib.has_phases(now) or phases_lib.has_phases(config_lib.from_dict(saved))

@@ -46,8 +46,8 @@ def load_tokenizer(c: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer:
                     "--input=builtin --vocab_size=N --output=FILE.model` and pass --config.data.tokenizer=FILE.model")
   tok = tokenizer_lib.Tokenizer.load(c.data.tokenizer)
   if tok.vocab_size > c.model.vocab_size:
-    raise UserError(f"config model.vocab_size={c.model.vocab_size} is smaller than the tokenizer's "
-                    f"{tok.vocab_size} pieces ({c.data.tokenizer}); set --config.model.vocab_size>={tok.vocab_size}")
+    raise UserError(f"config model.vocab_size={c.model.vocab_size} is smaller than the tokenizer's vocabulary (ids "
+                    f"0-{tok.vocab_size - 1}, {c.data.tokenizer}): set --config.model.vocab_size>={tok.vocab_size}")
   return tok
 
 
@@ -125,7 +125,7 @@ class Trainer:
                warn: Callable[[str], None]):
     self.c, self.workdir, self.tok, self.stop, self.progress, self.warn = c, workdir, tok, stop, progress, warn
     self.primary = jax.process_index() == 0
-    self.tok_id = resume.tokenizer_identity(c.data.tokenizer, tok.vocab_size)
+    self.tok_id = resume.tokenizer_identity(c.data.tokenizer, tok)
     self.mesh, self.phases = mesh, phases_lib.expand(c)
     self._replacement_vocab = objectives.replacement_vocab_size(c, tok.vocab_size)
     self.phase = self.phases[0]
@@ -229,7 +229,9 @@ class Trainer:
       self._source_tokens_before = dict(found.meta.source_tokens_before)
       return found.state, found.step, True
     state = p.init_state()
-    return (warm_start.from_imported(self.phases[0].config, state) if self.c.train.init_from else state), 0, False
+    if self.c.train.init_from:
+      state = warm_start.from_imported(self.phases[0].config, state, self.tok)
+    return state, 0, False
 
   def _vet_own(self, step: int, saved_config: dict, meta: checkpoint.CheckpointMeta) -> restore.Plan:
     """Vets this run's checkpoint `step` before its state is read (UserError refuses the run); how to read it."""

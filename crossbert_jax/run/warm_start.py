@@ -1,23 +1,32 @@
 """`train.init_from`: a fresh run whose encoder (and MLM head) start from an imported HF model.
 
 The imported model's config must share the encoder's shape and positional keys with the run's
-(`IMPORT_KEYS`); the params are copied onto the fresh state's shardings, everything else (the
-reconstructor, the optimizer state) stays freshly initialised.
+(`IMPORT_KEYS`), the run's tokenizer must be the import's (its embedding rows are that tokenizer's
+ids), and an objective with an MLM head needs the import's head; the params are copied onto the
+fresh state's shardings, everything else (the reconstructor, the optimizer state) stays freshly
+initialised.
 """
 
 import jax
 import ml_collections
 import numpy as np
+from etils import epath
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.hf import import_config
+from crossbert_jax.run import resume
+from crossbert_jax.training import objectives
 from crossbert_jax.training.program import TrainState
 
 # Model keys an imported encoder must share with the run's config.
 IMPORT_KEYS = import_config.SHAPE_KEYS
+# Embedding rows an import may hold past its tokenizer's ids (vocabularies padded for the MXU), checked when
+# the import has no tokenizer to compare with.
+MAX_PADDING_ROWS = 256
 
 
-def from_imported(c: ml_collections.ConfigDict, state: TrainState) -> TrainState:
+def from_imported(c: ml_collections.ConfigDict, state: TrainState, tok: tokenizer_lib.AnyTokenizer) -> TrainState:
   """The fresh `state` with its encoder (and MLM head) replaced by `c.train.init_from`'s params."""
   from crossbert_jax.hf import convert  # Local: pulls in the Hugging Face conversion code.
 
@@ -26,9 +35,30 @@ def from_imported(c: ml_collections.ConfigDict, state: TrainState) -> TrainState
     if imported_cfg.model[k] != c.model[k]:
       raise UserError(f"config train.init_from={c.train.init_from} has model.{k}={imported_cfg.model[k]!r} but "
                       f"the config says {c.model[k]!r}; set --config.model.{k}={imported_cfg.model[k]!r}")
+  check_tokenizer(c, tok, imported_cfg.model.vocab_size)
+  if objectives.get(c.objective).exports_mlm_head and "head" not in imported:
+    raise UserError(f"config train.init_from={c.train.init_from} holds no MLM head (its model had none, e.g. a "
+                    f"ModernBertModel), so {c.objective} would train a fresh head on the imported encoder: import a "
+                    "ModernBertForMaskedLM, or continue this one with configs/crossbert.py:from_hf")
   params = dict(state.params)
   for part in ("encoder", "head"):
     if part in imported and part in params:
       params[part] = jax.tree.map(lambda new, old: jax.device_put(np.asarray(new, old.dtype), old.sharding),
                                   imported[part], params[part])
   return state.replace(params=params)
+
+
+def check_tokenizer(c: ml_collections.ConfigDict, tok: tokenizer_lib.AnyTokenizer, rows: int) -> None:
+  """Refuses a data.tokenizer that is not the import's: another file or other special ids than the
+  tokenizer.json beside its params, or (an import without one) far fewer ids than its `rows` embedding rows."""
+  folder = epath.Path(c.train.init_from)
+  where = f"config train.init_from={folder}"
+  if (folder / "tokenizer.json").is_file():
+    theirs = resume.tokenizer_identity(str(folder), tokenizer_lib.Tokenizer.load(folder))
+    change = resume.tokenizer_change(theirs, resume.tokenizer_identity(c.data.tokenizer, tok), "data.tokenizer")
+    if change:
+      raise UserError(f"{where} was trained with {change}: its embedding rows are that tokenizer's ids; leave "
+                      f"data.tokenizer empty (the import's is used) or set it to {folder}")
+  elif rows - tok.vocab_size > MAX_PADDING_ROWS:
+    raise UserError(f"{where} has {rows} embedding rows but data.tokenizer={c.data.tokenizer} only {tok.vocab_size} "
+                    "ids: it is not the tokenizer the model was trained with; set data.tokenizer to that one")

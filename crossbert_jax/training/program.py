@@ -56,7 +56,9 @@ def create_state(c: ml_collections.ConfigDict, tx: optax.GradientTransformation,
 def param_shardings(c: ml_collections.ConfigDict, mesh: Mesh, rules) -> Any:
   """The params' NamedShardings, from the logical axis names the model declares."""
   boxed = jax.eval_shape(lambda k: objectives.init_params(c, k), jax.random.key(0))
-  return sharding.logical_to_sharding(nn.get_partition_spec(boxed), mesh, rules)
+  shardings = sharding.logical_to_sharding(nn.get_partition_spec(boxed), mesh, rules)
+  sharding.check_divisible(nn.unbox(boxed), shardings)
+  return shardings
 
 
 def abstract_params(c: ml_collections.ConfigDict) -> Any:

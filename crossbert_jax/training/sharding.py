@@ -89,6 +89,21 @@ def logical_to_sharding(logical_tree, mesh: Mesh, rules) -> Any:
   return nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
 
 
+def check_divisible(shapes, shardings) -> None:
+  """Refuses a param whose sharded dimension the mesh does not divide (before XLA's traceback)."""
+  for (path, leaf), sh in zip(jax.tree_util.tree_flatten_with_path(shapes)[0], jax.tree.leaves(shardings)):
+    for dim, axes in zip(leaf.shape, sh.spec):
+      axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+      ways = math.prod(sh.mesh.shape[a] for a in axes)
+      if dim % ways:
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        sizes = ", ".join(f"mesh.{a}={sh.mesh.shape[a]}" for a in axes)
+        raise UserError(f"config mesh: param {name} {'x'.join(map(str, leaf.shape))} has a dimension of {dim} "
+                        f"split {ways} ways ({sizes}), which does not divide it; set the mesh axes to sizes that "
+                        "divide the model's dimensions (e.g. --config.mesh.data=-1 --config.mesh.fsdp=1), or "
+                        "train a larger model")
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Batch rows over data x fsdp, the rest replicated."""
   return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
