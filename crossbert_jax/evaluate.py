@@ -96,7 +96,6 @@ def word_order_report(workdir: str, step: int | None = None, tokenizer_path: str
   return word_order.report(pairs, accuracies)
 
 
-
 def _define_flags() -> None:
   flags.DEFINE_multi_string("workdir", [], "Training run workdir(s); several give side-by-side columns.")
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest) for every --workdir.")
@@ -183,9 +182,10 @@ def _retrieval_dirs(f) -> list[str]:
 
 def _word_order(f) -> None:
   """--word_order: prints `word_order_report` for each --workdir; refuses the flags it would ignore."""
-  ignored = [n for n in ("hf", "tasks", "retrieval", "generic_train", "task_file", "pooler", "output") if f[n].value]
+  ignored = [n for n in ("hf", "tasks", "retrieval", "generic_train", "task_file", "pooler", "output", "layers",
+                         "pooling", "pair_mode", "max_length", "max_examples") if f[n].present]
   if ignored:
-    raise UserError(f"--word_order scores each --workdir against its random init on built-in data only: "
+    raise UserError("--word_order scores each --workdir against its random init on built-in data only: "
                     f"drop --{ignored[0]}, or run it separately")
   for workdir in f.workdir:
     print(word_order_report(workdir, f.step, f.tokenizer, f.seed), flush=True)

@@ -62,7 +62,7 @@ def make_pairs(documents: Sequence[str], tok: tokenizer_lib.AnyTokenizer, max_le
   """Up to `num_pairs` pairs from a seeded sample of `documents`' sentences (deterministic)."""
   pool = sentences(documents)
   rng = np.random.default_rng(seed)
-  candidates = [pool[i] for i in rng.permutation(len(pool))[:2 * num_pairs]]
+  candidates = [pool[i] for i in rng.permutation(len(pool))[:2 * num_pairs]]  # Room for those dropped below.
   shuffled = [shuffle_words(s, np.random.default_rng([seed, i])) for i, s in enumerate(candidates)]
   keep = [i for i, s in enumerate(shuffled) if s is not None]
   ids_a = tok.encode_batch([candidates[i] for i in keep])
@@ -70,9 +70,9 @@ def make_pairs(documents: Sequence[str], tok: tokenizer_lib.AnyTokenizer, max_le
   keep = [i for i, a, b in zip(keep, ids_a, ids_b) if len(a) + 2 <= max_length and sorted(a) == sorted(b)]
   keep = keep[:num_pairs]
   if len(keep) < MIN_PAIRS:
-    raise UserError(f"word order: only {len(keep)} sentences tokenise to the same pieces in any word order "
-                    f"within {max_length} tokens (the probe needs {MIN_PAIRS}); a tokenizer whose pieces depend "
-                    "on a word's position cannot be probed this way")
+    raise UserError(f"word order: only {len(keep)} sampled sentences fit {max_length} tokens and tokenise to the "
+                    f"same pieces with their words shuffled (the probe needs {MIN_PAIRS}); a tokenizer whose "
+                    "pieces depend on a word's position cannot be probed this way")
   n = len(keep)
   test_N = np.zeros(n, bool)
   test_N[rng.permutation(n)[:round(n * TEST_FRACTION)]] = True
@@ -102,7 +102,7 @@ def report(pairs: Pairs, accuracies: dict[str, float]) -> str:
   width = max(len(k) for k in accuracies)
   rows = [f"  {label:<{width}}  {100 * acc:5.1f}%" for label, acc in accuracies.items()]
   return "\n".join([
-      f"word order: can a linear probe on the frozen mean-pooled embeddings tell a real sentence from the same",
+      "word order: can a linear probe on the frozen mean-pooled embeddings tell a real sentence from the same",
       f"words shuffled? Fitted on {len(pairs) - n_test:,} pairs of built-in docstring sentences, scored on "
       f"{n_test:,} others.",
       f"  e.g. real:     {pairs.real[i]}",
