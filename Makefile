@@ -1,5 +1,6 @@
 # Fresh-machine entry points. Each target sets up .venv with the pinned stack when needed.
-#   make demo   tokenizer on the built-in corpus, a tiny CrossBERT pretraining run, HF export
+#   make demo   tokenizer on the built-in corpus, a tiny CrossBERT pretraining run, HF export, and a
+#               frozen word-order probe of the run against its random init (built-in data)
 #   make test   the test suite without the slow cases (CROSSBERT_DATA defaults to ../shared/data)
 #   make test-slow   the cases marked slow (end-to-end sweeps, kill loops, gs:// forks)
 #   make setup-tpu   .venv-tpu: the pinned stack + jax[tpu]/libtpu (TPU VMs; on any host, the pre-flight
@@ -46,7 +47,8 @@ demo: setup
 	$(PY) -m crossbert_jax.tokenizer --input=builtin --vocab_size=1024 --output=$(RUN)/tokenizer/spm.model
 	$(PY) -m crossbert_jax.train --config=configs/crossbert.py:tiny --workdir=$(RUN)/crossbert \
 	    --config.data.tokenizer=$(RUN)/tokenizer/spm.model
-	$(PY) -m crossbert_jax.export --workdir=$(RUN)/crossbert --output=$(RUN)/hf --verify --similarity --force
+	$(PY) -m crossbert_jax.export --workdir=$(RUN)/crossbert --output=$(RUN)/hf --verify --force
+	$(PY) -m crossbert_jax.evaluate --workdir=$(RUN)/crossbert --word_order
 
 test: setup
 	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

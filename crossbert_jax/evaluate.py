@@ -2,6 +2,7 @@ r"""Frozen evaluation: probe and retrieval scores of checkpoints or Hugging Face
 
   python -m crossbert_jax.evaluate --workdir=runs/demo/crossbert --data_dir=../shared/data \
       --tasks=all --retrieval=beir/scifact --output=results.json
+  python -m crossbert_jax.evaluate --workdir=runs/demo/crossbert --word_order  # Built-in data, vs its init.
 
 Library: crossbert_jax.evaluation.runner. Manual: docs/evaluation.md.
 """
@@ -20,10 +21,12 @@ from etils import epath
 
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.data import corpus
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation import generic
 from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.evaluation import tasks as eval_tasks
+from crossbert_jax.evaluation import word_order
 from crossbert_jax.evaluation.runner import evaluate_model, flat_scores, markdown_table
 from crossbert_jax.hf.files import EVAL_RESULTS
 from crossbert_jax.model.encoder import EncoderSpec
@@ -92,6 +95,22 @@ def column_label(label: str, source: str, taken: Sequence[str]) -> str:
   return label if label not in taken else f"{label} ({source})"
 
 
+def word_order_report(workdir: str, step: int | None = None, tokenizer_path: str = "", seed: int = 0) -> str:
+  """The built-in word-order probe (evaluation/word_order.py) of a run's checkpoint and of the same
+  encoder at its random init, on the same pairs, as printed lines."""
+  config, params, step = load.load_run(workdir, step)
+  tok = load.run_tokenizer(workdir, config, step, tokenizer_path)
+  spec = EncoderSpec.from_config(config.model)
+  options = embedder_lib.Options(max_length=config.data.seq_len)  # Sentences as long as it was trained on.
+  pairs = word_order.make_pairs(corpus.builtin_documents(), tok, options.max_length, seed=seed)
+  from_scratch = not (config.train.init_from or config.train.fork_from)
+  models = {f"{epath.Path(absolute(workdir)).name}@{step}": params["encoder"],
+            "random init" + (" (its step 0)" if from_scratch else ""): load.init_params(config)["encoder"]}
+  accuracies = {label: word_order.score(embedder_lib.JaxEmbedder(spec, p, tok, options), pairs, seed)["accuracy"]
+                for label, p in models.items()}
+  return word_order.report(pairs, accuracies)
+
+
 def _define_flags() -> None:
   flags.DEFINE_multi_string("workdir", [], "Training run workdir(s); several give side-by-side columns.")
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest) for every --workdir.")
@@ -126,6 +145,8 @@ def _define_flags() -> None:
   flags.DEFINE_string("generic_type", eval_tasks.CLASSIFICATION, f"One of {', '.join(generic.TYPES)}.")
   flags.DEFINE_string("generic_name", "generic", "Name of your task in the output.")
   flags.DEFINE_multi_string("task_file", [], "JSON (or YAML) file listing your own tasks (docs/evaluation.md).")
+  flags.DEFINE_bool("word_order", False, "Only the built-in word-order probe (no --data_dir): each --workdir "
+                    "against its random init (make demo's last step).")
   flags.DEFINE_multi_string("pooler", [], "Pooler folder(s) from crossbert_jax.pooler: adds a '+pooler' column "
                             "next to the model it was trained on.")
 
@@ -174,6 +195,17 @@ def _retrieval_dirs(f) -> list[str]:
   return out
 
 
+def _word_order(f) -> None:
+  """--word_order: prints `word_order_report` for each --workdir; refuses the flags it would ignore."""
+  ignored = [n for n in ("hf", "tasks", "retrieval", "generic_train", "task_file", "pooler", "output", "layers",
+                         "pooling", "pair_mode", "max_length", "max_examples") if f[n].present]
+  if ignored:
+    raise UserError("--word_order scores each --workdir against its random init on built-in data only: "
+                    f"drop --{ignored[0]}, or run it separately")
+  for workdir in f.workdir:
+    print(word_order_report(workdir, f.step, f.tokenizer, f.seed), flush=True)
+
+
 def _check_output(f) -> epath.Path | None:
   """--output, refused before any slow work: a folder, an unwritable path, the .md table's own name,
   or (without --force) results an earlier evaluation wrote."""
@@ -195,6 +227,9 @@ def main(argv: Sequence[str]) -> None:
   if not f.workdir and not f.hf:
     raise UserError("nothing to evaluate: pass --workdir=RUN (a training run) and/or --hf=DIR")
   check_distinct([("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf])
+  if f.word_order:
+    _word_order(f)
+    return
   options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), f.pooling, f.max_length, f.pair_mode)
   out = _check_output(f)
   tasks, retrieval_dirs = _load_tasks(f), _retrieval_dirs(f)

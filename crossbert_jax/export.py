@@ -1,8 +1,7 @@
-r"""Export a run to a Hugging Face folder, import one, or print an export's similarities.
+r"""Export a run to a Hugging Face folder, or import one.
 
   python -m crossbert_jax.export --workdir=RUN [--step=N] --output=DIR [--verify] [--force]
   python -m crossbert_jax.export import --hf=DIR --output=PARAMS_DIR [--scan_layers] [--force]
-  python -m crossbert_jax.export similarity --model=DIR
 
 Library: crossbert_jax.hf.convert. Manual: docs/export.md.
 """
@@ -18,7 +17,7 @@ from etils import epath
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.hf import files as hf_files
-from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, export, import_hf, similarity
+from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, export, import_hf
 from crossbert_jax.run import load, metrics
 from crossbert_jax.training import objectives
 
@@ -52,8 +51,6 @@ def _define_flags() -> None:
   flags.DEFINE_enum("objective", "crossbert", list(objectives.names()),
                     "import: objective of the written config (mlm also imports an MLM head).")
   flags.DEFINE_bool("scan_layers", False, "import: write params in the scan-over-layers layout.")
-  flags.DEFINE_string("model", None, "similarity: an exported folder.")
-  flags.DEFINE_bool("similarity", False, "export: then print sentence-pair cosine similarities (demo).")
 
 
 def _require(*names: str) -> None:
@@ -64,27 +61,22 @@ def _require(*names: str) -> None:
 
 @exit_on_user_error
 def main(argv: Sequence[str]) -> None:
-  """CLI: export (default), `import` or `similarity`."""
+  """CLI: export (default) or `import`."""
   f = flags.FLAGS
   logging.set_verbosity(logging.WARNING)  # Orbax restore chatter.
   command = argv[1] if len(argv) > 1 else "export"
-  if len(argv) > 2 or command not in ("export", "import", "similarity"):
-    raise UserError(f"unexpected arguments {argv[1:]}: use no command (export), `import` or `similarity`")
+  if len(argv) > 2 or command not in ("export", "import"):
+    raise UserError(f"unexpected arguments {argv[1:]}: use no command (export) or `import`")
   if command == "import":
     _require("hf", "output")
     out = import_hf(f.hf, f.output, f.objective, f.scan_layers, f.force)
     print(f"imported {f.hf} -> {out}/{PARAMS_FILE} + config.json")
-  elif command == "similarity":
-    _require("model")
-    similarity(f.model)
   else:
     _require("workdir", "output")
     result = export_run(f.workdir, f.output, f.step, f.tokenizer, f.verify, f.force)
     print(f"exported {f.workdir} -> {f.output}")
     if result:
       print(" ".join(f"{k}={v:.2e}" for k, v in result.items()) + f" (tolerance {TOLERANCE:g}): verified")
-    if f.similarity:
-      similarity(f.output)
   sys.stdout.flush()
 
 

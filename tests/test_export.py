@@ -262,12 +262,14 @@ def _finished(real_run):
 
 
 def test_cli_real_run_exports_verifies_and_imports(tmp_path, real_run):
-  """A real run exports with --verify through the CLI, imports back bitwise, prints similarities."""
+  """A real run exports with --verify through the CLI and imports back bitwise; make demo's last
+  step (evaluate --word_order) scores it against its random init."""
   run = _finished(real_run)
   out = tmp_path / "hf"
-  proc = _cli(["crossbert_jax.export", f"--workdir={run}", f"--output={out}", "--verify", "--similarity"])
+  proc = _cli(["crossbert_jax.export", f"--workdir={run}", f"--output={out}", "--verify"])
   assert "verified" in proc.stdout, proc.stdout
-  print(proc.stdout)
+  probe = _cli(["crossbert_jax.evaluate", f"--workdir={run}", "--word_order"]).stdout
+  assert "run@2 " in probe and "random init (its step 0) " in probe and "chance " in probe, probe
   assert "tokens seen: 2,048" in (out / "README.md").read_text()
   assert json.loads((out / "config.json").read_text())["layer_types"] == hf_mapping.layer_types(2, 2)
   with pytest.raises(UserError, match="--output .* not empty"):

@@ -43,12 +43,6 @@ VERIFY_SENTENCES = (
     "All happy families are alike; each unhappy family is unhappy in its own way.",
     "The sun rose slowly over the quiet hills, and the river shone like silver in the morning light.",
 )
-SIMILARITY_PAIRS = (
-    ("A man is playing a guitar.", "Someone is playing an instrument."),
-    ("The cat sleeps on the sofa.", "A kitten is napping on the couch."),
-    ("The stock market fell sharply today.", "A man is playing a guitar."),
-    ("It is raining heavily outside.", "The weather is wet and stormy."),
-)
 
 
 # -- numpy views of our params ---------------------------------------------------------------
@@ -316,21 +310,3 @@ def load_imported(folder: str | epath.Path) -> tuple[ml_collections.ConfigDict, 
   config = config_lib.from_dict(json.loads((folder / "config.json").read_text()))
   return config, unflatten(safetensors.numpy.load((folder / PARAMS_FILE).read_bytes()))
 
-
-# -- demo ------------------------------------------------------------------------------------
-
-
-def similarity(model_dir: str, pairs: Sequence[tuple[str, str]] = SIMILARITY_PAIRS) -> list[float]:
-  """Loads `model_dir` with sentence-transformers; prints and returns each pair's cosine similarity."""
-  from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
-
-  if not (epath.Path(model_dir) / "modules.json").is_file():
-    raise UserError(f"--model {model_dir} holds no modules.json: export a run with "
-                    "`python -m crossbert_jax.export --workdir=RUN --output=DIR` first")
-  st = SentenceTransformer(str(model_dir), device="cpu")
-  a = st.encode([p[0] for p in pairs], normalize_embeddings=True)
-  b = st.encode([p[1] for p in pairs], normalize_embeddings=True)
-  scores = [float(x) for x in (a * b).sum(-1)]
-  for (s1, s2), score in zip(pairs, scores):
-    print(f"{score:+.3f}  {s1!r} ~ {s2!r}")
-  return scores

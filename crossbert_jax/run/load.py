@@ -1,6 +1,7 @@
 """A run's params for evaluation and export: `load_run` reads only the params of a checkpoint
 (newest readable, or a given step), placed on one device or sharded over the local ones;
-`run_tokenizer` its tokenizer, checked against the one the checkpoint records."""
+`run_tokenizer` its tokenizer, checked against the one the checkpoint records; `init_params` recomputes
+the params it started from."""
 
 import sys
 from typing import Any
@@ -109,3 +110,20 @@ def run_tokenizer(workdir: str | epath.Path, config: ml_collections.ConfigDict, 
                     f"(model.vocab_size={config.model.vocab_size}) of {workdir}: pass --tokenizer=PATH, the "
                     "tokenizer the run was trained with")
   return tok
+
+
+def init_params(config: ml_collections.ConfigDict) -> Any:
+  """The params a fresh run of `config` starts from (its step 0, before any `train.init_from`).
+
+  The model's init with `train.seed`, as `TrainProgram.init_state` draws it: JAX's partitionable
+  RNG gives the same bits unsharded as under the trainer's shardings. On CPU it is compiled without
+  XLA's backend optimisations (tiny: 1.6 s instead of 9-15 s on 2 cores), so the initialisers' float
+  math may round differently: within 1e-7 of the trainer's values, not bitwise. On one device.
+  """
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.training import objectives  # Local, as program in load_run.
+
+  key = jax.random.key(config.train.seed)
+  lowered = jax.jit(lambda k: nn.unbox(objectives.init_params(config, k))).lower(key)
+  options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else {}
+  return lowered.compile(compiler_options=options)(key)
