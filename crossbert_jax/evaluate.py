@@ -68,14 +68,19 @@ def run_cache_dir(workdir: str) -> epath.Path:
   return fallback
 
 
+def _checkpoint(workdir: str, step: int | None, tokenizer_path: str):
+  """(config, params, its checked tokenizer, step, label: the run folder's name @ step) of a run's checkpoint."""
+  config, params, step = load.load_run(workdir, step)
+  tok = load.run_tokenizer(workdir, config, step, tokenizer_path)
+  return config, params, tok, step, f"{epath.Path(absolute(workdir)).name}@{step}"
+
+
 def jax_model(workdir: str, step: int | None, options: embedder_lib.Options, tokenizer_path: str = "",
               progress: bool = True) -> tuple[embedder_lib.JaxEmbedder, str]:
   """(embedder, label) for a training run's checkpoint."""
-  config, params, step = load.load_run(workdir, step)
-  tok = load.run_tokenizer(workdir, config, step, tokenizer_path)
+  config, params, tok, step, label = _checkpoint(workdir, step, tokenizer_path)
   spec = EncoderSpec.from_config(config.model)
   identity = f"{absolute(workdir)}@{step}"
-  label = f"{epath.Path(absolute(workdir)).name}@{step}"
   return embedder_lib.JaxEmbedder(spec, params["encoder"], tok, options, identity, progress), label
 
 
@@ -98,13 +103,12 @@ def column_label(label: str, source: str, taken: Sequence[str]) -> str:
 def word_order_report(workdir: str, step: int | None = None, tokenizer_path: str = "", seed: int = 0) -> str:
   """The built-in word-order probe (evaluation/word_order.py) of a run's checkpoint and of the same
   encoder at its random init, on the same pairs, as printed lines."""
-  config, params, step = load.load_run(workdir, step)
-  tok = load.run_tokenizer(workdir, config, step, tokenizer_path)
+  config, params, tok, _, label = _checkpoint(workdir, step, tokenizer_path)
   spec = EncoderSpec.from_config(config.model)
   options = embedder_lib.Options(max_length=config.data.seq_len)  # Sentences as long as it was trained on.
   pairs = word_order.make_pairs(corpus.builtin_documents(), tok, options.max_length, seed=seed)
   from_scratch = not (config.train.init_from or config.train.fork_from)
-  models = {f"{epath.Path(absolute(workdir)).name}@{step}": params["encoder"],
+  models = {label: params["encoder"],
             "random init" + (" (its step 0)" if from_scratch else ""): load.init_params(config)["encoder"]}
   accuracies = {label: word_order.score(embedder_lib.JaxEmbedder(spec, p, tok, options), pairs, seed)["accuracy"]
                 for label, p in models.items()}
