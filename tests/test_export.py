@@ -216,6 +216,20 @@ def test_special_token_strings_in_raw_text(tok):
   assert fast.encode("[SEP]").ids == [tokenizer.CLS_ID, tokenizer.SEP_ID, tokenizer.SEP_ID]
 
 
+def test_a_transformers_without_the_exact_converter_is_one_line(tok, monkeypatch):
+  """transformers 5.17 (the lent H200's image) builds a converter with no whitespace rules or merges:
+  its ids would differ, so export refuses it and names the version to install."""
+  from transformers.convert_slow_tokenizer import SpmConverter  # pylint: disable=g-import-not-at-top
+
+  def before_5_24(proto, vocab, merges=None):  # 5.17's signature: no `legacy`.
+    raise AssertionError("must not be called")
+
+  monkeypatch.setattr(SpmConverter, "build_tokenizer_from_spm_proto", staticmethod(before_5_24))
+  with pytest.raises(UserError, match=r"install transformers==5\.24\.0") as err:
+    hf_files.hf_tokenizer(tok)
+  assert "\n" not in str(err.value)
+
+
 def test_refuses_non_empty_output_unless_force(tmp_path, tok):
   c = _config()
   params = _params(c)

@@ -5,6 +5,7 @@ transformers' converter), the sentence-transformers module files (mean pooling, 
 module for a trained pooler) and the model card. `export.py` writes them next to model.safetensors.
 """
 
+import inspect
 import json
 from typing import Any
 
@@ -16,6 +17,7 @@ from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
 from crossbert_jax.hf import mapping as hf_mapping
 from crossbert_jax.core import objectives
+from crossbert_jax.core.errors import UserError
 
 
 def write_json(path: epath.Path, obj: Any) -> None:
@@ -29,8 +31,13 @@ def write_json(path: epath.Path, obj: Any) -> None:
 def hf_tokenizer(tok: tokenizer_lib.Tokenizer):
   """Our SentencePiece model as a `tokenizers.Tokenizer` that adds [CLS] ... [SEP] (offline)."""
   from tokenizers import AddedToken, processors  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
   from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf  # pylint: disable=g-import-not-at-top
 
+  if "legacy" not in inspect.signature(SpmConverter.build_tokenizer_from_spm_proto).parameters:
+    # Before 5.24 the converter skips SentencePiece's whitespace rules and BPE merges: ids would differ.
+    raise UserError(f"transformers {transformers.__version__} converts SentencePiece models inexactly: install "
+                    "transformers==5.24.0 (requirements.txt) to export")
   proto = import_protobuf().ModelProto()
   proto.ParseFromString(tok.serialized_proto)
   vocab = [(p.piece, p.score) for p in proto.pieces]
