@@ -4,7 +4,7 @@ r"""Train-step throughput of flat BERT vs CrossBERT on one device, or with --dat
   python -m crossbert_jax.bench --data --out=feed.json
 
 Prints tables (PASS/MISS per target) and writes JSON; what the cases are and the current figures:
-docs/benchmarks.md. Library: crossbert_jax.training.benchmark and crossbert_jax.training.feed_bench.
+docs/benchmarks.md. Library: crossbert_jax.perf.benchmark and crossbert_jax.perf.feed_bench.
 """
 
 from absl import app, flags
@@ -12,7 +12,7 @@ from ml_collections import config_flags
 
 from crossbert_jax.core import config as config_lib, outputs, phases, xla_flags
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
-from crossbert_jax.training import benchmark, feed_bench
+from crossbert_jax.perf import benchmark, feed_bench
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/crossbert.py:small.",
                                           lock_config=True)
@@ -27,7 +27,7 @@ _CASES = flags.DEFINE_list("cases", [], "Subset of case names to run (default: a
 _LONG_LEN = flags.DEFINE_integer("long_len", 2048, "Length of the dense-vs-chunked attention rows (0: skip).")
 _LONG_BATCH = flags.DEFINE_integer("long_batch", 2, "Batch of the dense-vs-chunked attention rows.")
 _PHASE = flags.DEFINE_integer("phase", 0, "Of a phased config: the phase whose batch, length, RoPE to time.")
-_DATA = flags.DEFINE_bool("data", False, "Run the input-pipeline benchmark instead (training/feed_bench.py).")
+_DATA = flags.DEFINE_bool("data", False, "Run the input-pipeline benchmark instead (perf/feed_bench.py).")
 _FORCE = flags.DEFINE_bool("force", False, "Replace an existing --out file.")
 # The train-step flags `--data` has no use for: given with it, they are refused rather than ignored.
 _TRAIN_STEP_ONLY = ("config", "seq_len", "steps", "warmup", "cases", "long_len", "long_batch", "phase",

@@ -6,7 +6,7 @@ r"""Pre-flight: compile the real train step for a TPU topology (or the local dev
 Prints per-device memory (arguments, temporaries, outputs, total against the chip's HBM),
 FLOPs per device, the collectives per step, a roofline estimate (compute, memory and
 communication bound step times, which binds, the MFU it allows: an upper bound, not a
-measurement; training/roofline.py), the param sharding table and the compile time, and writes
+measurement; perf/roofline.py), the param sharding table and the compile time, and writes
 them as JSON with --out. Exits 2 with one line when the step does not fit, the mesh does not divide the devices
 or the batch does not shard. A TPU topology needs libtpu (`make setup-tpu`), not a TPU: run it
 with JAX_PLATFORMS=cpu on any host. Topologies: v5p:4x4x8 is v5p-256 (128 chips), v5e:4x4 is
@@ -23,7 +23,7 @@ from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.hf import import_config
 from crossbert_jax.run import fork
-from crossbert_jax.training import aot, benchmark
+from crossbert_jax.perf import aot, benchmark
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and variant, e.g. configs/crossbert.py:base.",
                                           lock_config=True)

@@ -17,7 +17,8 @@ import pytest
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import aot, flops, optimizer, program as program_lib
+from crossbert_jax.perf import aot
+from crossbert_jax.training import flops, optimizer, program as program_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None

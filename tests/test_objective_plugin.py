@@ -24,8 +24,9 @@ from crossbert_jax.core.errors import UserError
 from crossbert_jax.model import layers
 from crossbert_jax.model.encoder import Encoder, EncoderSpec
 from crossbert_jax.run import resume, trainer
-from crossbert_jax.training import aot, flops, masking, objectives
-from crossbert_jax.training import benchmark as bench
+from crossbert_jax.perf import aot
+from crossbert_jax.training import flops, masking, objectives
+from crossbert_jax.perf import benchmark as bench
 
 NAME = "toy_mask_only_mlm"
 

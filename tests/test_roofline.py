@@ -6,7 +6,8 @@ import pytest
 
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import aot, flops, hlo_costs, roofline
+from crossbert_jax.perf import aot, hlo_costs, roofline
+from crossbert_jax.training import flops
 
 
 def _cost(compiled) -> dict:

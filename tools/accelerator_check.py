@@ -40,7 +40,8 @@ import numpy as np  # noqa: E402
 
 from crossbert_jax.core import config as config_lib  # noqa: E402
 from crossbert_jax.model import attention as attention_lib  # noqa: E402
-from crossbert_jax.training import benchmark, flops, roofline  # noqa: E402
+from crossbert_jax.perf import benchmark, roofline  # noqa: E402
+from crossbert_jax.training import flops  # noqa: E402
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "ml-collections", "transformers", "torch")
 

@@ -49,7 +49,9 @@ tee_pid=$!
 
 echo "== $(date -u '+%Y-%m-%d %H:%M:%S') on $(hostname), $($PY --version 2>&1)"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-if compgen -G ".whl/*.whl" >/dev/null; then
+if (( dry_run )) && compgen -G ".whl/*.whl" >/dev/null; then
+  echo "== dry run: the wheels in .whl/ (made for the lent machine's Python) are not installed"
+elif compgen -G ".whl/*.whl" >/dev/null; then
   echo "== installing $(ls .whl/*.whl | wc -l) wheels from .whl/ (no index)"
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "error: installing .whl/ failed"; exit 2; }

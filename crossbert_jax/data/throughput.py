@@ -5,7 +5,7 @@ reads -- plain text, JSONL, Parquet, ArrayRecord text and ArrayRecord pre-tokeni
 `prepare`) -- and `measure` times the packed batches one process draws from each. The rate counts
 row slots (B x L per batch, what a train step consumes, padding included); the fill ratio is the
 share of slots holding a token. The first batch (source set-up, worker start, the first round) is
-not timed. The benchmark command is `python -m crossbert_jax.bench --data` (training/feed_bench.py).
+not timed. The benchmark command is `python -m crossbert_jax.bench --data` (perf/feed_bench.py).
 """
 
 import json

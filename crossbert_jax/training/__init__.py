@@ -1,1 +1,1 @@
-"""What a step computes: masking, objectives, optimizer, mesh and sharding, the compiled program, FLOPs, AOT compile."""
+"""What a step computes: masking, objectives, optimizer, mesh and sharding, the compiled program, FLOPs."""

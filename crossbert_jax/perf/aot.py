@@ -30,7 +30,8 @@ from jax.experimental import topologies
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import flops, hlo_costs, objectives, program as program_lib, roofline, sharding
+from crossbert_jax.perf import hlo_costs, roofline
+from crossbert_jax.training import flops, objectives, program as program_lib, sharding
 
 GIB = 1024 ** 3
 

@@ -20,7 +20,8 @@ from etils import epath
 
 from crossbert_jax.core import config as config_lib, host
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import flops, objectives, program as program_lib, roofline, sharding
+from crossbert_jax.perf import roofline
+from crossbert_jax.training import flops, objectives, program as program_lib, sharding
 
 REFERENCE = "bert_r0.15"
 # Targets (medians, float32): the half-width-reconstructor CrossBERT r=0.5 K=1
