@@ -14,12 +14,11 @@ from absl import flags
 from absl import logging
 from etils import epath
 
-from crossbert_jax.core import outputs
+from crossbert_jax.core import objectives, outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.hf import files as hf_files
 from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, export, import_hf
 from crossbert_jax.run import load, metrics
-from crossbert_jax.training import objectives
 
 def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "",
                do_verify: bool = False, force: bool = False) -> dict | None:

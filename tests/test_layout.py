@@ -1,7 +1,10 @@
 """The package layering: a module imports only from its own package or the layers below it."""
 
 import ast
+import os
 import pathlib
+import subprocess
+import sys
 
 import crossbert_jax
 
@@ -101,3 +104,15 @@ def test_commands_share_one_skeleton():
     if not guards or ast.unparse(guards[0].body[-1]) != "app.run(main, flags_parser=parse_flags_or_exit)":
       bad.append(f"{name}: the __main__ block does not end in app.run(main, flags_parser=parse_flags_or_exit)")
   assert not bad, "\n".join(bad)
+
+
+def test_the_export_imports_no_training_code():
+  """hf/ reads an objective's spec (core/objectives.py), never its training half: a fresh process
+  that imports the converter and builds both objectives' configs holds no crossbert_jax.training module."""
+  code = ("import sys\nimport crossbert_jax.hf.convert, crossbert_jax.hf.files\n"
+          "from crossbert_jax.core import config\n"
+          "for name in ('crossbert', 'mlm'): config.validate(config.get_config(name, 'tiny'))\n"
+          "print(sorted(m for m in sys.modules if m.startswith('crossbert_jax.training')))")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.stdout.strip() == "[]", proc.stdout

@@ -3,7 +3,8 @@
 The toy objective is flat MLM with every selected token replaced by [MASK] (no 80/10/10) and an
 untied linear decoder in a section of its own (`toy`). Nothing in the package changes for it:
 the config, the trainer, bench's timing, the pre-flight compile and the Hugging Face export all
-reach it through `training/objectives`' registry.
+reach it through the two registries: its spec (core/objectives.py) and its training half
+(training/objectives).
 """
 
 import importlib.util
@@ -19,14 +20,14 @@ import pytest
 
 from crossbert_jax import export as export_cli
 from crossbert_jax.core import config as config_lib
-from crossbert_jax.core import objectives as registry
+from crossbert_jax.core import objectives as specs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.model import layers
 from crossbert_jax.model.encoder import Encoder, EncoderSpec
-from crossbert_jax.run import resume, trainer
 from crossbert_jax.perf import aot
-from crossbert_jax.training import flops, masking, objectives
 from crossbert_jax.perf import benchmark as bench
+from crossbert_jax.run import resume, trainer
+from crossbert_jax.training import flops, masking, objectives
 
 NAME = "toy_mask_only_mlm"
 
@@ -46,24 +47,25 @@ class MaskOnlyMlm(nn.Module):
     return (x_BxMxD, (w_DxV, None)) if return_hidden else layers.vocab_logits(x_BxMxD, w_DxV, None)
 
 
+def _configure(c):
+  c.masking.ratio = 0.2
+  c.toy = ml_collections.ConfigDict({"decoder_init_std": 0.02})
+
+
+def _validate(c):
+  if c.masking.views != 1:
+    raise UserError("config masking.views: the toy objective uses one view")
+  if not c.toy.decoder_init_std > 0:
+    raise UserError(f"config toy.decoder_init_std: must be positive, got {c.toy.decoder_init_std}")
+
+
 class MaskOnlyMlmObjective:
-  """The toy objective (`registry.Objective`)."""
+  """The toy objective's training half (`objectives.Objective`), its spec beside it."""
 
-  name = NAME
-  config_file = "configs/toy.py"
-  sections = ("toy",)
-  exports_mlm_head = False
-  card_title = "mask-only MLM encoder (linear decoder discarded)"
-
-  def configure(self, c):
-    c.masking.ratio = 0.2
-    c.toy = ml_collections.ConfigDict({"decoder_init_std": 0.02})
-
-  def validate(self, c):
-    if c.masking.views != 1:
-      raise UserError("config masking.views: the toy objective uses one view")
-    if not c.toy.decoder_init_std > 0:
-      raise UserError(f"config toy.decoder_init_std: must be positive, got {c.toy.decoder_init_std}")
+  spec = specs.ObjectiveSpec(
+      name=NAME, config_file="configs/toy.py", sections=("toy",), exports_mlm_head=False,
+      card_title="mask-only MLM encoder (linear decoder discarded)", configure=_configure, validate=_validate,
+      card_training=lambda c: ", every selected token [MASK]")
 
   def build_model(self, c):
     return MaskOnlyMlm(EncoderSpec.from_config(c.model), c.toy.decoder_init_std)
@@ -93,12 +95,6 @@ class MaskOnlyMlmObjective:
     return {"encoder": flops.encoder_forward_flops(c.model, c.data.seq_len), "reconstructor": 0.0,
             "head": float(2 * masked * c.model.embed_dim * c.model.vocab_size)}
 
-  def sweep_overrides(self, size, spec_objective):
-    return {}
-
-  def card_training(self, c):
-    return ", every selected token [MASK]"
-
 
 CONFIG_FILE = textwrap.dedent(f'''\
     """The toy objective's configs (what configs/*.py are for the built-in ones)."""
@@ -113,7 +109,9 @@ CONFIG_FILE = textwrap.dedent(f'''\
 @pytest.fixture
 def toy(tmp_path, spm_model, monkeypatch):
   """The toy objective registered (for this test only) and its tiny config, loaded from its own file."""
-  monkeypatch.setitem(registry._REGISTRY, NAME, MaskOnlyMlmObjective())  # pylint: disable=protected-access
+  toy_objective = MaskOnlyMlmObjective()
+  monkeypatch.setitem(specs._SPECS, NAME, toy_objective.spec)  # pylint: disable=protected-access
+  monkeypatch.setitem(objectives._REGISTRY, NAME, toy_objective)  # pylint: disable=protected-access
   (tmp_path / "toy.py").write_text(CONFIG_FILE)
   spec = importlib.util.spec_from_file_location("toy_config", tmp_path / "toy.py")
   module = importlib.util.module_from_spec(spec)

@@ -4,8 +4,6 @@
 keys as attributes and never supplies a default of its own (no `config.get(key, default)`).
 """
 
-from typing import Any
-
 import ml_collections
 
 from crossbert_jax.core import defaults, formats, mixture, objectives
@@ -16,14 +14,14 @@ VARIANTS = ("tiny", "small", "base", "large")
 ATTENTION_BACKENDS = ("auto", "xla", "chunked", "splash", "gpu_flash")  # = model.attention.BACKENDS
 
 def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
-  """Returns the full, locked config for `objective` (a name in training/objectives) at `variant`."""
+  """Returns the full, locked config for `objective` (a name in core/objectives) at `variant`."""
   if objective not in objectives.names():
     raise UserError(f"objective={objective!r}: use one of {objectives.names()}")
   if variant not in VARIANTS:
     raise UserError(f"config variant {variant!r}: use one of {VARIANTS} (e.g. configs/crossbert.py:tiny)")
 
   c = ml_collections.ConfigDict()
-  # training/objectives: "crossbert" (encoder on visible tokens + reconstructor), "mlm" (flat BERT), or a
+  # core/objectives: "crossbert" (encoder on visible tokens + reconstructor), "mlm" (flat BERT), or a
   # registered one (which may add its own section in `configure`).
   c.objective = objective
   c.model = defaults.model(variant)
@@ -103,7 +101,7 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
     raise _err("model.scan_layers", "needs model.num_layers >= 2")
 
 
-def _validate_masking(c: ml_collections.ConfigDict, objective: Any) -> None:
+def _validate_masking(c: ml_collections.ConfigDict, objective: objectives.ObjectiveSpec) -> None:
   """The mlm and masking sections, and the objective's own checks."""
   if not (c.mlm.mask_prob >= 0 and c.mlm.random_prob >= 0 and c.mlm.mask_prob + c.mlm.random_prob <= 1.0):
     raise _err("mlm.mask_prob", "mask_prob and random_prob must be >= 0 and sum to <= 1")

@@ -1,32 +1,26 @@
-"""The `Objective` protocol and the registry of objectives by name (config key `objective`).
+"""What an objective is as data: its spec (config defaults and checks, sections, export head, model
+card, configs file) and the registry of specs by name (config key `objective`).
 
-An objective is one module (training/objectives/): it registers an instance here, and every part
-of the framework that depends on the objective (config defaults and checks, model, init, loss,
-FLOPs, what resume refuses, the sweep's keys, the Hugging Face export) asks `get(c.objective)`.
-The registry sits in core so that the config schema can ask it; the built-in objectives are named
-by module, like entry points, and imported on first `get`, so core imports no model code.
+An objective has two halves under one name. This spec is read by the config schema, resume (`run/`),
+the export (`hf/`) and the sweep (`scaling/`) without importing model or training code; its training
+half (training/objectives/: model, init inputs, loss, FLOPs) is registered there. The built-in specs
+are declared here; a new objective registers its spec with its training half
+(`training.objectives.register`).
 """
 
-import importlib
-from typing import Any, Callable, Protocol
+import dataclasses
+from typing import Callable
 
-import jax
 import ml_collections
 
 from crossbert_jax.core.errors import UserError
 
-Batch = dict[str, jax.Array]
-# (params, batch, key) -> (summed token loss, LossStats): summed so that micro-batches add up exactly.
-LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, Any]]
-
-# Built-in objectives: name -> the module that registers it.
-_BUILTIN = {"crossbert": "crossbert_jax.training.objectives.crossbert",
-            "mlm": "crossbert_jax.training.objectives.mlm"}
-_REGISTRY: dict[str, "Objective"] = {}
+ConfigFn = Callable[[ml_collections.ConfigDict], None]
 
 
-class Objective(Protocol):
-  """What the framework asks of a training objective."""
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSpec:
+  """One objective as data."""
 
   name: str  # The config's `objective`.
   config_file: str  # The configs/*.py file the sweep launches it with (`--config=FILE:VARIANT`).
@@ -36,52 +30,75 @@ class Objective(Protocol):
   # ModernBertModel (the encoder only). `card_title` heads the model card.
   exports_mlm_head: bool
   card_title: str
-
-  def configure(self, c: ml_collections.ConfigDict) -> None:
-    """Sets its defaults (and adds its own sections) on get_config's unlocked config."""
-
-  def validate(self, c: ml_collections.ConfigDict) -> None:
-    """Raises UserError (one line naming the key) for a config this objective cannot train."""
-
-  def build_model(self, c: ml_collections.ConfigDict) -> Any:
-    """The flax module (nn.Module) whose params it trains ("encoder" is the exported part)."""
-
-  def init_inputs(self, c: ml_collections.ConfigDict, batch: Batch) -> tuple:
-    """The model's arguments after (tokens, positions, segment_ids) for init on a dummy batch."""
-
-  def make_loss_fn(self, c: ml_collections.ConfigDict, model: Any, replacement_vocab: int | None,
-                   specials: Any) -> LossFn:
-    """The loss of one (micro-)batch of `model`; `replacement_vocab`, `specials` (data.special_ids.SpecialIds)
-    as in training.objectives.make_loss_fn."""
-
-  def encoder_shape(self, c: ml_collections.ConfigDict) -> tuple[int, int, int]:
-    """(views, encoder tokens per view, predicted slots per view) of one sequence."""
-
-  def forward_flops(self, c: ml_collections.ConfigDict) -> dict[str, float]:
-    """Forward matmul FLOPs per sequence: {"encoder", "reconstructor", "head"} (flops.py's rules)."""
-
-  def sweep_overrides(self, size: dict[str, Any], spec_objective: dict[str, Any]) -> dict[str, Any]:
-    """Config keys a sweep sets for a size beyond the encoder's (scaling/plan.py), e.g. its decoder width."""
-
-  def card_training(self, c: ml_collections.ConfigDict) -> str:
-    """What the model card adds after "masking ratio R" (e.g. ", 2 complementary views"), or ""."""
+  configure: ConfigFn  # Sets its defaults (and adds its own sections) on get_config's unlocked config.
+  validate: ConfigFn  # Raises UserError (one line naming the key) for a config it cannot train.
+  # What the model card adds after "masking ratio R" (e.g. ", 2 complementary views"), or "".
+  card_training: Callable[[ml_collections.ConfigDict], str] = lambda c: ""
 
 
-def register(objective: Objective) -> Objective:
-  """Makes `objective` available as config `objective=objective.name` (a later one replaces it)."""
-  _REGISTRY[objective.name] = objective
-  return objective
+def _err(key: str, msg: str) -> UserError:
+  return UserError(f"config {key}: {msg}")
+
+
+def _configure_crossbert(c: ml_collections.ConfigDict) -> None:
+  c.masking.ratio = 0.5
+  c.masking.views = 2
+
+
+def _validate_crossbert(c: ml_collections.ConfigDict) -> None:
+  r, m, mk, seq_len = c.reconstructor, c.model, c.masking, c.data.seq_len
+  for key in ("num_layers", "embed_dim", "num_heads", "mlp_dim"):
+    if r[key] <= 0:
+      raise _err(f"reconstructor.{key}", f"must be positive, got {r[key]}")
+  if r.embed_dim % r.num_heads or (r.embed_dim // r.num_heads) % 2:
+    raise _err("reconstructor.num_heads",
+               f"{r.num_heads} heads must divide reconstructor.embed_dim={r.embed_dim} into even head dims")
+  if r.tie_head and r.embed_dim != m.embed_dim:
+    raise _err("reconstructor.tie_head", "needs reconstructor.embed_dim == model.embed_dim")
+  if mk.views > 1:
+    if abs(mk.ratio - (1.0 - 1.0 / mk.views)) > 1e-9:
+      raise _err("masking.ratio", f"complementary masking with views={mk.views} needs ratio=1-1/views="
+                 f"{1 - 1 / mk.views:g}, got {mk.ratio}")
+    if seq_len % mk.views:
+      raise _err("data.seq_len", f"{seq_len} must be divisible by masking.views={mk.views}")
+
+
+def _configure_mlm(c: ml_collections.ConfigDict) -> None:
+  c.masking.ratio = 0.15
+  c.masking.views = 1
+
+
+def _validate_mlm(c: ml_collections.ConfigDict) -> None:
+  if c.masking.views != 1:
+    raise _err("masking.views", "the flat BERT baseline (objective=mlm) uses masking.views=1")
+  if c.masking.reconstruct_ratio != 1.0:
+    raise _err("masking.reconstruct_ratio", "applies to objective=crossbert only; leave it at 1.0")
+
+
+CROSSBERT = ObjectiveSpec(
+    name="crossbert", config_file="configs/crossbert.py", sections=("reconstructor",), exports_mlm_head=False,
+    card_title="CrossBERT encoder (reconstructor discarded)", configure=_configure_crossbert,
+    validate=_validate_crossbert, card_training=lambda c: f", {c.masking.views} complementary views")
+MLM = ObjectiveSpec(
+    name="mlm", config_file="configs/bert.py", sections=("mlm",), exports_mlm_head=True,
+    card_title="flat BERT baseline (MLM head included as ModernBertForMaskedLM)", configure=_configure_mlm,
+    validate=_validate_mlm)
+_SPECS: dict[str, ObjectiveSpec] = {spec.name: spec for spec in (CROSSBERT, MLM)}
+
+
+def register(spec: ObjectiveSpec) -> ObjectiveSpec:
+  """Makes `spec` available as config `objective=spec.name` (a later one replaces it)."""
+  _SPECS[spec.name] = spec
+  return spec
 
 
 def names() -> tuple[str, ...]:
   """The objectives a config may name: the built-in ones, then any registered."""
-  return tuple(dict.fromkeys([*_BUILTIN, *_REGISTRY]))
+  return tuple(_SPECS)
 
 
-def get(name: str) -> Objective:
-  """The objective `name`; UserError naming the choices for an unknown one."""
-  if name not in _REGISTRY and name in _BUILTIN:
-    importlib.import_module(_BUILTIN[name])  # It registers itself.
-  if name not in _REGISTRY:
+def get(name: str) -> ObjectiveSpec:
+  """The spec of objective `name`; UserError naming the choices for an unknown one."""
+  if name not in _SPECS:
     raise UserError(f"objective={name!r}: use one of {names()}")
-  return _REGISTRY[name]
+  return _SPECS[name]

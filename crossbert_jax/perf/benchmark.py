@@ -182,9 +182,8 @@ def case_summary(c: ml_collections.ConfigDict, timing: dict[str, Any]) -> dict[s
   b, seq_len = c.train.batch_size, c.data.seq_len
   med, best = timing["median_s"], timing["min_s"]
   flops_step = flops.train_flops_per_step(c)
-  objective = objectives.get(c.objective)
-  views, visible, slots = objective.encoder_shape(c)
-  decoder = "reconstructor" in objective.sections
+  views, visible, slots = objectives.get(c.objective).encoder_shape(c)
+  decoder = "reconstructor" in objectives.get(c.objective).spec.sections
   return {
       **timing,
       "objective": c.objective, "ratio": c.masking.ratio, "views": views, "attention": c.model.attention,

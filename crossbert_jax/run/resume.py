@@ -27,15 +27,15 @@ from typing import Any
 
 import ml_collections
 
-from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import config as config_lib, objectives
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import pipeline
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.run import checkpoint
-from crossbert_jax.training import objectives, optimizer
+from crossbert_jax.training import optimizer
 
-# Beside these, every objective's own sections (`Objective.sections`: the reconstructor, the mlm corruption).
+# Beside these, every objective's own sections (`ObjectiveSpec.sections`: the reconstructor, the mlm corruption).
 _REFUSED_SECTIONS = ("model", "masking")
 # Numerics-preserving runtime choices: the attention kernel and its blocks, the loss chunking.
 _ALLOWED_IN_REFUSED = {"model.remat", "model.dtype", "model.init_std", "model.attention", "model.attention_block_q",

@@ -12,11 +12,11 @@ import ml_collections
 import numpy as np
 from etils import epath
 
+from crossbert_jax.core import objectives
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.hf import import_config
 from crossbert_jax.run import resume
-from crossbert_jax.training import objectives
 from crossbert_jax.training.program import TrainState
 
 # Model keys an imported encoder must share with the run's config.

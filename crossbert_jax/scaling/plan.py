@@ -22,9 +22,10 @@ import pathlib
 import tempfile
 from typing import Any
 
-from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import config as config_lib, objectives
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.training import flops, objectives, optimizer
+from crossbert_jax.scaling import objective_keys
+from crossbert_jax.training import flops, optimizer
 
 SPEC_KEYS = {"name", "variant", "data_path", "tokenizer_vocab_size", "common", "sizes", "objectives", "seeds",
              "probes", "warmup_fraction"}
@@ -177,7 +178,7 @@ def _overrides(spec: dict, size: dict, obj: dict, seed: int) -> dict[str, Any]:
               "masking.views": obj["views"]})
   for key in ("embed_dim", "num_heads", "num_layers", "mlp_dim"):
     out[f"model.{key}"] = size[key]
-  out.update(objectives.get(obj["objective"]).sweep_overrides(size, obj))
+  out.update(objective_keys.overrides(obj["objective"], size, obj))
   return out
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from absl import logging
 from flax.core import meta
 
-from crossbert_jax.core import objectives
+from crossbert_jax.training import objectives
 
 # Dense (non-sparse) per-device peak TFLOP/s by a substring of `jax.Device.device_kind`.
 # Lookup takes the longest matching substring (case-insensitive), so "H100 PCIe" beats "H100",

@@ -1,20 +1,75 @@
 """Training objectives behind one seam: `loss_fn(params, batch, key) -> (summed loss, stats)`.
 
-Each objective is one module registered by name (core/objectives.py): crossbert.py (encoder on the
-visible tokens of K complementary views, a reconstructor predicts the rest) and mlm.py (the flat
-BERT baseline). Adding one: a module with an `Objective` that calls `register`, and a configs/*.py.
+An objective's training half (model, init inputs, loss, FLOPs), registered by name beside its spec
+(core/objectives.py: config defaults and checks, sections, export head, model card). Built in:
+crossbert.py (encoder on the visible tokens of K complementary views, a reconstructor predicts the
+rest) and mlm.py (the flat BERT baseline), imported on first use. Adding one: a module whose
+`Objective` holds its `spec` and calls `register`, and a configs/*.py.
 """
 
-from typing import Any
+import importlib
+from typing import Any, Callable, Protocol
 
 import flax.linen as nn
 import jax
 import ml_collections
 
+from crossbert_jax.core import objectives as specs
+from crossbert_jax.core.errors import UserError
 from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
 from crossbert_jax.training.objectives.losses import (  # noqa: F401 - the shared loss parts, re-exported.
     Batch, LossStats, _token_losses, chunked_cross_entropy, dummy_batch, replacement_vocab_size, targetable)
-from crossbert_jax.core.objectives import LossFn, Objective, get, names, register  # noqa: F401
+
+# (params, batch, key) -> (summed token loss, LossStats): summed so that micro-batches add up exactly.
+LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, Any]]
+
+# Built-in objectives: name -> the module that registers its training half.
+_BUILTIN = {"crossbert": "crossbert_jax.training.objectives.crossbert",
+            "mlm": "crossbert_jax.training.objectives.mlm"}
+_REGISTRY: dict[str, "Objective"] = {}
+
+
+class Objective(Protocol):
+  """What the training side asks of an objective (its data half is `spec`)."""
+
+  spec: specs.ObjectiveSpec
+
+  def build_model(self, c: ml_collections.ConfigDict) -> Any:
+    """The flax module (nn.Module) whose params it trains ("encoder" is the exported part)."""
+
+  def init_inputs(self, c: ml_collections.ConfigDict, batch: Batch) -> tuple:
+    """The model's arguments after (tokens, positions, segment_ids) for init on a dummy batch."""
+
+  def make_loss_fn(self, c: ml_collections.ConfigDict, model: Any, replacement_vocab: int | None,
+                   specials: Any) -> LossFn:
+    """The loss of one (micro-)batch of `model`; `replacement_vocab`, `specials` (data.special_ids.SpecialIds)
+    as in make_loss_fn."""
+
+  def encoder_shape(self, c: ml_collections.ConfigDict) -> tuple[int, int, int]:
+    """(views, encoder tokens per view, predicted slots per view) of one sequence."""
+
+  def forward_flops(self, c: ml_collections.ConfigDict) -> dict[str, float]:
+    """Forward matmul FLOPs per sequence: {"encoder", "reconstructor", "head"} (flops.py's rules)."""
+
+
+def register(objective: Objective) -> Objective:
+  """Makes `objective` trainable as config `objective=objective.spec.name`, its spec registered too."""
+  specs.register(objective.spec)
+  _REGISTRY[objective.spec.name] = objective
+  return objective
+
+
+def names() -> tuple[str, ...]:
+  return specs.names()
+
+
+def get(name: str) -> Objective:
+  """The training half of objective `name`; UserError naming the choices for an unknown one."""
+  if name not in _REGISTRY and name in _BUILTIN:
+    importlib.import_module(_BUILTIN[name])  # It registers itself.
+  if name not in _REGISTRY:
+    raise UserError(f"objective={name!r}: use one of {names()}")
+  return _REGISTRY[name]
 
 
 def build_model(c: ml_collections.ConfigDict) -> nn.Module:

@@ -6,24 +6,17 @@ the export keeps the encoder (ModernBertModel) and discards the reconstructor.
 Shape letters: K views, B batch, L length, T visible slots, Q reconstruction slots, D width.
 """
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from crossbert_jax.core.errors import UserError
+from crossbert_jax.core import objectives as specs
 from crossbert_jax.data.special_ids import SpecialIds
 from crossbert_jax.model.encoder import EncoderSpec
 from crossbert_jax.model.models import CrossBert
 from crossbert_jax.model.reconstructor import ReconstructorSpec
-from crossbert_jax.training import flops, masking
-from crossbert_jax.core import objectives as registry
+from crossbert_jax.training import flops, masking, objectives
 from crossbert_jax.training.objectives import losses
-
-
-def _err(key: str, msg: str) -> UserError:
-  return UserError(f"config {key}: {msg}")
 
 
 def crossbert_shapes(c: ml_collections.ConfigDict) -> tuple[int, int, int]:
@@ -62,34 +55,9 @@ def _reconstructor_forward_flops(c: ml_collections.ConfigDict, visible: int, slo
 
 
 class CrossBertObjective:
-  """The CrossBERT objective (`registry.Objective`)."""
+  """The CrossBERT objective's training half (`objectives.Objective`)."""
 
-  name = "crossbert"
-  config_file = "configs/crossbert.py"
-  sections = ("reconstructor",)
-  exports_mlm_head = False
-  card_title = "CrossBERT encoder (reconstructor discarded)"
-
-  def configure(self, c: ml_collections.ConfigDict) -> None:
-    c.masking.ratio = 0.5
-    c.masking.views = 2
-
-  def validate(self, c: ml_collections.ConfigDict) -> None:
-    r, m, mk, seq_len = c.reconstructor, c.model, c.masking, c.data.seq_len
-    for key in ("num_layers", "embed_dim", "num_heads", "mlp_dim"):
-      if r[key] <= 0:
-        raise _err(f"reconstructor.{key}", f"must be positive, got {r[key]}")
-    if r.embed_dim % r.num_heads or (r.embed_dim // r.num_heads) % 2:
-      raise _err("reconstructor.num_heads",
-                 f"{r.num_heads} heads must divide reconstructor.embed_dim={r.embed_dim} into even head dims")
-    if r.tie_head and r.embed_dim != m.embed_dim:
-      raise _err("reconstructor.tie_head", "needs reconstructor.embed_dim == model.embed_dim")
-    if mk.views > 1:
-      if abs(mk.ratio - (1.0 - 1.0 / mk.views)) > 1e-9:
-        raise _err("masking.ratio", f"complementary masking with views={mk.views} needs ratio=1-1/views="
-                   f"{1 - 1 / mk.views:g}, got {mk.ratio}")
-      if seq_len % mk.views:
-        raise _err("data.seq_len", f"{seq_len} must be divisible by masking.views={mk.views}")
+  spec = specs.CROSSBERT
 
   def build_model(self, c: ml_collections.ConfigDict) -> CrossBert:
     return CrossBert(EncoderSpec.from_config(c.model), ReconstructorSpec.from_config(c))
@@ -100,7 +68,7 @@ class CrossBertObjective:
     return masks.vis_idx_KxBxT[0], masks.rec_idx_KxBxQ[0], masks.rec_valid_KxBxQ[0]
 
   def make_loss_fn(self, c: ml_collections.ConfigDict, model: CrossBert, replacement_vocab: int | None,
-                   specials: SpecialIds) -> registry.LossFn:
+                   specials: SpecialIds) -> objectives.LossFn:
     del replacement_vocab  # Nothing is replaced: hidden tokens are left out of the encoder's input.
     mk = c.masking
 
@@ -134,15 +102,5 @@ class CrossBertObjective:
       "head": float(k * 2 * slots * c.reconstructor.embed_dim * c.model.vocab_size),
     }
 
-  def sweep_overrides(self, size: dict[str, Any], spec_objective: dict[str, Any]) -> dict[str, Any]:
-    # The reconstructor follows the encoder's width (a fraction of it: a lighter decoder).
-    w = spec_objective.get("reconstructor_width", 1.0)
-    return {"reconstructor.embed_dim": int(size["embed_dim"] * w),
-            "reconstructor.num_heads": max(1, int(size["num_heads"] * w)),
-            "reconstructor.mlp_dim": int(size["mlp_dim"] * w)}
 
-  def card_training(self, c: ml_collections.ConfigDict) -> str:
-    return f", {c.masking.views} complementary views"
-
-
-registry.register(CrossBertObjective())
+objectives.register(CrossBertObjective())

@@ -6,43 +6,22 @@ random regular id, the rest unchanged). The params are {"encoder", "head"}; the 
 Shape letters: B batch, L length, M masked slots, D width.
 """
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from crossbert_jax.core.errors import UserError
+from crossbert_jax.core import objectives as specs
 from crossbert_jax.data.special_ids import SpecialIds
 from crossbert_jax.model.encoder import EncoderSpec
 from crossbert_jax.model.models import FlatBert
-from crossbert_jax.training import flops, masking
-from crossbert_jax.core import objectives as registry
+from crossbert_jax.training import flops, masking, objectives
 from crossbert_jax.training.objectives import losses
 
 
-def _err(key: str, msg: str) -> UserError:
-  return UserError(f"config {key}: {msg}")
-
-
 class MlmObjective:
-  """The flat BERT objective (`registry.Objective`)."""
+  """The flat BERT objective's training half (`objectives.Objective`)."""
 
-  name = "mlm"
-  config_file = "configs/bert.py"
-  sections = ("mlm",)
-  exports_mlm_head = True
-  card_title = "flat BERT baseline (MLM head included as ModernBertForMaskedLM)"
-
-  def configure(self, c: ml_collections.ConfigDict) -> None:
-    c.masking.ratio = 0.15
-    c.masking.views = 1
-
-  def validate(self, c: ml_collections.ConfigDict) -> None:
-    if c.masking.views != 1:
-      raise _err("masking.views", "the flat BERT baseline (objective=mlm) uses masking.views=1")
-    if c.masking.reconstruct_ratio != 1.0:
-      raise _err("masking.reconstruct_ratio", "applies to objective=crossbert only; leave it at 1.0")
+  spec = specs.MLM
 
   def build_model(self, c: ml_collections.ConfigDict) -> FlatBert:
     return FlatBert(EncoderSpec.from_config(c.model))
@@ -51,7 +30,7 @@ class MlmObjective:
     return (masking.mlm_masks(jax.random.key(0), batch["segment_ids"], c.masking.ratio).mask_idx_BxM,)
 
   def make_loss_fn(self, c: ml_collections.ConfigDict, model: FlatBert, replacement_vocab: int | None,
-                   specials: SpecialIds) -> registry.LossFn:
+                   specials: SpecialIds) -> objectives.LossFn:
     mk = c.masking
     random_end = c.model.vocab_size if replacement_vocab is None else replacement_vocab
     regular = specials.replacement_range(random_end)
@@ -85,11 +64,5 @@ class MlmObjective:
       "head": float(2 * masked * d * d + 2 * masked * d * vocab),
     }
 
-  def sweep_overrides(self, size: dict[str, Any], spec_objective: dict[str, Any]) -> dict[str, Any]:
-    return {}
 
-  def card_training(self, c: ml_collections.ConfigDict) -> str:
-    return ""
-
-
-registry.register(MlmObjective())
+objectives.register(MlmObjective())
