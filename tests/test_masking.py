@@ -1,4 +1,4 @@
-"""Masks drawn in the step (DESIGN §3): partitions, exact counts, pads never predicted, 80/10/10."""
+"""Masks drawn in the step: partitions, exact counts, pads never predicted, 80/10/10."""
 
 import collections
 

@@ -1,4 +1,4 @@
-"""Model information flow by gradients (DESIGN §2): hidden tokens, segments, windows, gathers, layouts."""
+"""Model information flow by gradients: hidden tokens, segments, windows, gathers, layouts."""
 
 import flax.linen as nn
 import jax

@@ -1,4 +1,4 @@
-"""Sharding (DESIGN §4): 1 device == 8 devices, params/opt state really sharded, mesh errors, accumulation."""
+"""Sharding: 1 device == 8 devices, params/opt state really sharded, mesh errors, accumulation."""
 
 import jax
 import jax.numpy as jnp

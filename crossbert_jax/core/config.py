@@ -8,7 +8,7 @@ import ml_collections
 
 from crossbert_jax.core import defaults, formats, mixture, objectives
 from crossbert_jax.core import phases as phases_lib
-from crossbert_jax.core.errors import UserError
+from crossbert_jax.core.errors import UserError, config_error
 
 VARIANTS = ("tiny", "small", "base", "large")
 ATTENTION_BACKENDS = ("auto", "xla", "chunked", "splash", "gpu_flash")  # = model.attention.BACKENDS
@@ -53,14 +53,10 @@ def on_cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
-def _err(key: str, msg: str) -> UserError:
-  return UserError(f"config {key}: {msg}")
-
-
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raises UserError (one line, naming the key) for any inconsistent config."""
   if c.objective not in objectives.names():
-    raise _err("objective", f"{c.objective!r} is not one of {objectives.names()}")
+    raise config_error("objective", f"{c.objective!r} is not one of {objectives.names()}")
   _validate_model(c.model)
   _validate_masking(c, objectives.get(c.objective))
   _validate_data(c.data)
@@ -79,116 +75,116 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
   """The encoder's shape, attention and numerics."""
   for key in ("vocab_size", "embed_dim", "num_heads", "num_layers", "mlp_dim"):
     if m[key] <= 0:
-      raise _err(f"model.{key}", f"must be positive, got {m[key]}")
+      raise config_error(f"model.{key}", f"must be positive, got {m[key]}")
   if m.embed_dim % m.num_heads:
-    raise _err("model.num_heads", f"{m.num_heads} heads do not divide model.embed_dim={m.embed_dim}")
+    raise config_error("model.num_heads", f"{m.num_heads} heads do not divide model.embed_dim={m.embed_dim}")
   if (m.embed_dim // m.num_heads) % 2:
-    raise _err("model.num_heads", "head dim (embed_dim / num_heads) must be even for RoPE")
+    raise config_error("model.num_heads", "head dim (embed_dim / num_heads) must be even for RoPE")
   if m.global_every < 1:
-    raise _err("model.global_every", f"must be >= 1 (1 = all global), got {m.global_every}")
+    raise config_error("model.global_every", f"must be >= 1 (1 = all global), got {m.global_every}")
   if m.local_window < 2 or m.local_window % 2:
-    raise _err("model.local_window", f"must be an even number >= 2, got {m.local_window}")
+    raise config_error("model.local_window", f"must be an even number >= 2, got {m.local_window}")
   if m.remat not in ("none", "full", "dots"):
-    raise _err("model.remat", f"{m.remat!r}: use 'none', 'full' or 'dots'")
+    raise config_error("model.remat", f"{m.remat!r}: use 'none', 'full' or 'dots'")
   if m.dtype not in ("float32", "bfloat16"):
-    raise _err("model.dtype", f"{m.dtype!r}: use 'float32' or 'bfloat16'")
+    raise config_error("model.dtype", f"{m.dtype!r}: use 'float32' or 'bfloat16'")
   if m.attention not in ATTENTION_BACKENDS:
-    raise _err("model.attention", f"{m.attention!r}: use one of {ATTENTION_BACKENDS}")
+    raise config_error("model.attention", f"{m.attention!r}: use one of {ATTENTION_BACKENDS}")
   for key in ("attention_block_q", "attention_block_kv", "attention_chunked_min_len", "loss_chunk"):
     if m[key] < 1:
-      raise _err(f"model.{key}", f"must be >= 1, got {m[key]}")
+      raise config_error(f"model.{key}", f"must be >= 1, got {m[key]}")
   if m.scan_layers and m.num_layers < 2:
-    raise _err("model.scan_layers", "needs model.num_layers >= 2")
+    raise config_error("model.scan_layers", "needs model.num_layers >= 2")
 
 
 def _validate_masking(c: ml_collections.ConfigDict, objective: objectives.ObjectiveSpec) -> None:
   """The mlm and masking sections, and the objective's own checks."""
   if not (c.mlm.mask_prob >= 0 and c.mlm.random_prob >= 0 and c.mlm.mask_prob + c.mlm.random_prob <= 1.0):
-    raise _err("mlm.mask_prob", "mask_prob and random_prob must be >= 0 and sum to <= 1")
+    raise config_error("mlm.mask_prob", "mask_prob and random_prob must be >= 0 and sum to <= 1")
   mk, L = c.masking, c.data.seq_len
   if L < 4:
-    raise _err("data.seq_len", f"must be >= 4, got {L}")
+    raise config_error("data.seq_len", f"must be >= 4, got {L}")
   if not 0.0 < mk.ratio < 1.0:
-    raise _err("masking.ratio", f"must be in (0, 1), got {mk.ratio}")
+    raise config_error("masking.ratio", f"must be in (0, 1), got {mk.ratio}")
   if mk.views < 1:
-    raise _err("masking.views", f"must be >= 1, got {mk.views}")
+    raise config_error("masking.views", f"must be >= 1, got {mk.views}")
   objective.validate(c)  # Its own sections and what it needs of the masking (e.g. complementary views).
   if round(mk.ratio * L) < 1 or L - round(mk.ratio * L) < 1:
-    raise _err("masking.ratio", f"{mk.ratio} leaves no masked or no visible slot at data.seq_len={L}")
+    raise config_error("masking.ratio", f"{mk.ratio} leaves no masked or no visible slot at data.seq_len={L}")
   if not 0.0 < mk.reconstruct_ratio <= 1.0:
-    raise _err("masking.reconstruct_ratio", f"must be in (0, 1], got {mk.reconstruct_ratio}")
+    raise config_error("masking.reconstruct_ratio", f"must be in (0, 1], got {mk.reconstruct_ratio}")
 
 
 def _validate_data(d: ml_collections.ConfigDict) -> None:
   """The data section (sources, formats, the mixture)."""
 
   if fix := formats.check(d.format):
-    raise _err("data.format", f"{d.format!r}: {fix}")
+    raise config_error("data.format", f"{d.format!r}: {fix}")
   if d.text_unit not in ("line", "paragraph", "file"):
-    raise _err("data.text_unit", f"{d.text_unit!r}: use line, paragraph or file")
+    raise config_error("data.text_unit", f"{d.text_unit!r}: use line, paragraph or file")
   mixture.validate(d)
   if d.worker_count < 0:
-    raise _err("data.worker_count", f"must be >= 0, got {d.worker_count}")
+    raise config_error("data.worker_count", f"must be >= 0, got {d.worker_count}")
 
 
 def _validate_train(t: ml_collections.ConfigDict) -> None:
   """Steps, batch and the optimizer's schedule."""
   if t.steps < 1:
-    raise _err("train.steps", f"must be >= 1, got {t.steps}")
+    raise config_error("train.steps", f"must be >= 1, got {t.steps}")
   if t.stop_at_step < 0:
-    raise _err("train.stop_at_step", f"must be >= 0 (0 = run to train.steps), got {t.stop_at_step}")
+    raise config_error("train.stop_at_step", f"must be >= 0 (0 = run to train.steps), got {t.stop_at_step}")
   if t.batch_size < 1:
-    raise _err("train.batch_size", f"must be >= 1, got {t.batch_size}")
+    raise config_error("train.batch_size", f"must be >= 1, got {t.batch_size}")
   if t.grad_accum < 1 or t.batch_size % t.grad_accum:
-    raise _err("train.grad_accum", f"{t.grad_accum} must be >= 1 and divide train.batch_size={t.batch_size}")
+    raise config_error("train.grad_accum", f"{t.grad_accum} must be >= 1 and divide train.batch_size={t.batch_size}")
   if t.learning_rate <= 0:
-    raise _err("train.learning_rate", f"must be positive, got {t.learning_rate}")
+    raise config_error("train.learning_rate", f"must be positive, got {t.learning_rate}")
   if t.warmup_steps < 0:
-    raise _err("train.warmup_steps", f"must be >= 0, got {t.warmup_steps}")
+    raise config_error("train.warmup_steps", f"must be >= 0, got {t.warmup_steps}")
   if t.decay not in ("cosine", "linear", "wsd"):
-    raise _err("train.decay", f"{t.decay!r}: use 'cosine', 'linear' or 'wsd'")
+    raise config_error("train.decay", f"{t.decay!r}: use 'cosine', 'linear' or 'wsd'")
   if not 0.0 < t.decay_fraction <= 1.0:
-    raise _err("train.decay_fraction", f"must be in (0, 1], got {t.decay_fraction}")
+    raise config_error("train.decay_fraction", f"must be in (0, 1], got {t.decay_fraction}")
   if t.decay_shape not in ("linear", "1-sqrt"):
-    raise _err("train.decay_shape", f"{t.decay_shape!r}: use 'linear' or '1-sqrt'")
+    raise config_error("train.decay_shape", f"{t.decay_shape!r}: use 'linear' or '1-sqrt'")
   if t.decay == "wsd" and t.warmup_steps > t.steps - round(t.decay_fraction * t.steps):
-    raise _err("train.warmup_steps", f"{t.warmup_steps} runs into the wsd decay, which starts after step "
+    raise config_error("train.warmup_steps", f"{t.warmup_steps} runs into the wsd decay, which starts after step "
                f"{t.steps - round(t.decay_fraction * t.steps)}; lower it or train.decay_fraction")
   if t.shape_from_init and not t.init_from:
-    raise _err("train.shape_from_init", "is set but train.init_from is empty: pass --config.train.init_from=IMP, "
+    raise config_error("train.shape_from_init", "is set but train.init_from is empty: pass --config.train.init_from=IMP, "
                "a folder from `python -m crossbert_jax.export import`")
   if not 0.0 <= t.final_lr_ratio <= 1.0:
-    raise _err("train.final_lr_ratio", f"must be in [0, 1], got {t.final_lr_ratio}")
+    raise config_error("train.final_lr_ratio", f"must be in [0, 1], got {t.final_lr_ratio}")
   if t.clip_norm < 0:
-    raise _err("train.clip_norm", f"must be >= 0 (0 = off), got {t.clip_norm}")
+    raise config_error("train.clip_norm", f"must be >= 0 (0 = off), got {t.clip_norm}")
 
 
 def _validate_runtime(c: ml_collections.ConfigDict) -> None:
   """Checkpoints, mesh, probes and metrics."""
   if c.checkpoint.every_steps < 1:
-    raise _err("checkpoint.every_steps", f"must be >= 1, got {c.checkpoint.every_steps}")
+    raise config_error("checkpoint.every_steps", f"must be >= 1, got {c.checkpoint.every_steps}")
   if c.checkpoint.keep < 1:
-    raise _err("checkpoint.keep", f"must be >= 1, got {c.checkpoint.keep}")
+    raise config_error("checkpoint.keep", f"must be >= 1, got {c.checkpoint.keep}")
   if not all(isinstance(s, int) and s >= 1 for s in c.checkpoint.keep_steps):
-    raise _err("checkpoint.keep_steps", f"must be steps >= 1, got {c.checkpoint.keep_steps!r}")
+    raise config_error("checkpoint.keep_steps", f"must be steps >= 1, got {c.checkpoint.keep_steps!r}")
   sizes = {k: c.mesh[k] for k in ("data", "fsdp", "tensor")}
   if sum(v == -1 for v in sizes.values()) > 1:
-    raise _err("mesh", "at most one of mesh.data / mesh.fsdp / mesh.tensor may be -1")
+    raise config_error("mesh", "at most one of mesh.data / mesh.fsdp / mesh.tensor may be -1")
   for k, v in sizes.items():
     if v == 0 or v < -1:
-      raise _err(f"mesh.{k}", f"must be a positive size or -1, got {v}")
+      raise config_error(f"mesh.{k}", f"must be a positive size or -1, got {v}")
   if c.eval.every_steps < 0:
-    raise _err("eval.every_steps", f"must be >= 0 (0 = off), got {c.eval.every_steps}")
+    raise config_error("eval.every_steps", f"must be >= 0 (0 = off), got {c.eval.every_steps}")
   if c.eval.every_steps > 0 and not c.eval.data_dir:
-    raise _err("eval.data_dir", "is empty but eval.every_steps > 0: point it at the task data (e.g. ../shared/data)")
+    raise config_error("eval.data_dir", "is empty but eval.every_steps > 0: point it at the task data (e.g. ../shared/data)")
   if c.eval.max_examples != 0 and c.eval.max_examples < 10:
-    raise _err("eval.max_examples", f"must be 0 (whole splits) or >= 10, got {c.eval.max_examples}")
+    raise config_error("eval.max_examples", f"must be 0 (whole splits) or >= 10, got {c.eval.max_examples}")
   if c.eval.splits not in ("first", "all"):
-    raise _err("eval.splits", f"must be 'first' or 'all', got {c.eval.splits!r}")
+    raise config_error("eval.splits", f"must be 'first' or 'all', got {c.eval.splits!r}")
   if c.metrics.log_every < 1:
-    raise _err("metrics.log_every", f"must be >= 1, got {c.metrics.log_every}")
+    raise config_error("metrics.log_every", f"must be >= 1, got {c.metrics.log_every}")
   if c.metrics.cpu_peak_tflops <= 0:
-    raise _err("metrics.cpu_peak_tflops", f"must be positive, got {c.metrics.cpu_peak_tflops}")
+    raise config_error("metrics.cpu_peak_tflops", f"must be positive, got {c.metrics.cpu_peak_tflops}")
 
 
 def from_flag(value) -> ml_collections.ConfigDict:
@@ -204,7 +200,7 @@ def from_flag(value) -> ml_collections.ConfigDict:
     raise UserError("--config file sets no `objective`: build it with get_config(objective, variant) from "
                     "crossbert_jax/core/config.py (as configs/crossbert.py does)") from None
   if objective not in objectives.names():
-    raise _err("objective", f"{objective!r} is not one of {objectives.names()}")
+    raise config_error("objective", f"{objective!r} is not one of {objectives.names()}")
   missing = _missing_keys(value, get_config(objective, "tiny"))
   if missing:
     more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -15,6 +15,11 @@ class UserError(Exception):
   """A bad input from the user (config, path, data). The message is the whole story."""
 
 
+def config_error(key: str, msg: str) -> UserError:
+  """The one-line error for config key `key` ("config model.embed_dim: must be ...")."""
+  return UserError(f"config {key}: {msg}")
+
+
 def error_line(message: str) -> None:
   """Writes `error: <message>` as one write, so lines of several processes sharing a pipe do not interleave."""
   sys.stderr.write(f"error: {message}\n")

@@ -12,11 +12,7 @@ import re
 import ml_collections
 
 from crossbert_jax.core import formats
-from crossbert_jax.core.errors import UserError
-
-
-def _err(key: str, msg: str) -> UserError:
-  return UserError(f"config {key}: {msg}")
+from crossbert_jax.core.errors import config_error
 
 
 KEYS = ("path", "weight", "name", "format", "text_field", "text_unit")
@@ -38,43 +34,43 @@ def source_names(mixture) -> list[str]:
 def validate(d: ml_collections.ConfigDict) -> None:
   """data.mixture: sources with a path, a positive finite weight and only known keys; distinct names."""
   if not isinstance(d.mixture, (tuple, list)):
-    raise _err("data.mixture", f"must be a tuple of dicts {{'path': P, 'weight': w}}, got {d.mixture!r}")
+    raise config_error("data.mixture", f"must be a tuple of dicts {{'path': P, 'weight': w}}, got {d.mixture!r}")
   if not d.mixture:
     return
   if d.path not in ("builtin", ""):
-    raise _err("data.path", f"{d.path!r} and data.mixture are both set: make it a source of data.mixture, or "
+    raise config_error("data.path", f"{d.path!r} and data.mixture are both set: make it a source of data.mixture, or "
                "clear it (--config.data.path='')")
 
   for k, src in enumerate(d.mixture):
     key = f"data.mixture[{k}]"
     if not isinstance(src, dict):
       keys = isinstance(src, str) and src in KEYS  # One dict given without a trailing comma: read as its keys.
-      raise _err(key, f"must be a dict {{'path': P, 'weight': w}}, got {src!r}"
+      raise config_error(key, f"must be a dict {{'path': P, 'weight': w}}, got {src!r}"
                  + ("; one source needs a trailing comma: --config.data.mixture=\"({'path': P, 'weight': 1.0},)\""
                     if keys else ""))
     unknown = sorted(set(src) - set(KEYS))
     if unknown:
-      raise _err(key, f"unknown key {unknown[0]!r}: use {', '.join(KEYS)}")
+      raise config_error(key, f"unknown key {unknown[0]!r}: use {', '.join(KEYS)}")
     if not isinstance(src.get("path"), str) or not src["path"].strip():
-      raise _err(f"{key}.path", f"must be a non-empty path (file, directory, glob, comma list), got "
+      raise config_error(f"{key}.path", f"must be a non-empty path (file, directory, glob, comma list), got "
                  f"{src.get('path')!r}")
     w = src.get("weight")
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
-      raise _err(f"{key}.weight", f"must be a finite number > 0, got {w!r}")
+      raise config_error(f"{key}.weight", f"must be a finite number > 0, got {w!r}")
     if fix := formats.check(src.get("format", "auto")):
-      raise _err(f"{key}.format", f"{src['format']!r}: {fix}")
+      raise config_error(f"{key}.format", f"{src['format']!r}: {fix}")
     if src.get("text_unit", "line") not in ("line", "paragraph", "file"):
-      raise _err(f"{key}.text_unit", f"{src['text_unit']!r}: use line, paragraph or file")
+      raise config_error(f"{key}.text_unit", f"{src['text_unit']!r}: use line, paragraph or file")
     if not isinstance(src.get("text_field", "text"), str):
-      raise _err(f"{key}.text_field", f"must be a field name, got {src['text_field']!r}")
+      raise config_error(f"{key}.text_field", f"must be a field name, got {src['text_field']!r}")
     name = src.get("name", "x")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-      raise _err(f"{key}.name", f"must be letters, digits, '_', '.' or '-', got {name!r}")
+      raise config_error(f"{key}.name", f"must be letters, digits, '_', '.' or '-', got {name!r}")
   if not math.isfinite(sum(src["weight"] for src in d.mixture)):  # As data/mixture.py sums them.
-    raise _err("data.mixture", "the weights sum past the largest float: scale them down (only their ratios "
+    raise config_error("data.mixture", "the weights sum past the largest float: scale them down (only their ratios "
                "matter, e.g. 1 and 3)")
   names = source_names(d.mixture)
   for k, name in enumerate(names):
     if name in names[:k]:
-      raise _err(f"data.mixture[{k}]", f"name {name!r} repeats data.mixture[{names.index(name)}]'s: give each "
+      raise config_error(f"data.mixture[{k}]", f"name {name!r} repeats data.mixture[{names.index(name)}]'s: give each "
                  "source a distinct 'name'")

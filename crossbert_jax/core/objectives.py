@@ -13,7 +13,7 @@ from typing import Callable
 
 import ml_collections
 
-from crossbert_jax.core.errors import UserError
+from crossbert_jax.core.errors import UserError, config_error
 
 ConfigFn = Callable[[ml_collections.ConfigDict], None]
 
@@ -36,10 +36,6 @@ class ObjectiveSpec:
   card_training: Callable[[ml_collections.ConfigDict], str] = lambda c: ""
 
 
-def _err(key: str, msg: str) -> UserError:
-  return UserError(f"config {key}: {msg}")
-
-
 def _configure_crossbert(c: ml_collections.ConfigDict) -> None:
   c.masking.ratio = 0.5
   c.masking.views = 2
@@ -49,18 +45,18 @@ def _validate_crossbert(c: ml_collections.ConfigDict) -> None:
   r, m, mk, seq_len = c.reconstructor, c.model, c.masking, c.data.seq_len
   for key in ("num_layers", "embed_dim", "num_heads", "mlp_dim"):
     if r[key] <= 0:
-      raise _err(f"reconstructor.{key}", f"must be positive, got {r[key]}")
+      raise config_error(f"reconstructor.{key}", f"must be positive, got {r[key]}")
   if r.embed_dim % r.num_heads or (r.embed_dim // r.num_heads) % 2:
-    raise _err("reconstructor.num_heads",
+    raise config_error("reconstructor.num_heads",
                f"{r.num_heads} heads must divide reconstructor.embed_dim={r.embed_dim} into even head dims")
   if r.tie_head and r.embed_dim != m.embed_dim:
-    raise _err("reconstructor.tie_head", "needs reconstructor.embed_dim == model.embed_dim")
+    raise config_error("reconstructor.tie_head", "needs reconstructor.embed_dim == model.embed_dim")
   if mk.views > 1:
     if abs(mk.ratio - (1.0 - 1.0 / mk.views)) > 1e-9:
-      raise _err("masking.ratio", f"complementary masking with views={mk.views} needs ratio=1-1/views="
+      raise config_error("masking.ratio", f"complementary masking with views={mk.views} needs ratio=1-1/views="
                  f"{1 - 1 / mk.views:g}, got {mk.ratio}")
     if seq_len % mk.views:
-      raise _err("data.seq_len", f"{seq_len} must be divisible by masking.views={mk.views}")
+      raise config_error("data.seq_len", f"{seq_len} must be divisible by masking.views={mk.views}")
 
 
 def _configure_mlm(c: ml_collections.ConfigDict) -> None:
@@ -70,9 +66,9 @@ def _configure_mlm(c: ml_collections.ConfigDict) -> None:
 
 def _validate_mlm(c: ml_collections.ConfigDict) -> None:
   if c.masking.views != 1:
-    raise _err("masking.views", "the flat BERT baseline (objective=mlm) uses masking.views=1")
+    raise config_error("masking.views", "the flat BERT baseline (objective=mlm) uses masking.views=1")
   if c.masking.reconstruct_ratio != 1.0:
-    raise _err("masking.reconstruct_ratio", "applies to objective=crossbert only; leave it at 1.0")
+    raise config_error("masking.reconstruct_ratio", "applies to objective=crossbert only; leave it at 1.0")
 
 
 CROSSBERT = ObjectiveSpec(
