@@ -12,7 +12,7 @@ import sys
 from absl import app
 from absl import flags
 
-from crossbert_jax.core import formats
+from crossbert_jax.core import choices, formats
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.data import prepare
 from crossbert_jax.data import tokenizer as tokenizer_lib
@@ -28,7 +28,7 @@ def _define_flags() -> None:
   flags.DEFINE_enum("format", "auto", list(formats.choices()),
                     "Input format; auto picks by file extension.")
   flags.DEFINE_string("text_field", "text", "Field with the text (jsonl/parquet/arrayrecord input).")
-  flags.DEFINE_enum("text_unit", "paragraph", ["line", "paragraph", "file"],
+  flags.DEFINE_enum("text_unit", choices.TextUnit.PARAGRAPH.value, choices.values(choices.TextUnit),
                     "How plain-text files split into documents.")
   flags.DEFINE_integer("workers", 0, "Parallel worker processes (0: min(shards, CPUs)).")
   flags.DEFINE_bool("progress", True, "Progress bar.")

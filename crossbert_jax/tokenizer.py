@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from absl import app
 from absl import flags
 
-from crossbert_jax.core import formats
+from crossbert_jax.core import choices, formats
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.data import sources
@@ -32,7 +32,7 @@ def _define_flags() -> None:
   flags.DEFINE_enum("format", "auto", list(formats.choices()),
                     "Input format; auto picks by file extension.")
   flags.DEFINE_string("text_field", "text", "Field with the text (jsonl/parquet/arrayrecord).")
-  flags.DEFINE_enum("text_unit", "paragraph", ["line", "paragraph", "file"],
+  flags.DEFINE_enum("text_unit", choices.TextUnit.PARAGRAPH.value, choices.values(choices.TextUnit),
                     "How plain-text files split into documents.")
   flags.DEFINE_integer("max_documents", 0, "Use at most this many documents (0: all).")
 

@@ -6,12 +6,11 @@ keys as attributes and never supplies a default of its own (no `config.get(key, 
 
 import ml_collections
 
-from crossbert_jax.core import defaults, formats, mixture, objectives
+from crossbert_jax.core import choices, defaults, formats, mixture, objectives
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError, config_error
 
 VARIANTS = ("tiny", "small", "base", "large")
-ATTENTION_BACKENDS = ("auto", "xla", "chunked", "splash", "gpu_flash")  # = model.attention.BACKENDS
 
 def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   """Returns the full, locked config for `objective` (a name in core/objectives) at `variant`."""
@@ -84,12 +83,9 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
     raise config_error("model.global_every", f"must be >= 1 (1 = all global), got {m.global_every}")
   if m.local_window < 2 or m.local_window % 2:
     raise config_error("model.local_window", f"must be an even number >= 2, got {m.local_window}")
-  if m.remat not in ("none", "full", "dots"):
-    raise config_error("model.remat", f"{m.remat!r}: use 'none', 'full' or 'dots'")
-  if m.dtype not in ("float32", "bfloat16"):
-    raise config_error("model.dtype", f"{m.dtype!r}: use 'float32' or 'bfloat16'")
-  if m.attention not in ATTENTION_BACKENDS:
-    raise config_error("model.attention", f"{m.attention!r}: use one of {ATTENTION_BACKENDS}")
+  choices.check("model.remat", m.remat, choices.Remat)
+  choices.check("model.dtype", m.dtype, choices.Dtype)
+  choices.check("model.attention", m.attention, choices.Attention)
   for key in ("attention_block_q", "attention_block_kv", "attention_chunked_min_len", "loss_chunk"):
     if m[key] < 1:
       raise config_error(f"model.{key}", f"must be >= 1, got {m[key]}")
@@ -120,8 +116,7 @@ def _validate_data(d: ml_collections.ConfigDict) -> None:
 
   if fix := formats.check(d.format):
     raise config_error("data.format", f"{d.format!r}: {fix}")
-  if d.text_unit not in ("line", "paragraph", "file"):
-    raise config_error("data.text_unit", f"{d.text_unit!r}: use line, paragraph or file")
+  choices.check("data.text_unit", d.text_unit, choices.TextUnit)
   mixture.validate(d)
   if d.worker_count < 0:
     raise config_error("data.worker_count", f"must be >= 0, got {d.worker_count}")
@@ -141,12 +136,10 @@ def _validate_train(t: ml_collections.ConfigDict) -> None:
     raise config_error("train.learning_rate", f"must be positive, got {t.learning_rate}")
   if t.warmup_steps < 0:
     raise config_error("train.warmup_steps", f"must be >= 0, got {t.warmup_steps}")
-  if t.decay not in ("cosine", "linear", "wsd"):
-    raise config_error("train.decay", f"{t.decay!r}: use 'cosine', 'linear' or 'wsd'")
+  choices.check("train.decay", t.decay, choices.Decay)
   if not 0.0 < t.decay_fraction <= 1.0:
     raise config_error("train.decay_fraction", f"must be in (0, 1], got {t.decay_fraction}")
-  if t.decay_shape not in ("linear", "1-sqrt"):
-    raise config_error("train.decay_shape", f"{t.decay_shape!r}: use 'linear' or '1-sqrt'")
+  choices.check("train.decay_shape", t.decay_shape, choices.DecayShape)
   if t.decay == "wsd" and t.warmup_steps > t.steps - round(t.decay_fraction * t.steps):
     raise config_error("train.warmup_steps", f"{t.warmup_steps} runs into the wsd decay, which starts after step "
                f"{t.steps - round(t.decay_fraction * t.steps)}; lower it or train.decay_fraction")
@@ -179,8 +172,7 @@ def _validate_runtime(c: ml_collections.ConfigDict) -> None:
     raise config_error("eval.data_dir", "is empty but eval.every_steps > 0: point it at the task data (e.g. ../shared/data)")
   if c.eval.max_examples != 0 and c.eval.max_examples < 10:
     raise config_error("eval.max_examples", f"must be 0 (whole splits) or >= 10, got {c.eval.max_examples}")
-  if c.eval.splits not in ("first", "all"):
-    raise config_error("eval.splits", f"must be 'first' or 'all', got {c.eval.splits!r}")
+  choices.check("eval.splits", c.eval.splits, choices.EvalSplits)
   if c.metrics.log_every < 1:
     raise config_error("metrics.log_every", f"must be >= 1, got {c.metrics.log_every}")
   if c.metrics.cpu_peak_tflops <= 0:

@@ -11,7 +11,7 @@ import re
 
 import ml_collections
 
-from crossbert_jax.core import formats
+from crossbert_jax.core import choices, formats
 from crossbert_jax.core.errors import config_error
 
 
@@ -59,8 +59,7 @@ def validate(d: ml_collections.ConfigDict) -> None:
       raise config_error(f"{key}.weight", f"must be a finite number > 0, got {w!r}")
     if fix := formats.check(src.get("format", "auto")):
       raise config_error(f"{key}.format", f"{src['format']!r}: {fix}")
-    if src.get("text_unit", "line") not in ("line", "paragraph", "file"):
-      raise config_error(f"{key}.text_unit", f"{src['text_unit']!r}: use line, paragraph or file")
+    choices.check(f"{key}.text_unit", src.get("text_unit", choices.TextUnit.LINE.value), choices.TextUnit)
     if not isinstance(src.get("text_field", "text"), str):
       raise config_error(f"{key}.text_field", f"must be a field name, got {src['text_field']!r}")
     name = src.get("name", "x")

@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from crossbert_jax.core import config
+from crossbert_jax.core import choices
 from crossbert_jax.model import attention_chunked, attention_kernels
 
 Array = jax.Array
-BACKENDS = config.ATTENTION_BACKENDS
+BACKENDS = tuple(choices.values(choices.Attention))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,74 @@
+"""The config's closed choices, each declared once as a str Enum (a member equals its string).
+
+The config keeps plain strings (ml_collections, checkpoints of older runs); validation, flags and
+code compare against these members, so a choice's spelling lives here alone.
+"""
+
+import enum
+
+from crossbert_jax.core.errors import UserError, config_error
+
+
+class TextUnit(str, enum.Enum):
+  """What one document is in a plain-text file (data.text_unit, a mixture source's text_unit)."""
+  LINE = "line"
+  PARAGRAPH = "paragraph"  # Blank-line separated.
+  FILE = "file"
+
+
+class Remat(str, enum.Enum):
+  """model.remat: what the backward pass recomputes."""
+  NONE = "none"
+  FULL = "full"
+  DOTS = "dots"
+
+
+class Dtype(str, enum.Enum):
+  """model.dtype: the compute dtype (params stay float32)."""
+  FLOAT32 = "float32"
+  BFLOAT16 = "bfloat16"
+
+
+class Attention(str, enum.Enum):
+  """model.attention: the attention kernel (model/attention.py)."""
+  AUTO = "auto"
+  XLA = "xla"
+  CHUNKED = "chunked"
+  SPLASH = "splash"
+  GPU_FLASH = "gpu_flash"
+
+
+class Decay(str, enum.Enum):
+  """train.decay: the learning-rate schedule after warmup."""
+  COSINE = "cosine"
+  LINEAR = "linear"
+  WSD = "wsd"
+
+
+class DecayShape(str, enum.Enum):
+  """train.decay_shape: the WSD decay's shape."""
+  LINEAR = "linear"
+  ONE_MINUS_SQRT = "1-sqrt"
+
+
+class EvalSplits(str, enum.Enum):
+  """eval.splits: which test split(s) a probe reports."""
+  FIRST = "first"
+  ALL = "all"
+
+
+def values(choice: type[enum.Enum]) -> list[str]:
+  """The strings a key of this choice accepts, in declaration order (for flags and messages)."""
+  return [member.value for member in choice]
+
+
+def check(key: str, value: object, choice: type[enum.Enum]) -> None:
+  """A config_error naming `key` and the accepted strings unless `value` is one of them."""
+  if value not in values(choice):
+    raise config_error(key, f"{value!r}: use one of {', '.join(values(choice))}")
+
+
+def check_flag(flag: str, value: str, choice: type[enum.Enum]) -> None:
+  """The same for a command-line flag (`--flag`)."""
+  if value not in values(choice):
+    raise UserError(f"--{flag}={value!r}: use one of {', '.join(values(choice))}")
