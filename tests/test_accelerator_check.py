@@ -2,6 +2,7 @@
 so the script is known to work when a GPU is lent (about 80 s on 2 cores); the wrapper's refusals,
 its OUT and flags, and a stop that ends every process it started."""
 
+import gzip
 import json
 import os
 import pathlib
@@ -9,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import jax
 
 from tests import helpers
 
@@ -27,10 +30,15 @@ def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   assert all(r.get("passed", True) for r in steps.values()), json.dumps(steps)[:3000]
   assert set(steps["attention"]["backends"]) == {"chunked", "gpu_flash"}
   assert all(case["tokens_per_s"] > 0 for case in steps["bench"]["cases"].values())
+  for case in steps["bench"]["cases"].values():  # Each case's trace came back and parses with jax's reader.
+    xspace = gzip.decompress((tmp_path / "out" / case["trace"]).read_bytes())
+    planes = [plane.name for plane in jax.profiler.ProfileData.from_serialized_xspace(xspace).planes]
+    assert any(name.startswith("/host:CPU") for name in planes), planes
   resumed = steps["resume"]
   assert resumed["killed_before_it_finished"] and resumed["final_steps"] == [12, 12] and resumed["bitwise"]
   assert "verified" in steps["export"]["verify_lines"][0]
-  assert sorted(os.listdir(tmp_path / "out")) == ["accelerator_check.json", "accelerator_check.log"]
+  assert sorted(os.listdir(tmp_path / "out")) == ["accelerator_check.json", "accelerator_check.log",
+                                                  "profile_bert_r0.15.xplane.pb.gz", "profile_cb_r0.5_k1.xplane.pb.gz"]
 
 
 def _wrapper(*args: str, tmp_path, out_env: str | None = None, wait: bool = True):

@@ -7,7 +7,8 @@ Steps, each recorded (passed or not, seconds, figures) and none stopping the oth
   attention  every attention backend (xla, chunked, gpu_flash; splash on a TPU) against dense,
              forward and gradients, on the default device.
   bench      the real bf16 train step of `base` at L=1024: CrossBERT r=0.5 K=1 and BERT r=0.15
-             (step time, tokens/s, MFU against the chip's peak, peak device memory).
+             (step time, tokens/s, MFU against the chip's peak, peak device memory), then a
+             jax.profiler trace of 3 more steps each: OUT/profile_<case>.xplane.pb.gz.
   resume     `small` trained 200 steps straight, and again killed (SIGKILL) after its step-100
              checkpoint and resumed: the two final params compared (bitwise, or the largest
              difference).
@@ -19,6 +20,7 @@ keeps the log; docs/benchmarks.md says how the figures are read.
 """
 
 import argparse
+import gzip
 import importlib.metadata
 import json
 import os
@@ -88,8 +90,20 @@ def attention(dry_run: bool) -> dict[str, Any]:
   return {"shape_BxTxHxK": [b, length, heads, k], "backends": rows, "passed": worst < 1e-3}
 
 
-def bench(dry_run: bool) -> dict[str, Any]:
-  """The bf16 train step of each case on one device: time, tokens/s, MFU, peak memory."""
+def _save_trace(trace_dir: pathlib.Path, out: pathlib.Path, name: str) -> dict[str, Any]:
+  """The trace's .xplane.pb, gzipped to OUT/profile_<case>.xplane.pb.gz (one file: a lent machine's OUT
+  returns files at most two folders down)."""
+  found = sorted(trace_dir.rglob("*.xplane.pb"))
+  if not found:
+    return {"trace": None}
+  target = out / f"profile_{name}.xplane.pb.gz"
+  target.write_bytes(gzip.compress(found[-1].read_bytes()))
+  return {"trace": target.name, "trace_bytes": target.stat().st_size}
+
+
+def bench(dry_run: bool, out: pathlib.Path, work: pathlib.Path) -> dict[str, Any]:
+  """The bf16 train step of each case on one device: time, tokens/s, MFU, peak memory; then a
+  jax.profiler trace of benchmark.TRACED_STEPS more steps, saved into OUT."""
   variant, seq_len, batch = ("tiny", 64, 8) if dry_run else ("base", 1024, 32)
   device = jax.devices()[0]
   chip = roofline.chip_for(device.device_kind)
@@ -101,7 +115,8 @@ def bench(dry_run: bool) -> dict[str, Any]:
     c.unlock()
     c.model.dtype = "bfloat16"  # case_config times float32; the accelerator is judged in bf16.
     c.lock()
-    timing = benchmark.time_case(c, steps=3 if dry_run else 10, warmup=1 if dry_run else 3)
+    trace_dir = work / f"trace_{name}"
+    timing = benchmark.time_case(c, steps=3 if dry_run else 10, warmup=1 if dry_run else 3, trace_dir=str(trace_dir))
     step_flops = flops.train_flops_per_step(c)
     stats = (device.memory_stats() or {}) if hasattr(device, "memory_stats") else {}
     rows[name] = {"variant": variant, "batch_size": batch, "seq_len": seq_len, "dtype": "bfloat16",
@@ -109,7 +124,8 @@ def bench(dry_run: bool) -> dict[str, Any]:
                   "tokens_per_s": batch * seq_len / timing["median_s"],
                   "achieved_tflops": step_flops / timing["median_s"] / 1e12,
                   "mfu": step_flops / timing["median_s"] / chip.peak_flops if chip else None,
-                  "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "loss": timing["loss"]}
+                  "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "loss": timing["loss"],
+                  **_save_trace(trace_dir, out, name)}
   return {"chip": chip.name if chip else None, "cases": rows, "passed": True}
 
 
@@ -212,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
   out = pathlib.Path(a.out)
   work = pathlib.Path(a.work) if a.work else out / "runs"
   steps: dict[str, Callable[[], dict[str, Any]]] = {
-      "versions": versions, "attention": lambda: attention(a.dry_run), "bench": lambda: bench(a.dry_run),
+      "versions": versions, "attention": lambda: attention(a.dry_run), "bench": lambda: bench(a.dry_run, out, work),
       "resume": lambda: resume(a.dry_run, work), "export": lambda: export(a.dry_run, work),
       "tests": lambda: tests(a.dry_run)}
   refusal = _refusal(a.steps.split(","), list(steps), out, a.dry_run)

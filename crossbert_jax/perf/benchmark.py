@@ -140,8 +140,12 @@ def measured_chip(matmul_size: int = 2048, repeats: int = 5) -> roofline.Chip:
   return roofline.custom_chip(f"{device.device_kind} (measured)", matmul["tflops_max"] * 1e12, copy_bandwidth())
 
 
-def time_case(c: ml_collections.ConfigDict, steps: int, warmup: int) -> dict[str, Any]:
-  """Compile time and per-step times of the real train step for config `c`."""
+TRACED_STEPS = 3
+
+
+def time_case(c: ml_collections.ConfigDict, steps: int, warmup: int, trace_dir: str = "") -> dict[str, Any]:
+  """Compile time and per-step times of the real train step for config `c`; with `trace_dir`, a
+  jax.profiler trace of TRACED_STEPS more steps after the timed ones (untimed) is written there."""
   device = jax.devices()[0]
   mesh = sharding.make_mesh(c.mesh, devices=[device])
   train_program = program_lib.TrainProgram(c, mesh)
@@ -168,6 +172,10 @@ def time_case(c: ml_collections.ConfigDict, steps: int, warmup: int) -> dict[str
   for _ in range(steps):
     state, metrics, dt = one_step(state)
     times.append(dt)
+  if trace_dir:
+    with jax.profiler.trace(trace_dir):
+      for _ in range(TRACED_STEPS):
+        state, metrics, _ = one_step(state)
   loss = float(metrics["loss"])
   if not np.isfinite(loss):
     raise RuntimeError(f"non-finite loss {loss} in the benchmark step")
