@@ -26,9 +26,11 @@ def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   assert "== versions found" in log and "  jax " in log
   report = json.loads((tmp_path / "out" / "accelerator_check.json").read_text())
   steps = report["steps"]
-  assert report["dry_run"] and list(steps) == ["versions", "attention", "bench", "resume", "export", "tests"]
+  assert report["dry_run"] and list(steps) == ["versions", "attention", "attention_speed", "bench", "resume", "export",
+                                                   "tests"]
   assert all(r.get("passed", True) for r in steps.values()), json.dumps(steps)[:3000]
   assert set(steps["attention"]["backends"]) == {"chunked", "gpu_flash"}
+  assert all(r["median_ms"] > 0 for r in steps["attention_speed"]["backends"].values())
   assert all(case["tokens_per_s"] > 0 for case in steps["bench"]["cases"].values())
   for case in steps["bench"]["cases"].values():  # Each case's trace came back and parses with jax's reader.
     xspace = gzip.decompress((tmp_path / "out" / case["trace"]).read_bytes())

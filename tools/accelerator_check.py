@@ -6,6 +6,8 @@ Steps, each recorded (passed or not, seconds, figures) and none stopping the oth
   versions   Python, jax, jaxlib, flax, optax, orbax, grain; the devices.
   attention  every attention backend (xla, chunked, gpu_flash; splash on a TPU) against dense,
              forward and gradients, on the default device.
+  attention_speed  forward + backward time of each backend in bf16 at the bench's shape, and of
+             cuDNN's fused attention on a GPU (the reference).
   bench      the real bf16 train step of `base` at L=1024: CrossBERT r=0.5 K=1 and BERT r=0.15
              (step time, tokens/s, MFU against the chip's peak, peak device memory), then a
              jax.profiler trace of 3 more steps each: OUT/profile_<case>.xplane.pb.gz.
@@ -20,6 +22,7 @@ keeps the log; docs/benchmarks.md says how the figures are read.
 """
 
 import argparse
+import functools
 import gzip
 import importlib.metadata
 import json
@@ -88,6 +91,43 @@ def attention(dry_run: bool) -> dict[str, Any]:
                      "seconds": time.perf_counter() - t0}
   worst = max(max(r["forward_max_abs_diff"], r["grad_max_abs_diff"]) for r in rows.values())
   return {"shape_BxTxHxK": [b, length, heads, k], "backends": rows, "passed": worst < 1e-3}
+
+
+def attention_speed(dry_run: bool) -> dict[str, Any]:
+  """Forward + backward time of each attention backend in bf16 at the bench's shape (B x L x 12 x 64,
+  two segments a row), and of cuDNN's fused attention (`jax.nn.dot_product_attention`) on a GPU as
+  the reference a GPU backend could reach. TFLOP/s count the model's 3x the forward's 4 B H L^2 K."""
+  b, length, heads, k = (2, 128, 2, 32) if dry_run else (32, 1024, 12, 64)
+  keys = jax.random.split(jax.random.key(1), 3)
+  q, kk, v = (jax.random.normal(key, (b, length, heads, k), jnp.bfloat16) for key in keys)
+  half = jnp.ones((b, length // 2), jnp.int32)
+  seg = jnp.concatenate([half, 2 * half], 1)
+  on_cpu = jax.default_backend() == "cpu"
+  fns = {}
+  for backend in ["xla", "chunked", "gpu_flash"] + (["splash"] if jax.default_backend() == "tpu" else []):
+    spec = attention_lib.AttentionSpec(backend=backend, interpret=on_cpu and backend in ("gpu_flash", "splash"))
+    fns[backend] = functools.partial(attention_lib.attention, q_seg_BxT=seg, spec=spec)
+  if jax.default_backend() == "gpu":
+    mask = (seg[:, None, :, None] == seg[:, None, None, :])
+    fns["cudnn (reference)"] = lambda q, kk, v: jax.nn.dot_product_attention(q, kk, v, mask=mask,
+                                                                              implementation="cudnn")
+  flops_step = 3 * 4 * b * heads * length * length * k
+  rows = {}
+  for name, fn in fns.items():
+    step = jax.jit(jax.grad(lambda q, kk, v, fn=fn: jnp.sum(fn(q, kk, v).astype(jnp.float32)), argnums=(0, 1, 2)))
+    try:
+      jax.block_until_ready(step(q, kk, v))
+      times = []
+      for _ in range(3 if dry_run else 10):
+        t0 = time.perf_counter()
+        jax.block_until_ready(step(q, kk, v))
+        times.append(time.perf_counter() - t0)
+      ms = 1e3 * sorted(times)[len(times) // 2]
+      rows[name] = {"median_ms": ms, "tflops": flops_step / ms / 1e9}
+    except Exception as e:  # noqa: BLE001 - a backend this machine cannot run is recorded, not fatal.
+      rows[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+  return {"shape_BxLxHxK": [b, length, heads, k], "dtype": "bfloat16", "backends": rows,
+          "passed": all("median_ms" in r for n, r in rows.items() if not n.startswith("cudnn"))}
 
 
 def _save_trace(trace_dir: pathlib.Path, out: pathlib.Path, name: str) -> dict[str, Any]:
@@ -222,13 +262,14 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--out", required=True, help="folder for accelerator_check.json and the runs")
   parser.add_argument("--work", default="", help="folder for the runs (default: OUT/runs)")
   parser.add_argument("--dry_run", action="store_true", help="tiny shapes on the CPU (the suite runs this)")
-  parser.add_argument("--steps", default="versions,attention,bench,resume,export,tests",
+  parser.add_argument("--steps", default="versions,attention,attention_speed,bench,resume,export,tests",
                       help="comma-separated subset of the steps, in order")
   a = parser.parse_args(argv)
   out = pathlib.Path(a.out)
   work = pathlib.Path(a.work) if a.work else out / "runs"
   steps: dict[str, Callable[[], dict[str, Any]]] = {
-      "versions": versions, "attention": lambda: attention(a.dry_run), "bench": lambda: bench(a.dry_run, out, work),
+      "versions": versions, "attention": lambda: attention(a.dry_run),
+      "attention_speed": lambda: attention_speed(a.dry_run), "bench": lambda: bench(a.dry_run, out, work),
       "resume": lambda: resume(a.dry_run, work), "export": lambda: export(a.dry_run, work),
       "tests": lambda: tests(a.dry_run)}
   refusal = _refusal(a.steps.split(","), list(steps), out, a.dry_run)
