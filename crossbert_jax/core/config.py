@@ -199,6 +199,9 @@ def _validate_profile(p: ml_collections.ConfigDict, steps: int) -> None:
   """The traced window: after the compile step, inside the run."""
   if p.start_step < 0:
     raise _err("profile.start_step", f"must be >= 0 (0 = off), got {p.start_step}")
+  hosts = p.hosts.replace(" ", "")
+  if hosts != "all" and not all(h.isdigit() for h in hosts.split(",")):
+    raise _err("profile.hosts", f"{p.hosts!r}: use comma-separated process indices (e.g. '0' or '0,4') or 'all'")
   if p.start_step == 0:
     return
   if p.start_step == 1:
@@ -208,9 +211,6 @@ def _validate_profile(p: ml_collections.ConfigDict, steps: int) -> None:
   if p.start_step + p.steps - 1 > steps:
     raise _err("profile.start_step", f"the window {p.start_step}-{p.start_step + p.steps - 1} ends past the last "
                f"step (train.steps={steps}): lower profile.start_step or profile.steps")
-  hosts = p.hosts.replace(" ", "")
-  if hosts != "all" and not all(h.isdigit() for h in hosts.split(",")):
-    raise _err("profile.hosts", f"{p.hosts!r}: use comma-separated process indices (e.g. '0' or '0,4') or 'all'")
 
 
 def from_flag(value) -> ml_collections.ConfigDict:
