@@ -104,8 +104,8 @@ class Profiler:
                                                 f"steps {self._first}-{self._last}")
     if self._local != str(where):
       shutil.rmtree(self._local, ignore_errors=True)
-    self._log(f"profile: traced steps {self._first}-{self._last} into {where}; open it with `tensorboard "
-              f"--logdir={where}` (Profile tab; pip install -r requirements-profile.txt) or xprof")
+    self._log(f"profile: traced steps {self._first}-{self._last} into {where}; open it with `xprof --logdir={where}` "
+              "or TensorBoard's Profile tab (pip install -r requirements-profile.txt)")
 
   def close(self) -> None:
     """Stops a trace still running (the run ended or failed inside the window): nothing is recorded."""

@@ -9,7 +9,9 @@ due at it (`hooks`: metrics, probes, periodic saves); then the final save. Only 
 loss was checked finite are saved (`TrainProgram.check_loss`; where the next step starts another
 data stream, on one more batch of the current one, so a save never reads the next phase's data).
 SIGTERM / SIGINT stop every process at the same step, which is saved (`preemption`); the status
-is then "stopped" (exit code EXIT_STOPPED). The CLI is `crossbert_jax.train`.
+is then "stopped" (exit code EXIT_STOPPED). The CLI is `crossbert_jax.train`. Around the steps:
+the profile.* trace window (`profile`), each step's wall time by cause (`goodput`, logged after
+the final save) and W&B beside metrics.jsonl (`wandb_logger`).
 
 A run with phases (`core/phases.py`) trains each phase under its own config: at its first step
 the loop makes it current (`_enter`), rebuilding the TrainProgram for its config and, when it
