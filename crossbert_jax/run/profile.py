@@ -83,35 +83,39 @@ class Profiler:
     return self._on and self._first <= step <= self._last
 
   def after_step(self, step: int, outputs: Any) -> None:
-    """Stops the trace once the window's last step is done; records it and summarizes it."""
-    if not (self._tracing and step == self._last):
+    """At the window's last step: stops the trace (where it runs), summarizes it; process 0 records the steps."""
+    if not self._steps or step != self._last:
       return
-    jax.block_until_ready(outputs)
-    jax.profiler.stop_trace()
-    self._tracing = False
-    xplane = _newest(self._local, ".xplane.pb")
     where = self._workdir / PROFILE_DIR
-    if self._local != str(where):  # gs://: the trace folder goes up with epath.
-      run_dir = os.path.dirname(xplane)
-      target = where / os.path.relpath(run_dir, self._local)
-      target.mkdir(parents=True, exist_ok=True)
-      for name in os.listdir(run_dir):
-        (target / name).write_bytes(open(os.path.join(run_dir, name), "rb").read())
-    if self._primary:
-      record = where / RECORD_FILE
-      record.write_text(json.dumps({"steps": sorted(set(read_record(self._workdir)) | set(self._steps))}))
-    self.summary = trace_summary.format_summary(trace_summary.summarize(xplane, STEP_NAME),
-                                                f"steps {self._first}-{self._last}")
-    if self._local != str(where):
-      shutil.rmtree(self._local, ignore_errors=True)
-    self._log(f"profile: traced steps {self._first}-{self._last} into {where}; open it with `xprof --logdir={where}` "
-              "or TensorBoard's Profile tab (pip install -r requirements-profile.txt)")
+    if self._tracing:
+      jax.block_until_ready(outputs)
+      jax.profiler.stop_trace()
+      self._tracing = False
+      xplane = _newest(self._local, ".xplane.pb")
+      if self._local != str(where):  # gs://: the trace folder goes up with epath.
+        _copy_up(os.path.dirname(xplane), where / os.path.relpath(os.path.dirname(xplane), self._local))
+      self.summary = trace_summary.format_summary(trace_summary.summarize(xplane, STEP_NAME),
+                                                  f"steps {self._first}-{self._last}")
+      if self._local != str(where):
+        shutil.rmtree(self._local, ignore_errors=True)
+      self._log(f"profile: traced steps {self._first}-{self._last} into {where}; open it with `xprof "
+                f"--logdir={where}` or TensorBoard's Profile tab (pip install -r requirements-profile.txt)")
+    if self._primary:  # Every host's window is the same: process 0 records it, traced there or not.
+      where.mkdir(parents=True, exist_ok=True)
+      (where / RECORD_FILE).write_text(json.dumps({"steps": sorted(set(read_record(self._workdir)) | set(self._steps))}))
 
   def close(self) -> None:
     """Stops a trace still running (the run ended or failed inside the window): nothing is recorded."""
     if self._tracing:
       self._tracing = False
       jax.profiler.stop_trace()
+
+
+def _copy_up(local: str, target: epath.Path) -> None:
+  target.mkdir(parents=True, exist_ok=True)
+  for name in os.listdir(local):
+    with open(os.path.join(local, name), "rb") as f:
+      (target / name).write_bytes(f.read())
 
 
 def _newest(folder: str, suffix: str) -> str:
