@@ -23,13 +23,13 @@ from crossbert_jax.run import goodput, metrics, profile, trace_summary, wandb_lo
 from tests.helpers import ROOT, cpu_env, run_module
 
 
-def wandb_history(workdir) -> tuple[set[str], list[dict]]:
-  """(run ids, history rows) of the offline W&B runs under workdir/wandb, read back from their .wandb
+def wandb_history(workdir) -> tuple[dict[str, str], list[dict]]:
+  """({run id: its group}, history rows) of the offline W&B runs under workdir/wandb, read back from their .wandb
   files: wandb's own Record protobuf in its LevelDB-style log (7-byte file header; records of
   crc32 (4), length (2), type (1: full, 2: first, 3: middle, 4: last) in 32 KiB blocks)."""
   from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top
 
-  ids, rows = set(), []
+  ids, rows = {}, []
   for path in sorted(glob.glob(f"{workdir}/wandb/offline-run-*/run-*.wandb")):
     data, pos, records, part = open(path, "rb").read(), 7, [], b""
     assert data[:4] == b":W&B", path
@@ -49,7 +49,7 @@ def wandb_history(workdir) -> tuple[set[str], list[dict]]:
       record.ParseFromString(raw)
       kind = record.WhichOneof("record_type")
       if kind == "run":
-        ids.add(record.run.run_id)
+        ids[record.run.run_id] = record.run.run_group
       elif kind == "history":
         row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
         rows.append({"step": row["_step"], **{k: v for k, v in row.items() if not k.startswith("_")}})
@@ -72,7 +72,7 @@ def test_trace_holds_exactly_the_asked_steps_and_the_train_step(tiny_run):
 
 def test_wandb_offline_history_equals_metrics_jsonl(tiny_run):
   ids, rows = wandb_history(tiny_run)
-  assert ids == {json.loads((tiny_run / wandb_logger.RUN_FILE).read_text())["id"]}
+  assert set(ids) == {json.loads((tiny_run / wandb_logger.RUN_FILE).read_text())["id"]}
   assert rows == metrics.read_metrics(tiny_run)
 
 
@@ -167,7 +167,7 @@ def test_kill9_resume_counts_badput_continues_wandb_and_does_not_reprofile(tmp_p
   assert sum(shares) == pytest.approx(1.0, abs=1e-9)
   assert re.search(r"^done: step 30, .*; goodput \d+%: .*recomputed", out, re.M), out
   ids, rows = wandb_history(run)
-  assert ids == {json.loads((run / wandb_logger.RUN_FILE).read_text())["id"]}, "one W&B run over the restart"
+  assert set(ids) == {json.loads((run / wandb_logger.RUN_FILE).read_text())["id"]}, "one W&B run over the restart"
   # The resumed attempt logs steps 11-30 to the same run; what the killed one's W&B service had not
   # written when the kill took it down too is lost to W&B (metrics.jsonl has every row).
   assert set(range(11, 31)) <= {r["step"] for r in rows}
@@ -220,3 +220,33 @@ def test_trace_summary_matmul_share_agrees_with_the_benchmark(tmp_path):
   assert expected == pytest.approx(0.72)
   print(trace_summary.format_summary(s, "cb_r0.5_k1 L=256"))
   assert abs(s["matmul_fraction"] - expected) <= 0.10, trace_summary.format_summary(s, "cb_r0.5_k1 L=256")
+
+
+def test_a_fork_is_a_new_wandb_run_in_its_sources_group(tmp_path, monkeypatch):
+  from etils import epath  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  source, fork_dir = tmp_path / "source", tmp_path / "fork"
+  source.mkdir()
+  fork_dir.mkdir()
+  (source / wandb_logger.RUN_FILE).write_text(json.dumps({"id": "src12345", "group": ""}))
+  c = config_lib.get_config("crossbert", "tiny")
+  c.metrics.wandb, c.train.fork_from = True, f"{source}:4"
+  warnings = []
+  sink = wandb_logger.start(c, epath.Path(fork_dir), warnings.append)
+  assert sink is not None and not warnings
+  sink.log(5, {"loss": 1.5})
+  sink.close()
+  record = json.loads((fork_dir / wandb_logger.RUN_FILE).read_text())
+  assert record["group"] == "src12345" and record["id"] != "src12345"
+  ids, rows = wandb_history(fork_dir)
+  assert ids == {record["id"]: "src12345"} and rows == [{"step": 5, "loss": 1.5}]
+
+
+def test_a_sweeps_runs_share_its_wandb_group():
+  from crossbert_jax.scaling import plan as plan_lib  # pylint: disable=g-import-not-at-top
+
+  run = plan_lib.Run(name="xs__cb__s0", size="xs", label="cb", seed=0, objective="crossbert", overrides={},
+                     flops_budget=10.0, flops_per_step=1.0, steps=10, tokens_per_step=1)
+  assert "--config.metrics.wandb_group=mysweep" in plan_lib.train_command(run, {"variant": "tiny"}, "/r/mysweep/runs/x")
