@@ -55,7 +55,7 @@ class Ledger:
     self._attempt: dict[str, Any] = {"start": started, "end": started, "status": "running"}
     self._seconds: dict[str, float] = collections.Counter()
     self._extra: list[tuple[float, bool, str]] = []  # (step time, recomputed, cause) of compiling / traced steps.
-    self._steady: list[float] = []
+    self._steady: collections.deque[float] = collections.deque(maxlen=_STEADY_KEPT)
     self._written = time.monotonic()
 
   def add(self, cause: str, seconds: float) -> None:
@@ -72,7 +72,7 @@ class Ledger:
       self._extra.append((own, recomputed, extra))
     else:
       self.add("recomputed" if recomputed else "productive", own)
-      self._steady = (self._steady + [own])[-_STEADY_KEPT:]
+      self._steady.append(own)
     if self._enabled and time.monotonic() - self._written > WRITE_SECONDS:
       self.write("running")
 
@@ -96,6 +96,13 @@ class Ledger:
     tmp.write_text(json.dumps({"attempts": self._earlier + [self._closed(status)]}, indent=1))
     tmp.replace(path)
     self._written = time.monotonic()
+
+  def write_failed(self) -> None:
+    """Records this attempt as failed, if it can: the run's own error is the one to report."""
+    try:
+      self.write("failed")
+    except Exception:  # pylint: disable=broad-except - e.g. the full disk that failed the run.
+      pass
 
   def totals(self, status: str) -> dict[str, float]:
     """{"productive": s, cause: s, ...} over every attempt, this one as of now."""

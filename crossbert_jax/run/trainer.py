@@ -386,8 +386,8 @@ class Trainer:
 
   def _close(self, finished: bool) -> None:
     self.profiler.close()
-    if not finished:
-      self.goodput.write("failed")
+    if not finished and not self.progress.lost_lock:  # A lost lease: the workdir is another trainer's now.
+      self.goodput.write_failed()
     self.logger.close()
     self.data.close()
     if finished:
