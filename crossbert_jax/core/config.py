@@ -193,6 +193,10 @@ def _validate_runtime(c: ml_collections.ConfigDict) -> None:
   if c.metrics.cpu_peak_tflops <= 0:
     raise _err("metrics.cpu_peak_tflops", f"must be positive, got {c.metrics.cpu_peak_tflops}")
   _validate_profile(c.profile, c.train.steps)
+  if c.metrics.wandb and not c.metrics.wandb_project:
+    raise _err("metrics.wandb_project", "is empty but metrics.wandb=True: name the W&B project")
+  if not all(isinstance(tag, str) and tag for tag in c.metrics.wandb_tags):
+    raise _err("metrics.wandb_tags", f"must be a tuple of non-empty strings, got {c.metrics.wandb_tags!r}")
 
 
 def _validate_profile(p: ml_collections.ConfigDict, steps: int) -> None:
