@@ -14,7 +14,7 @@ command's first line (`started`) to its last write:
                signal) and the next one's start: for a kill, from its last write of the ledger;
   other        the attempt's remaining time (logging, shutdown).
 The productive time is the step time of the other steps. An attempt's numbers are written to
-WORKDIR/goodput.json (process 0) at every save, at most every WRITE_SECONDS, and at its end, so a
+WORKDIR/goodput.json (process 0) after every save, every WRITE_SECONDS in between, and at its end, so a
 killed attempt counts up to its last write; the run's goodput sums every attempt's. We compute it
 ourselves rather than with Google's ml-goodput-measurement, which records and reads its events
 through Google Cloud Logging (a project and credentials, no offline mode) and has no notion of our

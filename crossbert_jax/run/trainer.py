@@ -300,6 +300,8 @@ class Trainer:
              "profile" if self.profiler.traced(step_num) else None)
     self.goodput.step(step_num, time.perf_counter() - began, extra, data_wait=info.data_wait_s,
                       save=took.get("save", 0.0) - self._data_wait, eval=took.get("probes", 0.0))
+    if "save" in took:  # A kill after this checkpoint loses at most the steps since: so does the ledger.
+      self.goodput.write("running")
 
   def _tokens_at(self, step_num: int) -> int:
     return self.tokens_at_start + phases_lib.tokens_between(self.phases, self.start, step_num)
@@ -361,7 +363,6 @@ class Trainer:
                                      process_count=jax.process_count(), source_tokens_before=source_tokens_before)
     self.ckpt.save(step_num, state, position, self.c, meta)
     self.progress.last_good = step_num
-    self.goodput.write("running")
 
   def _finish(self, state: program_lib.TrainState, start: int, restored: bool) -> None:
     """Logs the last step, saves the final state (unless the lease was lost), waits for the writes."""
