@@ -1,10 +1,12 @@
 r"""The figures of docs/training.md, "Observing a run": what the profiler costs, and goodput.
 
-  python tools/observe_figures.py [idle] [demo] [kill]    (from the repo root; default: all three)
+  python tools/observe_figures.py [idle] [window] [demo] [kill]    (from the repo root; default: all)
 
   idle  the tiny train step with the profiler configured but idle (its per-step calls, as
         Trainer.train makes them) vs without, side by side in one process: alternating blocks
         of 20 steps, 10 blocks each; the per-block ratio.
+  window a tiny 120-step run tracing steps 110-112: the median step_time (metrics.jsonl) of
+        steps 111-112 (110's holds start_trace) against steps 10-100's.
   demo  `make demo`'s training run (tiny CrossBERT, 300 steps, vocabulary 1024): its done line.
   kill  a tiny 200-step run killed (SIGKILL) after step 150 (its checkpoint: step 100), then
         resumed: the done line and each start's seconds by cause (WORKDIR/goodput.json).
@@ -91,6 +93,12 @@ def goodput(which: list[str]) -> None:
   tok = f"{OUT}/tok/spm.model"
   subprocess.run([sys.executable, "-m", "crossbert_jax.tokenizer", "--input=builtin", "--vocab_size=1024",
                   f"--output={tok}"], cwd=ROOT, env=ENV, check=True, capture_output=True)
+  if "window" in which:
+    _train(f"{OUT}/window", tok, "--config.train.steps=120", "--config.profile.start_step=110")
+    rows = {r["step"]: r for r in map(json.loads, open(f"{OUT}/window/metrics.jsonl")) if "step_time" in r}
+    outside = statistics.median(rows[s]["step_time"] for s in range(10, 101))
+    inside = statistics.median(rows[s]["step_time"] for s in (111, 112))
+    print(f"window: median step ms, steps 10-100 {1e3 * outside:.1f}, traced steps 111-112 {1e3 * inside:.1f}")
   if "demo" in which:
     print("demo:", _done(_train(f"{OUT}/demo", tok)))
   if "kill" in which:
@@ -107,13 +115,13 @@ def goodput(which: list[str]) -> None:
 
 
 def main() -> None:
-  which = sys.argv[1:] or ["idle", "demo", "kill"]
+  which = sys.argv[1:] or ["idle", "window", "demo", "kill"]
   shutil.rmtree(OUT, ignore_errors=True)
   os.makedirs(OUT)
   print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load", os.getloadavg())
   if "idle" in which:
     idle()
-  if "demo" in which or "kill" in which:
+  if {"window", "demo", "kill"} & set(which):
     goodput(which)
   print("load", os.getloadavg())
 
