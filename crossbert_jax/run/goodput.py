@@ -91,10 +91,13 @@ class Ledger:
     """Records this attempt ("running", "finished", "stopped", "failed") beside the earlier ones."""
     if not self._enabled:
       return
-    path = self._workdir / GOODPUT_FILE
-    tmp = self._workdir / f"{GOODPUT_FILE}.tmp"
-    tmp.write_text(json.dumps({"attempts": self._earlier + [self._closed(status)]}, indent=1))
-    tmp.replace(path)
+    path, text = self._workdir / GOODPUT_FILE, json.dumps({"attempts": self._earlier + [self._closed(status)]}, indent=1)
+    if "://" in str(path):  # An object store writes an object whole.
+      path.write_text(text)
+    else:  # A kill mid-write leaves the previous file.
+      tmp = self._workdir / f"{GOODPUT_FILE}.tmp"
+      tmp.write_text(text)
+      tmp.replace(path)
     self._written = time.monotonic()
 
   def write_failed(self) -> None:
