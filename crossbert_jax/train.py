@@ -7,9 +7,13 @@ Library: crossbert_jax.run.trainer.run. Exit status 0, 2 or 75 (crossbert_jax.co
 Manual: docs/training.md.
 """
 
-import sys
+import time
 
-import jax
+_STARTED = time.time()  # Before the imports: goodput counts them as start-up (run/goodput.py).
+
+import sys  # noqa: E402
+
+import jax  # noqa: E402
 import numpy as np
 from absl import app, flags, logging
 from jax.experimental import multihost_utils
@@ -78,15 +82,16 @@ def main(argv):
   # from_hf: the imported model's shape, a fork's through its source's train.init_from.
   c = import_config.resolve(fork.with_source_init(config_lib.from_flag(_CONFIG.value)))
   _check_probe_inputs(c)
-  last = run(c, _WORKDIR.value, break_lock=_BREAK_LOCK.value)
+  last = run(c, _WORKDIR.value, break_lock=_BREAK_LOCK.value, started=_STARTED)
+  good = f"; {last['goodput_line']}" if "goodput_line" in last else ""
   if last["status"] == "stopped":
     if jax.process_index() == 0:
       print(f"stopped: step {last.get('step')} saved in {_WORKDIR.value}; rerun the same command to resume "
-            f"(exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
+            f"(exit {EXIT_STOPPED}){good}", file=sys.stderr, flush=True)
     sys.exit(EXIT_STOPPED)
   if last["status"] == "finished" and "loss" in last and jax.process_index() == 0:
     print(f"done: step {last['step']}, loss {last['first_loss']:.4f} (first step of this run) -> "
-          f"{last['loss']:.4f}, accuracy {last['accuracy']:.4f} ({_WORKDIR.value})", flush=True)
+          f"{last['loss']:.4f}, accuracy {last['accuracy']:.4f} ({_WORKDIR.value}){good}", flush=True)
 
 
 if __name__ == "__main__":

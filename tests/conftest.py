@@ -50,13 +50,16 @@ def spm_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, spm_model) -> pathlib.Path:
-  """A tiny CrossBERT run of 5 steps (one checkpoint), for the commands that read a run."""
-  from tests.helpers import run_module  # pylint: disable=g-import-not-at-top
+  """A tiny CrossBERT run of 5 steps (one checkpoint), for the commands that read a run; it also
+  traces steps 3-4 (profile.*) and logs to an offline W&B run (tests/test_observe.py reads both)."""
+  from tests.helpers import cpu_env, run_module  # pylint: disable=g-import-not-at-top
 
   workdir = tmp_path_factory.mktemp("tiny_run") / "run"
-  run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-              f"--config.data.tokenizer={spm_model}", "--config.model.vocab_size=512", "--config.train.steps=5",
-              "--config.metrics.progress_bar=False"])
+  proc = run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+                     f"--config.data.tokenizer={spm_model}", "--config.model.vocab_size=512", "--config.train.steps=5",
+                     "--config.metrics.progress_bar=False", "--config.profile.start_step=3", "--config.profile.steps=2",
+                     "--config.metrics.wandb=True"], env=cpu_env(WANDB_MODE="offline", WANDB_SILENT="true"))
+  (workdir.parent / "train.out").write_text(proc.stdout + proc.stderr)
   return workdir
 
 

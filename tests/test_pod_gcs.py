@@ -125,7 +125,11 @@ def test_gcs_end_to_end(gcs, tmp_path):
   rows = metrics.read_metrics(f"{GS}/run")
   assert [r["step"] for r in rows] == list(range(1, stopped + 1)), "metrics of the stopped run, flushed at exit"
 
-  _cli(env, *train, f"--config.train.steps={stopped + 2}", "--config.metrics.tensorboard=False")
+  _cli(env, *train, f"--config.train.steps={stopped + 2}", "--config.metrics.tensorboard=False",
+       f"--config.profile.start_step={stopped + 2}", "--config.profile.steps=1")
+  assert [n for n in _objects(url, "run/profile/plugins/profile/") if n.endswith(".xplane.pb")], "a trace on GCS"
+  assert json.loads(_get(url, "run/profile/profiled.json"))["steps"] == [stopped + 2]
+  assert [a["status"] for a in json.loads(_get(url, "run/goodput.json"))["attempts"]] == ["stopped", "finished"]
   segments = [n for n in _objects(url, "run/metrics.") if n.endswith("Z.jsonl")]
   assert len(segments) == 2, f"one metrics segment per start, got {segments}"
   steps = [r["step"] for r in metrics.read_metrics(f"{GS}/run")]

@@ -33,6 +33,7 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   c.mesh = defaults.mesh()
   c.eval = defaults.eval_()
   c.metrics = defaults.metrics(variant)
+  c.profile = defaults.profile()
   objectives.get(objective).configure(c)
   c.lock()
   return c
@@ -177,6 +178,29 @@ def _validate_runtime(c: ml_collections.ConfigDict) -> None:
     raise config_error("metrics.log_every", f"must be >= 1, got {c.metrics.log_every}")
   if c.metrics.cpu_peak_tflops <= 0:
     raise config_error("metrics.cpu_peak_tflops", f"must be positive, got {c.metrics.cpu_peak_tflops}")
+  _validate_profile(c.profile, c.train.steps)
+  if c.metrics.wandb and not c.metrics.wandb_project:
+    raise config_error("metrics.wandb_project", "is empty but metrics.wandb=True: name the W&B project")
+  if not all(isinstance(tag, str) and tag for tag in c.metrics.wandb_tags):
+    raise config_error("metrics.wandb_tags", f"must be a tuple of non-empty strings, got {c.metrics.wandb_tags!r}")
+
+
+def _validate_profile(p: ml_collections.ConfigDict, steps: int) -> None:
+  """The traced window: after the compile step, inside the run."""
+  if p.start_step < 0:
+    raise config_error("profile.start_step", f"must be >= 0 (0 = off), got {p.start_step}")
+  hosts = p.hosts.replace(" ", "")
+  if hosts != "all" and not all(h.isdigit() for h in hosts.split(",")):
+    raise config_error("profile.hosts", f"{p.hosts!r}: use comma-separated process indices (e.g. '0' or '0,4') or 'all'")
+  if p.start_step == 0:
+    return
+  if p.start_step == 1:
+    raise config_error("profile.start_step", "step 1 compiles the train step: start at 2 or later")
+  if p.steps < 1:
+    raise config_error("profile.steps", f"must be >= 1, got {p.steps}")
+  if p.start_step + p.steps - 1 > steps:
+    raise config_error("profile.start_step", f"the window {p.start_step}-{p.start_step + p.steps - 1} ends past the last "
+               f"step (train.steps={steps}): lower profile.start_step or profile.steps")
 
 
 def from_flag(value) -> ml_collections.ConfigDict:

@@ -196,6 +196,23 @@ def metrics(variant: str) -> ml_collections.ConfigDict:
   s.tensorboard = True
   s.progress_bar = True
   s.cpu_peak_tflops = 0.1  # Per-device peak used for MFU on CPU (no vendor number exists).
+  # Weights & Biases (run/wandb_logger.py): the metrics.jsonl scalars and the config, from process 0.
+  # A resume continues the run's W&B run (its id in WORKDIR/wandb_run.json); WANDB_MODE=offline works.
+  s.wandb = False
+  s.wandb_project = "crossbert_jax"
+  s.wandb_entity = ""  # "": W&B's default entity.
+  s.wandb_run_name = ""  # "": the workdir's name.
+  s.wandb_tags = ()  # e.g. ("tiny", "ablation").
+  s.wandb_group = ""  # "": a fork's group is its source's; sweeps set the sweep's name.
+  return s
+
+
+def profile() -> ml_collections.ConfigDict:
+  """A jax.profiler trace of a window of steps (run/profile.py), into WORKDIR/profile/."""
+  s = ml_collections.ConfigDict()
+  s.start_step = 0  # First traced step (>= 2: step 1 compiles); 0: off.
+  s.steps = 3  # Steps traced from start_step on.
+  s.hosts = "0"  # Processes that trace: comma-separated indices, or "all".
   return s
 
 

@@ -174,8 +174,9 @@ def time_case(c: ml_collections.ConfigDict, steps: int, warmup: int, trace_dir: 
     times.append(dt)
   if trace_dir:
     with jax.profiler.trace(trace_dir):
-      for _ in range(TRACED_STEPS):
-        state, metrics, _ = one_step(state)
+      for i in range(TRACED_STEPS):
+        with jax.profiler.StepTraceAnnotation(program_lib.TRACE_STEP_NAME, step_num=i):
+          state, metrics, _ = one_step(state)
   loss = float(metrics["loss"])
   if not np.isfinite(loss):
     raise RuntimeError(f"non-finite loss {loss} in the benchmark step")

@@ -9,6 +9,7 @@ the final save makes redundant (`on_stop=False`: the periodic save) do not run.
 """
 
 import dataclasses
+import time
 from typing import Any, Callable
 
 import ml_collections
@@ -44,11 +45,16 @@ class Hook:
     return at and (self.on_stop or not info.stopping)
 
 
-def run_due(hooks: list[Hook], info: StepInfo) -> None:
-  """Runs the hooks due after `info`'s step, in order (every process runs the same ones)."""
+def run_due(hooks: list[Hook], info: StepInfo) -> dict[str, float]:
+  """Runs the hooks due after `info`'s step, in order (every process runs the same ones); the
+  seconds each took, by name (goodput's save and eval time)."""
+  took = {}
   for hook in hooks:
     if hook.due(info):
+      t0 = time.perf_counter()
       hook.run(info)
+      took[hook.name] = time.perf_counter() - t0
+  return took
 
 
 def metrics(recorder: recorder_lib.StepRecorder,

@@ -8,7 +8,8 @@ re-run after it appears twice; readers that want one row per step keep the last 
 Object stores (gs://) cannot append (gcsfs silently overwrites), so a remote workdir gets one
 segment per process start instead, `metrics.<UTC start time>.jsonl`, rewritten whole at most every
 REMOTE_FLUSH_SECONDS and at close. `read_metrics` merges metrics.jsonl and the segments in time
-order; read metrics only through it.
+order, and joins the goodput row an attempt logs after its final save (run/goodput.py) to its
+step's row; read metrics only through it.
 """
 
 import datetime
@@ -52,9 +53,11 @@ class MetricsLogger:
   """Appends metrics to workdir/metrics.jsonl, TensorBoard and a progress bar (process 0 only)."""
 
   def __init__(self, workdir: str, *, total_steps: int, start_step: int, enabled: bool,
-               tensorboard: bool, progress_bar: bool, eta_by_work: bool = False):
-    """`eta_by_work`: the bar shows the ETA `log` is given (steps of unequal cost: a run's phases)."""
+               tensorboard: bool, progress_bar: bool, eta_by_work: bool = False, sink: Any = None):
+    """`eta_by_work`: the bar shows the ETA `log` is given (steps of unequal cost: a run's phases);
+    `sink`: another tracker that gets every row (`log(step, scalars)`, `close()`; run/wandb_logger.py)."""
     self._enabled = enabled
+    self._sink = sink if enabled else None
     self._file = None
     self._writer = None
     self._bar = None
@@ -93,6 +96,8 @@ class MetricsLogger:
       for key, value in scalars.items():
         # Keys like "train/loss" become TensorBoard tag groups; NaN is kept so it shows up there.
         self._writer.add_scalar(key, float(np.asarray(value)), global_step=step)
+    if self._sink is not None:
+      self._sink.log(step, {k: v for k, v in row.items() if k != "step" and v is not None})
     if self._bar is not None:
       if step > self._bar.n:
         self._bar.update(step - self._bar.n)
@@ -121,6 +126,9 @@ class MetricsLogger:
     if self._bar is not None:
       self._bar.close()
       self._bar = None
+    if self._sink is not None:
+      self._sink.close()
+      self._sink = None
 
   def __enter__(self) -> "MetricsLogger":
     return self
@@ -192,4 +200,15 @@ def read_metrics(workdir: str | epath.Path) -> list[dict[str, Any]]:
         bad += 1
   if bad:
     logging.warning("%s: skipped %d truncated line(s)", workdir, bad)
-  return rows
+  return _merge_goodput(rows)
+
+
+def _merge_goodput(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Rows with a goodput row (goodput* keys only, logged after the final save) joined to its step's row."""
+  out: list[dict[str, Any]] = []
+  for row in rows:
+    if out and out[-1]["step"] == row.get("step") and all(k == "step" or k.startswith("goodput") for k in row):
+      out[-1] = {**out[-1], **row}
+    else:
+      out.append(row)
+  return out

@@ -59,9 +59,12 @@ class Outcome:
   step: int | None = None
   first_loss: float | None = None  # The loss of this process start's first step.
   scalars: dict[str, float] = dataclasses.field(default_factory=dict)
+  goodput: str | None = None  # "goodput 87%: compile 4%, ..." over the run's process starts (run/goodput.py).
 
   def as_dict(self) -> dict[str, Any]:
     out: dict[str, Any] = {"status": self.status}
+    if self.goodput is not None:
+      out["goodput_line"] = self.goodput
     if self.step is not None:
       out["step"] = self.step
     if self.first_loss is not None:

@@ -10,7 +10,7 @@ Allowed with a one-line warning: every other key (runtime keys such as `model.re
 `data.worker_count`, `metrics.log_every`, `checkpoint.*`, `mesh.*`, `eval.*`, and the
 optimizer). A change of the learning-rate schedule (`train.steps`, `learning_rate`,
 `warmup_steps`, `decay`, `decay_fraction`, `decay_shape`, `final_lr_ratio`) names the jump: the lr of the next step before and
-after. Silent: `train.stop_at_step`, `train.fork_from`, `metrics.progress_bar`.
+after. Silent: `train.stop_at_step`, `train.fork_from`, `metrics.progress_bar`, `profile.*`.
 
 A run with phases (`core/phases.py`, in the checkpoint's config or the new one): the keys a phase
 may set are compared per trained step instead, through the phases: a change of what steps
@@ -43,7 +43,8 @@ _ALLOWED_IN_REFUSED = {"model.remat", "model.dtype", "model.init_std", "model.at
 _REFUSED_KEYS = {"objective", "train.seed", "data.path", "data.mixture", "data.format", "data.text_field",
                  "data.text_unit", "data.seq_len", "data.shuffle_seed"}
 # A fork's source matters only until the fork has a checkpoint of its own.
-_SILENT = {"train.stop_at_step", "train.fork_from", "metrics.progress_bar", "data.tokenizer"}  # The tokenizer: by content below.
+_SILENT = {"train.stop_at_step", "train.fork_from", "metrics.progress_bar", "data.tokenizer", "profile.start_step",
+           "profile.steps", "profile.hosts"}  # The tokenizer: by content below.
 _SCHEDULE = ("steps", "learning_rate", "warmup_steps", "decay", "decay_fraction", "decay_shape", "final_lr_ratio")
 
 

@@ -9,7 +9,9 @@ due at it (`hooks`: metrics, probes, periodic saves); then the final save. Only 
 loss was checked finite are saved (`TrainProgram.check_loss`; where the next step starts another
 data stream, on one more batch of the current one, so a save never reads the next phase's data).
 SIGTERM / SIGINT stop every process at the same step, which is saved (`preemption`); the status
-is then "stopped" (exit code EXIT_STOPPED). The CLI is `crossbert_jax.train`.
+is then "stopped" (exit code EXIT_STOPPED). The CLI is `crossbert_jax.train`. Around the steps:
+the profile.* trace window (`profile`), each step's wall time by cause (`goodput`, logged after
+the final save) and W&B beside metrics.jsonl (`wandb_logger`).
 
 A run with phases (`core/phases.py`) trains each phase under its own config: at its first step
 the loop makes it current (`_enter`), rebuilding the TrainProgram for its config and, when it
@@ -33,8 +35,9 @@ from crossbert_jax.core import outputs
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import mixture, pipeline, tokenizer as tokenizer_lib
-from crossbert_jax.run import (checkpoint, compile_cache, environment, feed as feed_lib, fork, hooks as hooks_lib, lock,
-                               metrics, preemption, recorder, restore, resume, warm_start)
+from crossbert_jax.run import (checkpoint, compile_cache, environment, feed as feed_lib, fork, goodput,
+                               hooks as hooks_lib, lock, metrics, preemption, profile, recorder, restore, resume,
+                               wandb_logger, warm_start)
 from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # noqa: F401 - re-exported.
 from crossbert_jax.training import objectives, program as program_lib, sharding
 
@@ -51,11 +54,14 @@ def load_tokenizer(c: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer:
   return tok
 
 
-def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False) -> dict[str, Any]:
+def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False,
+        started: float | None = None) -> dict[str, Any]:
   """Trains `c` in `workdir` (resuming if it holds a checkpoint); returns the last logged scalars.
 
-  The result's "status" is "finished", "stopped" (a signal: resumable) or "nothing_to_do".
+  The result's "status" is "finished", "stopped" (a signal: resumable) or "nothing_to_do";
+  `started`: time.time() when the command started (goodput's start-up; default: now).
   """
+  started = time.time() if started is None else started
   config_lib.validate(c)
   # A file (or one on the way), or a read-only disk, is one line before any work, not a traceback.
   outputs.check_folder_path(workdir, "--workdir", writes_inside=True)
@@ -82,7 +88,7 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False)
         stop.request("lock lost")
 
       with lock.held_for_run(workdir, break_lock=break_lock, warn=warn, on_lost=lost):
-        return Trainer(c, workdir, mesh, tok, stop, progress, warn).train()
+        return Trainer(c, workdir, mesh, tok, stop, progress, warn, started).train()
   except BaseException:
     if jax.process_index() == 0 and "://" not in str(workdir) and not progress.training:
       _drop_empty_new_folders(workdir, before, created)
@@ -122,8 +128,9 @@ class Trainer:
 
   def __init__(self, c: ml_collections.ConfigDict, workdir: epath.Path, mesh: jax.sharding.Mesh,
                tok: tokenizer_lib.Tokenizer, stop: preemption.StopRequest, progress: Progress,
-               warn: Callable[[str], None]):
+               warn: Callable[[str], None], started: float):
     self.c, self.workdir, self.tok, self.stop, self.progress, self.warn = c, workdir, tok, stop, progress, warn
+    self.started = started  # time.time() at the command's start.
     self.primary = jax.process_index() == 0
     self.tok_id = resume.tokenizer_identity(c.data.tokenizer, tok)
     self.mesh, self.phases = mesh, phases_lib.expand(c)
@@ -150,22 +157,31 @@ class Trainer:
     self.logger: metrics.MetricsLogger | None = None
     self.recorder: recorder.StepRecorder | None = None
     self.hooks: list[hooks_lib.Hook] = []  # The loop's side duties, in order (`hooks`).
+    self.goodput: goodput.Ledger | None = None  # This start's wall time by cause (`_begin`).
+    self.profiler: profile.Profiler | None = None
 
   def train(self) -> dict[str, Any]:
     """The run, top to bottom; its outcome (`Outcome.as_dict`)."""
     c = self.c
+    t0 = time.perf_counter()
     state, start, restored = self._restore_or_init()
+    restore_s = time.perf_counter() - t0 if restored else 0.0
     end = min(c.train.steps, c.train.stop_at_step or c.train.steps)
     if restored and start >= end:
       return self._nothing_to_do(start)
-    self._begin(start, restored)
+    self._begin(start, restored, restore_s)
     finished, self.progress.training = False, True
     try:
       for step_num in range(start + 1, end + 1):
-        self._enter(phases_lib.phase_at(self.phases, step_num))
-        info = self._step(state, step_num)
-        state = info.state
-        hooks_lib.run_due(self.hooks, info)  # Metrics, probes, saves: each at its own steps.
+        began = time.perf_counter()
+        self.profiler.before_step(step_num)
+        with self.profiler.annotate(step_num):
+          self._enter(phases_lib.phase_at(self.phases, step_num))
+          info = self._step(state, step_num)
+          state = info.state
+          took = hooks_lib.run_due(self.hooks, info)  # Metrics, probes, saves: each at its own steps.
+        self.profiler.after_step(step_num, info.device_metrics)
+        self._account(step_num, began, info, took)
         if info.stopping:
           self._log_stop(step_num)
           break
@@ -250,16 +266,21 @@ class Trainer:
     self.ckpt.close()
     return Outcome(status="nothing_to_do", step=start).as_dict()
 
-  def _begin(self, start: int, restored: bool) -> None:
-    """config.json, the metrics logger and recorder, the stop sync, the first log line."""
+  def _begin(self, start: int, restored: bool, restore_s: float) -> None:
+    """config.json, the metrics logger (and W&B) and recorder, the profiler, goodput, the first log line."""
     c, mesh = self.c, self.program.mesh
     self.start = start
     self.progress.doing = f"writing {self.workdir / 'config.json'}"
     if self.primary:
       (self.workdir / "config.json").write_text(c.to_json_best_effort(indent=2))
+    logged = ([r["step"] for r in metrics.read_metrics(self.workdir)]
+              if self.primary and metrics.metrics_files(self.workdir) else [])
+    sink = wandb_logger.start(c, self.workdir, self.warn) if self.primary else None
     self.logger = metrics.MetricsLogger(str(self.workdir), total_steps=c.train.steps, start_step=start,
                                         enabled=self.primary, tensorboard=c.metrics.tensorboard,
-                                        progress_bar=c.metrics.progress_bar, eta_by_work=len(self.phases) > 1)
+                                        progress_bar=c.metrics.progress_bar, eta_by_work=len(self.phases) > 1,
+                                        sink=sink)
+    self.profiler = profile.Profiler(c.profile, self.workdir, start + 1, self.logger.log_text)
     self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress,
                                           self.outcome, str(self.workdir), self.warn, phases=self.phases)
     phase_config = lambda: self.phase.config
@@ -269,6 +290,18 @@ class Trainer:
     how = (f"forked from {c.train.fork_from}" if self._forked else f"resuming from step {start}" if restored
            else "starting")
     self.logger.log_text(f"{c.objective}: {how} in {self.workdir} on {mesh.size} device(s), mesh {dict(mesh.shape)}")
+    self.goodput = goodput.Ledger(self.workdir, self.started, self.primary, max(logged, default=0))
+    self.goodput.add("restore", restore_s)
+    self.goodput.add("startup", time.time() - self.started - restore_s)
+
+  def _account(self, step_num: int, began: float, info: hooks_lib.StepInfo, took: dict[str, float]) -> None:
+    """Goodput: the step's wall time, less its input wait, save and probes (a save's read-ahead is input)."""
+    extra = ("compile" if step_num in (self.start + 1, self.phase.start + 1) else
+             "profile" if self.profiler.traced(step_num) else None)
+    self.goodput.step(step_num, time.perf_counter() - began, extra, data_wait=info.data_wait_s,
+                      save=took.get("save", 0.0) - self._data_wait, eval=took.get("probes", 0.0))
+    if "save" in took:  # A kill after this checkpoint loses at most the steps since: so does the ledger.
+      self.goodput.write("running")
 
   def _tokens_at(self, step_num: int) -> int:
     return self.tokens_at_start + phases_lib.tokens_between(self.phases, self.start, step_num)
@@ -339,12 +372,23 @@ class Trainer:
       raise UserError(f"{self.progress.lost_lock}; stopped at step {self.outcome.step} without saving over its "
                       "checkpoints")
     final = int(jax.device_get(state.step))
+    t0 = time.perf_counter()
     if final > start or not restored:
       self._checked_save(final, state)
     self.progress.doing = f"finishing the checkpoint writes in {self.workdir}"
     self.ckpt.wait()
+    self.goodput.add("save", time.perf_counter() - t0)
+    seconds = self.goodput.totals(self.outcome.status)
+    self.logger.log(self.outcome.step, goodput.scalars(seconds))
+    self.goodput.write(self.outcome.status)
+    self.outcome.goodput = goodput.line(seconds)
+    if self.profiler.summary:
+      self.logger.log_text(self.profiler.summary)
 
   def _close(self, finished: bool) -> None:
+    self.profiler.close()
+    if not finished and not self.progress.lost_lock:  # A lost lease: the workdir is another trainer's now.
+      self.goodput.write_failed()
     self.logger.close()
     self.data.close()
     if finished:

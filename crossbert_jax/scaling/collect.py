@@ -29,6 +29,7 @@ class RunResult:
   tokens_per_second: float  # Median over steps (robust to the compile step and the probe pauses).
   wall_s: float
   machines: tuple[str, ...] = ()  # What its attempts ran on (`host.describe`); empty: not recorded.
+  goodput: float = float("nan")  # Productive share of its wall time, all attempts (run/goodput.py); NaN: none.
 
   @property
   def final_loss(self) -> float:
@@ -65,9 +66,11 @@ def _result(run: plan_lib.Run, run_dir: pathlib.Path) -> RunResult | None:
   tps = [by_step[s]["tokens_per_second"] for s in steps[1:] if by_step[s].get("tokens_per_second")]
   wall_file = run_dir / runner.WALL_FILE
   wall = plan_lib.read_json(wall_file, "the run's wall time") if wall_file.is_file() else {}
+  goodput = next((by_step[s]["goodput"] for s in reversed(steps) if by_step[s].get("goodput") is not None),
+                 float("nan"))
   return RunResult(run, plan_lib.is_done(run_dir), steps[-1] if steps else 0, curve, probes,
                    float(np.median(tps)) if tps else float("nan"), wall.get("wall_s", float("nan")),
-                   tuple(wall.get("machines", ())))
+                   tuple(wall.get("machines", ())), goodput)
 
 
 def is_point(run: plan_lib.Run) -> bool:

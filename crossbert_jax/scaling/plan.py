@@ -281,7 +281,7 @@ def train_command(run: Run, spec: dict, workdir: str, python: str = "python") ->
     flags.append(f"--config.train.fork_from={runs_dir}/{run.fork_from}:{run.fork_step}")
   return [python, "-m", "crossbert_jax.train", f"--config={objectives.get(run.objective).config_file}:{spec['variant']}",
           f"--workdir={workdir}", f"--compilation_cache={root}/{COMPILATION_CACHE}", "--config.metrics.progress_bar=False",
-          *flags]
+          f"--config.metrics.wandb_group={pathlib.PurePath(root).name or root}", *flags]
 
 
 def _resolved(run: Run) -> dict:

@@ -23,6 +23,10 @@ def _fmt(x: float, digits: int = 3) -> str:
   return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}g}"
 
 
+def _percent(x: float) -> str:
+  return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
+
+
 def _median_tps(results: list[RunResult]) -> float:
   """Median training tokens/s: robust to the runs that shared the CPU with other work."""
   v = [r.tokens_per_second for r in results if math.isfinite(r.tokens_per_second)]
@@ -92,13 +96,15 @@ def _find(spec: dict, objective: str, ratio: float, views: int) -> str | None:
 
 def _run_table(results: list[RunResult], keys: list[str]) -> list[str]:
   avg = [k for k in keys if k.startswith("avg/")]
-  head = ["run", "objective", "ratio", "K", "steps", "FLOPs", "tokens", "wall s", "tokens/s", "final loss", *avg]
+  head = ["run", "objective", "ratio", "K", "steps", "FLOPs", "tokens", "wall s", "goodput", "tokens/s", "final loss",
+          *avg]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in results:
     o = r.run.overrides
     status = "" if r.done else f" (partial: step {r.steps_logged})"
     cells = [r.run.name + status, r.run.objective, o["masking.ratio"], o["masking.views"], r.run.steps,
              _fmt(r.run.flops), _fmt(float(r.run.steps * r.run.tokens_per_step)), _fmt(r.wall_s, 4),
+             _percent(r.goodput),
              _fmt(r.tokens_per_second, 4), _fmt(r.final_loss, 4), *[_fmt(r.final_probe(k), 3) for k in avg]]
     lines.append("| " + " | ".join(str(c) for c in cells) + " |")
   return lines

@@ -37,6 +37,8 @@ Array = jax.Array
 Batch = dict[str, Array]
 # The keys, dtype and shape of data.pipeline's batches: tokens, segment ids, positions (B x L int32).
 BATCH_KEYS = ("tokens", "segment_ids", "positions")
+# The jax.profiler.StepTraceAnnotation of a traced train step (run/profile.py, perf/benchmark.py).
+TRACE_STEP_NAME = "train_step"
 
 
 @flax.struct.dataclass
