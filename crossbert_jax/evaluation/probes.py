@@ -185,7 +185,8 @@ def nearest(keys_NxD: np.ndarray, queries_MxD: np.ndarray, k: int, chunk: int = 
   return np.concatenate(idx_out), np.concatenate(sim_out)
 
 
-def _knn_predict(idx_MxK, sims_MxK, y_N, k, classification, num_classes):
+def knn_predict(idx_MxK, sims_MxK, y_N, k, classification, num_classes):
+  """Predictions from each query's neighbours (best first): the vote of the first k, or their mean score."""
   labels_MxK = y_N[idx_MxK[:, :k]]
   if not classification:
     return labels_MxK.astype(np.float64).mean(1)
@@ -205,13 +206,13 @@ def knn_probe(x_NxD: np.ndarray, y_N: np.ndarray, queries: list[np.ndarray], cla
   idx, sims = nearest(x_NxD[fit_idx], x_NxD[val_idx], max(K_GRID))
   yf = y_N[fit_idx]
   grid = [k for k in K_GRID if k <= len(fit_idx)]
-  scores = [METRICS[metric](y_N[val_idx], _knn_predict(idx, sims, yf, k, classification, num_classes))
+  scores = [METRICS[metric](y_N[val_idx], knn_predict(idx, sims, yf, k, classification, num_classes))
             for k in grid]
   best = grid[int(np.argmax(scores))]
   preds = []
   for q in queries:
     qi, qs = nearest(x_NxD, q, best)
-    preds.append(_knn_predict(qi, qs, y_N, best, classification, num_classes))
+    preds.append(knn_predict(qi, qs, y_N, best, classification, num_classes))
   return preds, best
 
 
