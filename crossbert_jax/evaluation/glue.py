@@ -85,7 +85,7 @@ def check_labels(task: GlueTask, split: str, labels: np.ndarray, where: str) -> 
     bad = labels[~((labels >= STSB_RANGE[0]) & (labels <= STSB_RANGE[1]))]
     allowed = "scores in [0, 5]"
   if len(bad):
-    raise UserError(f"{where}: {task.name} {split} has label {bad[0]!r} outside the task's classes ({allowed}); "
+    raise UserError(f"{where}: {task.name} {split} has label {float(bad[0]):g} outside the task's classes ({allowed}); "
                     "give labelled splits (GLUE's test labels are hidden: use train and validation)")
 
 

@@ -91,6 +91,7 @@ def from_local_copy(task: glue.GlueTask, data_dir: str) -> eval_tasks.Task:
                       f"{glue.HUB_REPO} (hf download {glue.HUB_REPO} --repo-type=dataset) or remove {task.config}/")
   if "train" not in files and len(task.rows) > 1:
     raise UserError(f"{where}: {task.config}/train-*.parquet is missing; copy it from {glue.HUB_REPO}")
+  datasets.disable_progress_bars()  # Local files: no download to follow, and quiet logs.
   loaded = datasets.load_dataset("parquet", data_files=files)
   return _task(task, {s: _split(task, loaded[s], s, f"{where}/{task.config}") for s in files})
 
@@ -142,9 +143,10 @@ def plan(names: list[str], data_dir: str, online: bool | None = None) -> tuple[d
   return sources, skipped
 
 
-def checked_plan(names: list[str], data_dir: str, strict: bool, log=print) -> tuple[dict[str, str], dict[str, str]]:
+def checked_plan(names: list[str], data_dir: str, strict: bool, log=print, online: bool | None = None
+                 ) -> tuple[dict[str, str], dict[str, str]]:
   """`plan`, with the skipped tasks named in one line, or refused (strict); refuses a plan with no task."""
-  sources, skipped = plan(names, data_dir)
+  sources, skipped = plan(names, data_dir, online)
   if skipped and strict:
     raise UserError(f"--strict: {len(skipped)} GLUE task(s) have no data: {', '.join(skipped)}; put a copy of "
                     f"{glue.HUB_REPO} in --data_dir (or reach the Hub), or drop --strict")
