@@ -75,7 +75,7 @@ def _big_knn(task: eval_tasks.Task, features: dict[str, np.ndarray], seed: int, 
   return out, best
 
 
-def _seed_scores(task: eval_tasks.Task, features: dict[str, np.ndarray], seed: int, neighbours: dict
+def seed_scores(task: eval_tasks.Task, features: dict[str, np.ndarray], seed: int, neighbours: dict
                  ) -> tuple[dict[str, float], dict[str, Any]]:
   """One probe seed's {"<probe>/<split>/<metric>": score} and chosen hyperparameters."""
   if len(task.splits[task.fit]) <= BIG_TRAIN or not task.scored:
@@ -91,7 +91,7 @@ def run_task(emb: embedder_lib.Embedder, task: eval_tasks.Task, spec: glue.GlueT
   features = _features(emb, task, cache_dir)
   per_seed, neighbours = [], {}
   for seed in range(seeds):
-    per_seed.append(_seed_scores(task, features, seed, neighbours))
+    per_seed.append(seed_scores(task, features, seed, neighbours))
   rows = {}
   for row, split in spec.rows:
     key = split if task.scored else "cv"
