@@ -118,6 +118,13 @@ def test_labels_outside_the_classes_are_refused(tmp_path, shared_data):
     glue_data.from_local_copy(glue.TASKS["rte"], str(tmp_path / "copy"))
 
 
+def test_a_damaged_parquet_file_is_one_line(tmp_path, shared_data):
+  write_hub_copy(shared_data, tmp_path / "copy", ("rte",))
+  (tmp_path / "copy" / "rte" / "train-00000-of-00001.parquet").write_bytes(b"not parquet")
+  with pytest.raises(UserError, match="rte/ could not be read as parquet .*; copy the files again from nyu-mll/glue$"):
+    glue_data.from_local_copy(glue.TASKS["rte"], str(tmp_path / "copy"))
+
+
 def test_scores_equal_todays_tasks_path(tiny_run, hub_copy, shared_data):
   """Seed 0 of the GLUE runner on the copy == today's evaluate_task on the shared files (same process)."""
   from crossbert_jax.data import tokenizer

@@ -92,7 +92,11 @@ def from_local_copy(task: glue.GlueTask, data_dir: str) -> eval_tasks.Task:
   if "train" not in files and len(task.rows) > 1:
     raise UserError(f"{where}: {task.config}/train-*.parquet is missing; copy it from {glue.HUB_REPO}")
   datasets.disable_progress_bars()  # Local files: no download to follow, and quiet logs.
-  loaded = datasets.load_dataset("parquet", data_files=files)
+  try:
+    loaded = datasets.load_dataset("parquet", data_files=files)
+  except Exception as e:  # A damaged or foreign file: datasets / pyarrow raise many types.  # noqa: BLE001
+    raise UserError(f"{where}: {task.config}/ could not be read as parquet ({type(e).__name__}: "
+                    f"{' '.join(str(e).split())[:160]}); copy the files again from {glue.HUB_REPO}") from None
   return _task(task, {s: _split(task, loaded[s], s, f"{where}/{task.config}") for s in files})
 
 
@@ -100,8 +104,15 @@ def from_hub(task: glue.GlueTask) -> eval_tasks.Task:
   """The task through datasets.load_dataset(nyu-mll/glue, config, revision=the pinned one)."""
   import datasets  # Local: slow to import.
 
-  loaded = datasets.load_dataset(glue.HUB_REPO, task.config, revision=glue.HUB_REVISION)
   where = f"{glue.HUB_REPO}@{glue.HUB_REVISION[:8]}"
+  try:
+    loaded = datasets.load_dataset(glue.HUB_REPO, task.config, revision=glue.HUB_REVISION)
+  except Exception as e:  # Network, cache or Hub errors: one line, with the way round.  # noqa: BLE001
+    raise UserError(f"{where}: {task.config} could not be loaded ({type(e).__name__}: "
+                    f"{' '.join(str(e).split())[:160]}); retry, or give --data_dir a local copy") from None
+  missing = [s for s in task.splits if s not in loaded]
+  if missing:
+    raise UserError(f"{where}: {task.config} has no split {missing[0]!r}; give --data_dir a local copy")
   return _task(task, {s: _split(task, loaded[s], s, where) for s in task.splits})
 
 
