@@ -1,9 +1,11 @@
 """evaluate --benchmark=glue: the registry and the GLUE average, a local copy in the Hub's layout read by
-`datasets` (built here from the shared files), scores equal to today's --tasks path, the CLI, bad input,
-and a kill -9 during the third task resumed to the same table byte for byte (slow)."""
+`datasets` (built here from the shared files), the datasets cache offline, scores equal to today's --tasks
+path, the CLI, bad input, and a kill -9 during the third task resumed to the same table byte for byte (slow)."""
 
 import json
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -116,6 +118,38 @@ def test_labels_outside_the_classes_are_refused(tmp_path, shared_data):
   write_hub_copy(shared_data, tmp_path / "copy", ("rte",), label_of=lambda y: np.where(np.arange(len(y)) == 3, -1, y))
   with pytest.raises(UserError, match="rte train has label -1 outside the task's classes \\(0..1\\)"):
     glue_data.from_local_copy(glue.TASKS["rte"], str(tmp_path / "copy"))
+
+
+def _fill_datasets_cache(copy, cache, config) -> None:
+  """The datasets cache as an online load_dataset("nyu-mll/glue", config) leaves it, made offline: datasets'
+  own parquet builder prepares the copy's files, renamed as a Hub load names them (<cache>/nyu-mll___glue/
+  <config>/0.0.0/<hash>/glue-<split>.arrow, dataset_info.json naming the config)."""
+  import datasets
+
+  files = {s: str(copy / config / f"{s}-00000-of-00001.parquet") for s in ("train", "validation")}
+  datasets.load_dataset("parquet", data_files=files, cache_dir=str(cache / "build"))
+  src = next((cache / "build").rglob("dataset_info.json")).parent
+  dst = cache / "nyu-mll___glue" / config / "0.0.0" / glue.HUB_REVISION
+  dst.mkdir(parents=True)
+  for f in src.iterdir():
+    (dst / f.name.replace("parquet-", "glue-")).write_bytes(f.read_bytes())
+  info = json.loads((dst / "dataset_info.json").read_text())
+  (dst / "dataset_info.json").write_text(json.dumps({**info, "config_name": config, "dataset_name": "glue",
+                                                     "builder_name": "glue"}))
+
+
+def test_offline_from_the_datasets_cache(hub_copy, tmp_path):
+  """HF_DATASETS_OFFLINE with the config in the datasets cache: planned as "hub" and read by the real
+  load_dataset("nyu-mll/glue", config, revision=...) call (datasets falls back to its cache)."""
+  _fill_datasets_cache(hub_copy, tmp_path / "cache", "rte")
+  code = ("from crossbert_jax.evaluation import glue, glue_data; print(glue_data.plan(['rte', 'cola'], '')); "
+          "t = glue_data.from_hub(glue.TASKS['rte']); print(len(t.splits['train']), len(t.splits['validation']))")
+  proc = subprocess.run([sys.executable, "-c", code], env=cpu_env(**OFFLINE, HF_DATASETS_CACHE=str(tmp_path / "cache")),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.splitlines() == [
+      "({'rte': 'hub'}, {'cola': 'no data in --data_dir, Hub unreachable and not in the datasets cache'})",
+      "2490 277"], proc.stdout
 
 
 def test_a_damaged_parquet_file_is_one_line(tmp_path, shared_data):
