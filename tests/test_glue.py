@@ -199,6 +199,11 @@ def test_cli_table_skips_and_the_model_card_record(tiny_run, hub_copy, tmp_path)
   assert (tiny_run / "glue_table.md").read_text() == (out / "glue_table.md").read_text()  # One column: the same.
   record = json.loads((tiny_run / "eval_results.json").read_text())
   assert record["scores"]["glue/cola/linear"] == pytest.approx(cola["mean"] / 100, abs=1e-6)
+  from crossbert_jax.hf import files  # The export's model card shows the record as a table.
+
+  record = files.run_summary(epath.Path(str(tiny_run)), config=None, step=5)["results"]
+  card = "\n".join(files._evaluation_table(record, 5))  # pylint: disable=protected-access
+  assert f"| glue/cola/linear | {cola['mean']:.1f} |" in card and "| glue/mean_of_1_rows/knn |" in card
 
 
 def test_cli_unknown_benchmark_is_one_line(tmp_path):
