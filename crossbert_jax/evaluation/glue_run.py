@@ -122,6 +122,7 @@ def run_model(emb: embedder_lib.Embedder, plan: dict[str, str], folder: epath.Pa
   """
   todo = [force or not (folder / f"{n}.json").exists() for n in plan]
   out, spent, done = {}, 0.0, 0
+  texts0, tokens0, seconds0 = emb.sentences_seen, getattr(emb, "tokens_seen", 0), emb.seconds
   for i, (name, source) in enumerate(plan.items(), 1):
     path = folder / f"{name}.json"
     start, seen, tokens = time.perf_counter(), emb.sentences_seen, getattr(emb, "tokens_seen", 0)
@@ -142,4 +143,8 @@ def run_model(emb: embedder_lib.Embedder, plan: dict[str, str], folder: epath.Pa
     first = next(iter(out[name]["rows"].values()))["linear"]
     log(f"[{i}/{len(plan)}] {name}: linear {100 * glue.row_score({m: np.mean(v) for m, v in first.items()}):.1f} "
         f"({status}, {seconds:.1f} s{eta})")
+  tokens, seconds = getattr(emb, "tokens_seen", 0) - tokens0, emb.seconds - seconds0
+  if tokens:
+    log(f"embedded {emb.sentences_seen - texts0:,} texts, {tokens:,} tokens in {seconds:.1f} s: "
+        f"{tokens / max(seconds, 1e-9):,.0f} tokens/s (the embedder alone)")
   return out
