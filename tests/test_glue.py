@@ -12,7 +12,7 @@ import pytest
 from etils import epath
 
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.evaluation import glue, glue_data, glue_run, glue_table
+from crossbert_jax.evaluation import glue, glue_data, glue_run, glue_table, probes
 from crossbert_jax.evaluation import tasks as eval_tasks
 from tests.helpers import cpu_env, run_module
 
@@ -89,6 +89,15 @@ def test_table_average_over_seeds_and_the_markdown():
   md = glue_table.markdown(table)
   assert "| CoLA | MCC | 40.0 ± 10.0 |" in md and "| **GLUE average** | 9 rows | 71.1 ± 1.1 |" in md
   assert glue_table.card_scores(table, "m")["glue/average/linear"] == pytest.approx(0.711111)
+
+
+def test_nearest_large_matches_nearest():
+  """The big-train KNN's torch top-k gives probes.nearest's neighbours, in the same order."""
+  rng = np.random.default_rng(0)
+  keys, queries = rng.normal(size=(3000, 16)).astype(np.float32), rng.normal(size=(600, 16)).astype(np.float32)
+  (i1, s1), (i2, s2) = probes.nearest(keys, queries, 33), glue_run.nearest_large(keys, queries, 33, chunk=100)
+  np.testing.assert_array_equal(i1, i2)
+  np.testing.assert_allclose(s1, s2, atol=1e-6)
 
 
 def test_hub_layout_copy_through_datasets(hub_copy, shared_data):
