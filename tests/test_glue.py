@@ -232,7 +232,7 @@ def test_cli_copy_with_a_missing_split_is_one_line(tiny_run, tmp_path, shared_da
       "from nyu-mll/glue (hf download nyu-mll/glue --repo-type=dataset) or remove rte/"], proc.stderr[-2000:]
 
 
-@pytest.mark.slow  # About 90 s on 2 cores: three runs of three tasks.
+@pytest.mark.slow  # 33-39 s on 2 cores (plus the shared tiny run): three runs of three tasks.
 def test_killed_during_the_third_task_resumes_to_the_same_table(tiny_run, hub_copy, tmp_path):
   flags = ("--tasks=cola,sst2,mrpc", "--max_examples=1500", "--nocache")
   whole = tmp_path / "whole"
