@@ -211,8 +211,8 @@ def _retrieval_dirs(f) -> list[str]:
 
 def _word_order(f) -> None:
   """--word_order: prints `word_order_report` for each --workdir; refuses the flags it would ignore."""
-  ignored = [n for n in ("hf", "tasks", "retrieval", "generic_train", "task_file", "pooler", "output", "layers",
-                         "pooling", "pair_mode", "max_length", "max_examples") if f[n].present]
+  ignored = [n for n in ("hf", "tasks", "retrieval", "generic_train", "task_file", "pooler", "output", "benchmark",
+                         "layers", "pooling", "pair_mode", "max_length", "max_examples") if f[n].present]
   if ignored:
     raise UserError("--word_order scores each --workdir against its random init on built-in data only: "
                     f"drop --{ignored[0]}, or run it separately")
