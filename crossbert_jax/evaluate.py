@@ -3,6 +3,7 @@ r"""Frozen evaluation: probe and retrieval scores of checkpoints or Hugging Face
   python -m crossbert_jax.evaluate --workdir=runs/demo/crossbert --data_dir=../shared/data \
       --tasks=all --retrieval=beir/scifact --output=results.json
   python -m crossbert_jax.evaluate --workdir=runs/demo/crossbert --word_order  # Built-in data, vs its init.
+  python -m crossbert_jax.evaluate --benchmark=glue --workdir=runs/demo/crossbert --data_dir=../shared/data
 
 Library: crossbert_jax.evaluation.runner. Manual: docs/evaluation.md.
 """
@@ -24,6 +25,10 @@ from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags
 from crossbert_jax.data import corpus
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation import generic
+from crossbert_jax.evaluation import glue
+from crossbert_jax.evaluation import glue_data
+from crossbert_jax.evaluation import glue_run
+from crossbert_jax.evaluation import glue_table
 from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.evaluation import tasks as eval_tasks
 from crossbert_jax.evaluation import word_order
@@ -151,6 +156,11 @@ def _define_flags() -> None:
   flags.DEFINE_multi_string("task_file", [], "JSON (or YAML) file listing your own tasks (docs/evaluation.md).")
   flags.DEFINE_bool("word_order", False, "Only the built-in word-order probe (no --data_dir): each --workdir "
                     "against its random init (make demo's last step).")
+  flags.DEFINE_string("benchmark", "", "glue: frozen GLUE by name (the Hub, the datasets cache, a copy in the Hub's "
+                      "layout or the shared files in --data_dir), resumable per task, table in --output_dir.")
+  flags.DEFINE_integer("probe_seeds", 3, "--benchmark: probe seeds (each its own validation slice): mean and spread.")
+  flags.DEFINE_string("output_dir", "glue_results", "--benchmark: the table and each task's saved result (resume).")
+  flags.DEFINE_bool("strict", False, "--benchmark: refuse to start when a task has no data (default: skip it).")
   flags.DEFINE_multi_string("pooler", [], "Pooler folder(s) from crossbert_jax.pooler: adds a '+pooler' column "
                             "next to the model it was trained on.")
 
@@ -201,8 +211,8 @@ def _retrieval_dirs(f) -> list[str]:
 
 def _word_order(f) -> None:
   """--word_order: prints `word_order_report` for each --workdir; refuses the flags it would ignore."""
-  ignored = [n for n in ("hf", "tasks", "retrieval", "generic_train", "task_file", "pooler", "output", "layers",
-                         "pooling", "pair_mode", "max_length", "max_examples") if f[n].present]
+  ignored = [n for n in ("hf", "tasks", "retrieval", "generic_train", "task_file", "pooler", "output", "benchmark",
+                         "layers", "pooling", "pair_mode", "max_length", "max_examples") if f[n].present]
   if ignored:
     raise UserError("--word_order scores each --workdir against its random init on built-in data only: "
                     f"drop --{ignored[0]}, or run it separately")
@@ -221,29 +231,9 @@ def _check_output(f) -> epath.Path | None:
   return outputs.check_output_file(f.output, "--output", force=f.force, companions=(".md",))
 
 
-@exit_on_user_error
-def main(argv: Sequence[str]) -> None:
-  """CLI entry point."""
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {' '.join(argv[1:])}; every option is a --flag")
-  f = flags.FLAGS
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every restore step at INFO.
-  if not f.workdir and not f.hf:
-    raise UserError("nothing to evaluate: pass --workdir=RUN (a training run) and/or --hf=DIR")
-  check_distinct([("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf])
-  if f.word_order:
-    _word_order(f)
-    return
-  options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), f.pooling, f.max_length, f.pair_mode)
-  out = _check_output(f)
-  tasks, retrieval_dirs = _load_tasks(f), _retrieval_dirs(f)
-  if f.cache and f.cache_dir and (error := _writable(epath.Path(f.cache_dir))) is not None:
-    raise UserError(f"--cache_dir {f.cache_dir} is not writable ({error.strerror or error}): choose another "
-                    "folder, or leave it empty for the default")
-  if not tasks and not retrieval_dirs:
-    raise UserError("--tasks is empty and no --retrieval, --generic_train or --task_file: name something to evaluate")
+def _models(f, options: embedder_lib.Options) -> list[tuple[str, embedder_lib.Embedder, Any, str, str]]:
+  """(label, embedder, cache dir, kind, source) per --workdir / --hf and '+pooler' column, all loaded first."""
   poolers, used = [pooler_lib.load_pooler(p) for p in f.pooler], set()
-  results: dict[str, dict[str, Any]] = {}
   models = []  # (label, embedder, cache dir, kind, source): every model is loaded before any is scored.
   sources = [("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf]
   for kind, source in sources:
@@ -259,6 +249,84 @@ def main(argv: Sequence[str]) -> None:
   if unused:
     raise UserError(f"--pooler={f.pooler[unused[0]]} was trained on {poolers[unused[0]].meta.get('identity')}, "
                     "which is not among the models scored here; add that --workdir (and --step) or --hf")
+  return models
+
+
+def _glue_plan(f) -> tuple[dict[str, str], dict[str, str]]:
+  """--benchmark=glue's checks before any slow work: the flags, the tasks and where each one's data is."""
+  if f.benchmark.lower() != "glue":
+    raise UserError(f"--benchmark={f.benchmark!r}: evaluate runs only glue (frozen GLUE); MTEB benchmarks run "
+                    "with python -m crossbert_jax.mteb_eval --benchmark=...")
+  ignored = [n for n in ("output", "retrieval", "generic_train", "task_file") if f[n].present]
+  if ignored:
+    raise UserError(f"--benchmark=glue writes its table into --output_dir: drop --{ignored[0]}, or run it separately")
+  if f.probe_seeds < 1:
+    raise UserError(f"--probe_seeds={f.probe_seeds}: use at least 1")
+  sources, skipped = glue_data.checked_plan(glue.parse_tasks(f.tasks or "all"), f.data_dir, f.strict)
+  inputs = [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf] + \
+           ([("--data_dir", f.data_dir)] if f.data_dir else [])
+  outputs.check_added_to(f.output_dir, "--output_dir", inputs, writes_inside=True)
+  return sources, skipped
+
+
+def _glue(f, options: embedder_lib.Options) -> None:
+  """--benchmark=glue: every model on the GLUE tasks with data, resumable per task; the table in --output_dir
+  and, per --workdir, in the run (glue_table.*, and eval_results.json for the export's model card)."""
+  sources, skipped = _glue_plan(f)
+  tasks = {n: glue_data.load(n, s, f.data_dir) for n, s in sources.items()}  # Bad files: refused before models.
+  labels = {n: glue_data.source_label(s, f.data_dir) for n, s in sources.items()}
+  settings = {"benchmark": "glue", "hub_revision": glue.HUB_REVISION, "sources": labels,
+              "layers": list(options.layers), "pooling": options.pooling, "pair_mode": options.pair_mode,
+              "max_length": options.max_length, "max_examples": f.max_examples, "seed": f.seed,
+              "probe_seeds": f.probe_seeds}
+  digest, out_dir = glue_run.settings_digest(settings), epath.Path(f.output_dir)
+  results, models = {}, _models(f, options)
+  with outputs.removed_unless_written(f.output_dir):
+    for label, model, cache_dir, _, _ in models:
+      folder = out_dir / "tasks" / glue_run.column_key(label, model.identity) / digest
+      print(f"{label}: {folder}", flush=True)
+      results[label] = glue_run.run_model(model, sources, folder, load=lambda n, _: tasks[n], seeds=f.probe_seeds,
+                                          max_examples=f.max_examples, data_seed=f.seed, cache_dir=cache_dir,
+                                          force=f.force)
+  table = glue_table.summary(results, skipped, labels, settings)
+  js, md = glue_table.write(out_dir, table)
+  print(glue_table.markdown(table), flush=True)
+  print(f"wrote {js} and {md}", flush=True)
+  for label, model, _, kind, source in models:
+    if kind == "workdir" and isinstance(model, embedder_lib.JaxEmbedder):
+      try:
+        glue_table.write(epath.Path(source), glue_table.column_table(table, label))
+      except OSError as e:
+        print(f"warning: could not write the GLUE table into {source} ({e.strerror or e})", flush=True)
+      _record_in_workdir(source, model.identity, label, settings, glue_table.card_scores(table, label), merge=True)
+
+
+@exit_on_user_error
+def main(argv: Sequence[str]) -> None:
+  """CLI entry point."""
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {' '.join(argv[1:])}; every option is a --flag")
+  f = flags.FLAGS
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every restore step at INFO.
+  if not f.workdir and not f.hf:
+    raise UserError("nothing to evaluate: pass --workdir=RUN (a training run) and/or --hf=DIR")
+  check_distinct([("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf])
+  if f.word_order:
+    _word_order(f)
+    return
+  options = embedder_lib.Options(embedder_lib.parse_layers(f.layers), f.pooling, f.max_length, f.pair_mode)
+  if f.benchmark:
+    _glue(f, options)
+    return
+  out = _check_output(f)
+  tasks, retrieval_dirs = _load_tasks(f), _retrieval_dirs(f)
+  if f.cache and f.cache_dir and (error := _writable(epath.Path(f.cache_dir))) is not None:
+    raise UserError(f"--cache_dir {f.cache_dir} is not writable ({error.strerror or error}): choose another "
+                    "folder, or leave it empty for the default")
+  if not tasks and not retrieval_dirs:
+    raise UserError("--tasks is empty and no --retrieval, --generic_train or --task_file: name something to evaluate")
+  results: dict[str, dict[str, Any]] = {}
+  models = _models(f, options)
   for label, model, cache_dir, kind, source in models:
     print(f"{label}:", flush=True)
     results[label] = evaluate_model(model, tasks, seed=f.seed, max_examples=f.max_examples, cache_dir=cache_dir,
@@ -286,16 +354,25 @@ def main(argv: Sequence[str]) -> None:
 
 
 def _record_in_workdir(workdir: str, identity: str, label: str, settings: dict[str, Any],
-                       result: dict[str, Any]) -> None:
-  """The run's own scores as <workdir>/eval_results.json, which export's model card reports."""
+                       result: dict[str, Any], merge: bool = False) -> None:
+  """The run's own scores as <workdir>/eval_results.json, which export's model card reports.
+
+  result: evaluate_model's result, or (merge) flat scores added to a record of the same step (--benchmark).
+  """
   path = epath.Path(workdir) / EVAL_RESULTS
-  record = {"model": label, "step": int(identity.rsplit("@", 1)[1]), "settings": settings,
-            "scores": {k: round(float(v), 6) for k, v in flat_scores(result).items()}}
+  step = int(identity.rsplit("@", 1)[1])
+  scores = result if merge else {k: round(float(v), 6) for k, v in flat_scores(result).items()}
+  record = {"model": label, "step": step, "settings": settings, "scores": scores}
   try:
+    old = json.loads(path.read_text()) if merge and path.exists() else None
+    if old and old.get("step") == step and old.get("settings", {}).get("benchmark") != "glue":  # Keep --tasks'.
+      old["scores"] = {**{k: v for k, v in old["scores"].items() if not k.startswith("glue/")}, **scores}
+      old.setdefault("settings", {})["glue"] = settings
+      record = old
     path.write_text(json.dumps(record, indent=1))
-  except OSError as e:
-    print(f"warning: could not record the scores in {path} ({e.strerror or e}); the model card will not show "
-          "them", flush=True)
+  except (OSError, ValueError) as e:
+    print(f"warning: could not record the scores in {path} ({getattr(e, 'strerror', None) or e}); the model card "
+          "will not show them", flush=True)
 
 
 def _json_default(value):

@@ -93,7 +93,7 @@ def test_nearest_matches_brute_force():
   rng = np.random.default_rng(5)
   keys, queries = rng.normal(size=(300, 6)), rng.normal(size=(50, 6))
   idx, sims = probes.nearest(keys, queries, 7, chunk=16)
-  full = probes._unit(queries) @ probes._unit(keys).T
+  full = probes.unit(queries) @ probes.unit(keys).T
   np.testing.assert_array_equal(idx, np.argsort(-full, axis=1)[:, :7])
   np.testing.assert_allclose(sims, np.sort(full, axis=1)[:, ::-1][:, :7], rtol=1e-5)
 

@@ -165,17 +165,18 @@ def linear_probe(x_NxD: np.ndarray, y_N: np.ndarray, queries: list[np.ndarray], 
   return _fit_predict_linear(x_all, y_N, qs, classification, best), best
 
 
-def _unit(x_NxD: np.ndarray) -> np.ndarray:
+def unit(x_NxD: np.ndarray) -> np.ndarray:
+  """Rows scaled to unit length (float32; an all-zero row stays zero)."""
   x_NxD = np.asarray(x_NxD, np.float32)
   return x_NxD / np.maximum(np.linalg.norm(x_NxD, axis=-1, keepdims=True), 1e-12)
 
 
 def nearest(keys_NxD: np.ndarray, queries_MxD: np.ndarray, k: int, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
   """(indices MxK, cosine similarities MxK) of each query's k most similar keys, best first."""
-  keys, k = _unit(keys_NxD), min(k, len(keys_NxD))
+  keys, k = unit(keys_NxD), min(k, len(keys_NxD))
   idx_out, sim_out = [], []
   for start in range(0, len(queries_MxD), chunk):
-    sims_CxN = _unit(queries_MxD[start:start + chunk]) @ keys.T
+    sims_CxN = unit(queries_MxD[start:start + chunk]) @ keys.T
     top_CxK = np.argpartition(-sims_CxN, k - 1, axis=1)[:, :k] if k < keys.shape[0] else np.tile(
         np.arange(keys.shape[0]), (len(sims_CxN), 1))
     top_sims = np.take_along_axis(sims_CxN, top_CxK, 1)
@@ -185,7 +186,8 @@ def nearest(keys_NxD: np.ndarray, queries_MxD: np.ndarray, k: int, chunk: int = 
   return np.concatenate(idx_out), np.concatenate(sim_out)
 
 
-def _knn_predict(idx_MxK, sims_MxK, y_N, k, classification, num_classes):
+def knn_predict(idx_MxK, sims_MxK, y_N, k, classification, num_classes):
+  """Predictions from each query's neighbours (best first): the vote of the first k, or their mean score."""
   labels_MxK = y_N[idx_MxK[:, :k]]
   if not classification:
     return labels_MxK.astype(np.float64).mean(1)
@@ -205,13 +207,13 @@ def knn_probe(x_NxD: np.ndarray, y_N: np.ndarray, queries: list[np.ndarray], cla
   idx, sims = nearest(x_NxD[fit_idx], x_NxD[val_idx], max(K_GRID))
   yf = y_N[fit_idx]
   grid = [k for k in K_GRID if k <= len(fit_idx)]
-  scores = [METRICS[metric](y_N[val_idx], _knn_predict(idx, sims, yf, k, classification, num_classes))
+  scores = [METRICS[metric](y_N[val_idx], knn_predict(idx, sims, yf, k, classification, num_classes))
             for k in grid]
   best = grid[int(np.argmax(scores))]
   preds = []
   for q in queries:
     qi, qs = nearest(x_NxD, q, best)
-    preds.append(_knn_predict(qi, qs, y_N, best, classification, num_classes))
+    preds.append(knn_predict(qi, qs, y_N, best, classification, num_classes))
   return preds, best
 
 
@@ -220,7 +222,7 @@ PROBES = {"linear": linear_probe, "knn": knn_probe}
 
 def cosine(u_NxD: np.ndarray, v_NxD: np.ndarray) -> np.ndarray:
   """Row-wise cosine similarity."""
-  return np.sum(_unit(u_NxD) * _unit(v_NxD), axis=-1)
+  return np.sum(unit(u_NxD) * unit(v_NxD), axis=-1)
 
 
 # ----------------------------------------------------------------------------- a task
