@@ -8,11 +8,18 @@ import os
 import pathlib
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from tests.helpers import ROOT
+
+
+def short_temp_dir() -> str:
+  """A fresh folder under /tmp: Ray's socket paths under it must fit 107 bytes (pytest's tmp_path is too deep)."""
+  return tempfile.mkdtemp(prefix="ray", dir="/tmp")
 
 
 def free_port() -> int:
@@ -39,7 +46,7 @@ class LocalCluster:
   """One head node with `num_cpus` CPUs; `address` is host:port for --ray_address."""
 
   def __init__(self, tmp: pathlib.Path, num_cpus: int = 2, env: dict[str, str] | None = None):
-    self.temp_dir = str(tmp / "ray")  # Short: Ray's socket paths must fit 107 bytes.
+    self.temp_dir = short_temp_dir()
     port = free_port()
     self.address = f"127.0.0.1:{port}"
     ray_bin = str(pathlib.Path(sys.executable).parent / "ray")
@@ -84,3 +91,4 @@ class LocalCluster:
       os.kill(pid, signal.SIGKILL)
     self.proc.wait(timeout=30)
     self.log.close()
+    shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -28,14 +28,13 @@ class Record:
       self.attempts[-1].update(outcome="interrupted", cause="the sweep's driver ended while it ran")
     self._t0 = None
 
-  def start(self, hosts: list[str], machines: list[str], dispatch_s: float, job: str = "") -> None:
-    """A new attempt, training from now on `hosts` (addresses) of kinds `machines`."""
+  def start(self, hosts: list[str], machines: list[str], queued_s: float) -> None:
+    """A new attempt, training from now on `hosts` (addresses) of kinds `machines`, after `queued_s`
+    seconds waiting for them (its dispatch overhead, `dispatch_s`, is set once known)."""
     self._t0 = time.time()
     self.machines = list(dict.fromkeys([*self.machines, *machines]))
     entry = {"executor": self.executor, "attempt": len(self.attempts) + 1, "started": self._t0, "hosts": hosts,
-             "dispatch_s": round(dispatch_s, 3), "outcome": "running", "cause": ""}
-    if job:
-      entry["job"] = job
+             "queued_s": round(queued_s, 3), "dispatch_s": None, "outcome": "running", "cause": ""}
     self.attempts.append(entry)
     self.tick()
 
@@ -47,8 +46,10 @@ class Record:
     """Closes the running attempt; returns the run's total wall time."""
     elapsed = self._elapsed()
     self.wall_s += elapsed
-    if self.attempts and self.attempts[-1]["outcome"] == "running":
-      self.attempts[-1].update(outcome=outcome, cause=cause, wall_s=round(elapsed, 3))
+    if not (self.attempts and self.attempts[-1]["outcome"] == "running"):  # Ended before its hosts started.
+      self.attempts.append({"executor": self.executor, "attempt": len(self.attempts) + 1, "started": time.time(),
+                            "hosts": [], "outcome": "running"})
+    self.attempts[-1].update(outcome=outcome, cause=cause, wall_s=round(elapsed, 3))
     self._t0 = None
     self._write(0.0)
     return self.wall_s

@@ -26,7 +26,7 @@ import time
 import uuid
 
 import ray
-from ray.util import placement_group as pg_lib
+from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from crossbert_jax.core.errors import UserError
@@ -134,7 +134,8 @@ class _Run:
   state: str = "queued"  # queued | placing | starting | training | done | failed
   retries: int = 0
   pg: object = None
-  t_placed: float = 0.0
+  t_asked: float = 0.0  # When its placement group was requested.
+  t_placed: float = 0.0  # When Ray granted it (every host reserved).
   hosts: list = dataclasses.field(default_factory=list)
   refs: dict = dataclasses.field(default_factory=dict)  # ObjectRef -> "ready" | "where" | host index.
   ended: dict = dataclasses.field(default_factory=dict)  # host index -> exit status.
@@ -174,8 +175,8 @@ class Driver:
       version, _, topology = r.p.slice.partition(":")
       r.pg = ray.util.tpu.slice_placement_group(topology, version).placement_group
     else:
-      r.pg = pg_lib.placement_group([dict(r.p.bundle)] * r.p.hosts, strategy="PACK")
-    r.state, r.refs, r.ended, r.hosts = "placing", {r.pg.ready(): "ready"}, {}, []
+      r.pg = placement_group([dict(r.p.bundle)] * r.p.hosts, strategy="PACK")
+    r.state, r.refs, r.ended, r.hosts, r.t_asked = "placing", {r.pg.ready(): "ready"}, {}, [], time.time()
 
   def _in_bundle(self, r: _Run, fn, index: int, **options):
     strategy = PlacementGroupSchedulingStrategy(placement_group=r.pg, placement_group_bundle_index=index)
@@ -208,7 +209,7 @@ class Driver:
         ray.cancel(ref, force=True)
     r.refs = {}
     if r.pg is not None:
-      pg_lib.remove_placement_group(r.pg)
+      remove_placement_group(r.pg)
       r.pg = None
     name = r.p.run.name
     wall = r.record.end(outcome, cause)
@@ -229,8 +230,9 @@ class Driver:
       self._end_attempt(r, *placement_lib.verdict(None, lost=f"host {index}: {lost}"))
       return
     r.ended[index] = result["rc"]
-    if index == 0:
+    if index == 0:  # Dispatch overhead: hosts granted -> host 0's trainer process started.
       self.dispatch_s.append(result["spawned"] - r.t_placed)
+      r.record.attempts[-1]["dispatch_s"] = round(self.dispatch_s[-1], 3)
     if result["rc"] != 0:
       outcome, cause = placement_lib.verdict(result["rc"])
       self._end_attempt(r, outcome, f"host {index}: {cause}")
@@ -256,7 +258,7 @@ class Driver:
       self._on_where(r, what[1], value)
       if len(r.hosts) == r.p.hosts:
         machines = [info["machine"] for _, info in r.hosts]
-        r.record.start([info["ip"] for _, info in r.hosts], machines, time.time() - r.t_placed)
+        r.record.start([info["ip"] for _, info in r.hosts], machines, r.t_placed - r.t_asked)
         self.log(f"[ray] {r.p.run.name}: attempt {len(r.record.attempts)} started on {r.p.hosts} host(s) "
                  f"({', '.join(sorted({i['ip'] for _, i in r.hosts}))})")
     else:
@@ -266,9 +268,11 @@ class Driver:
     """'runs: D done, R running, Q queued, F failed; cluster: CPU 2/2 in use'."""
     states = [r.state for r in self.runs.values()]
     running = sum(s in ("placing", "starting", "training") for s in states)
-    total, free = ray.cluster_resources(), ray.available_resources()
+    total = ray.cluster_resources()
     kinds = sorted({k for r in self.runs.values() for k in r.p.bundle})
-    used = ", ".join(f"{k} {total.get(k, 0) - free.get(k, 0):g}/{total.get(k, 0):g}" for k in kinds)
+    held = lambda k: sum(r.p.bundle.get(k, 0) * r.p.hosts for r in self.runs.values() if r.state in ("starting",
+                                                                                                      "training"))
+    used = ", ".join(f"{k} {held(k):g}/{total.get(k, 0):g}" for k in kinds)
     return (f"[ray] runs: {states.count('done')} done, {running} running, {states.count('queued')} queued, "
             f"{states.count('failed')} failed; cluster: {used} in use")
 

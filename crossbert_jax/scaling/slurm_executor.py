@@ -96,7 +96,7 @@ def submit(places: list[placement_lib.Placement], spec: dict, root: pathlib.Path
             str(run_dir / SCRIPT)]
     text = script(p, spec, root, repo, python)
     if dry_run:
-      jobs[name] = f"<job of {name}>"
+      jobs[name] = f"JOB_OF_{name}"  # A placeholder: the job id sbatch would print.
       log(f"# {shlex.join(argv)}\n{text}")
       continue
     run_dir.mkdir(parents=True, exist_ok=True)
