@@ -17,6 +17,12 @@ import time
 from tests.helpers import ROOT
 
 
+# A test cluster and its drivers: CPU JAX with one device per process, no RAY_ADDRESS from outside,
+# no token authentication (a local ray.init would otherwise write ~/.ray/auth_token, which the
+# next `ray start` and driver on this machine pick up).
+ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled"}
+
+
 def short_temp_dir() -> str:
   """A fresh folder under /tmp: Ray's socket paths under it must fit 107 bytes (pytest's tmp_path is too deep)."""
   return tempfile.mkdtemp(prefix="ray", dir="/tmp")
@@ -56,8 +62,7 @@ class LocalCluster:
            "--disable-usage-stats", f"--node-manager-port={ports[0]}", f"--object-manager-port={ports[1]}",
            f"--min-worker-port={ports[2]}", f"--max-worker-port={ports[2] + 200}",
            f"--ray-client-server-port={ports[3]}"]
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "",
-           **(env or {})}
+    env = {**ENV, "PYTHONPATH": str(ROOT), **(env or {})}
     self.log = open(tmp / "ray_head.log", "w")  # pylint: disable=consider-using-with
     self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                  start_new_session=True)

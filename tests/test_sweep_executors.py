@@ -141,12 +141,13 @@ def test_slurm_dry_run_prints_each_job_with_its_dependency_and_requeue(tmp_path)
   assert "--config.train.stop_at_step=" in stable and "sweep_done.json" in stable
 
 
-def test_a_run_the_cluster_cannot_hold_is_refused_before_anything_starts(tmp_path):
+def test_a_run_the_cluster_cannot_hold_is_refused_before_anything_starts(tmp_path, monkeypatch):
   """A local Ray (ray.init, 2 CPUs): 3 hosts of 1 CPU, or any host of 8 GPUs, never fit; 2 hosts do."""
   ray = pytest.importorskip("ray")
   from crossbert_jax.scaling import ray_executor  # pylint: disable=g-import-not-at-top
 
   temp_dir = ray_cluster.short_temp_dir()
+  monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # Else ray.init writes ~/.ray/auth_token (tests/ray_cluster.py).
   ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False, _temp_dir=temp_dir)
   try:
     _, places = _places(tmp_path, hosts="hosts=2")
