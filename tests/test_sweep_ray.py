@@ -43,8 +43,13 @@ def _sweep(spec: str, root: pathlib.Path, *args: str, wait: bool = True):
                     timeout=1500, env={**ray_cluster.ENV, "PYTHONPATH": str(ROOT)})
 
 
-def _rows(workdir: pathlib.Path) -> list[tuple]:
-  return [(r["step"], r["loss"], r["grad_norm"]) for r in metrics.read_metrics(str(workdir))]
+def _rows(workdir: pathlib.Path) -> dict[int, tuple]:
+  """step -> (loss, grad_norm); a step trained twice (again after a restart) must agree bit for bit."""
+  out = {}
+  for r in metrics.read_metrics(str(workdir)):
+    row = (r["loss"], r["grad_norm"])
+    assert out.setdefault(r["step"], row) == row, f"{workdir}: step {r['step']} retrained differently"
+  return out
 
 
 def _trainer(workdir: pathlib.Path, needle: str = "") -> int | None:
@@ -151,7 +156,8 @@ def test_ray_driver_killed_then_rerun_and_exit_2_not_retried(tmp_path, spm_model
   wall = json.loads((stable / "sweep_wall.json").read_text())
   assert [a["outcome"] for a in wall["attempts"]] == ["interrupted", "done"], wall
   rows = _rows(stable)
-  assert rows[:len(trained)] == trained and len(rows) > len(trained) > 0
+  assert {k: rows[k] for k in trained} == trained and len(rows) > len(trained) > 0
+  assert sorted(rows) == list(range(1, max(rows) + 1))
   log = (stable / "train.log").read_text()
   assert log.count("$ ") == 2 and "resuming from step" in log.split("$ ")[-1], log[-3000:]
   assert [a["outcome"] for a in json.loads((root / "runs" / branch / "sweep_wall.json").read_text())["attempts"]] == [

@@ -230,7 +230,7 @@ class Driver:
       self._end_attempt(r, *placement_lib.verdict(None, lost=f"host {index}: {lost}"))
       return
     r.ended[index] = result["rc"]
-    if index == 0:  # Dispatch overhead: hosts granted -> host 0's trainer process started.
+    if r.record.attempts[-1]["dispatch_s"] is None:  # Hosts granted -> the first reporting host's trainer started.
       self.dispatch_s.append(result["spawned"] - r.t_placed)
       r.record.attempts[-1]["dispatch_s"] = round(self.dispatch_s[-1], 3)
     if result["rc"] != 0:
