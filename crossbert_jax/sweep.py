@@ -1,13 +1,15 @@
 r"""Run a scaling sweep: a ladder of sizes x objectives x seeds at equal FLOPs per size.
 
   python -m crossbert_jax.sweep --spec=experiments/gutenberg_cpu.py --root=runs/sweeps/gutenberg_cpu \
-      [--dry_run] [--print_commands] [--flops_scale=0.01]
+      [--dry_run] [--print_commands] [--flops_scale=0.01] [--executor=local|ray|slurm] [--ray_address=HOST:PORT]
 
 Run it from the repo root (a spec's paths are relative to it). Library: crossbert_jax.scaling.
 Manual: docs/scaling_sweeps.md.
 """
 
+import functools
 import math
+import os
 import pathlib
 import shlex
 import signal
@@ -16,6 +18,7 @@ import sys
 from absl import app, flags
 
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.scaling import placement
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling import runner
 
@@ -24,6 +27,10 @@ _ROOT = flags.DEFINE_string("root", None, "Sweep directory: plan.json, tokenizer
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Plan and print the runs (steps, FLOPs, tokens); train nothing.")
 _PRINT = flags.DEFINE_bool("print_commands", False, "Print the tokenizer and per-run train commands; run nothing.")
 _SCALE = flags.DEFINE_float("flops_scale", 1.0, "Multiply every size's FLOPs budget (e.g. 0.01 for a smoke run).")
+_EXECUTOR = flags.DEFINE_string("executor", "local", "local: one run after another here; ray: every run on a Ray "
+                                "cluster, runs at once; slurm: every run as a batch job (docs/scaling_sweeps.md).")
+_RAY_ADDRESS = flags.DEFINE_string("ray_address", "", "--executor=ray: the cluster (host:port); default RAY_ADDRESS, "
+                                   "else the cluster this machine is part of ('auto').")
 
 
 @exit_on_user_error
@@ -37,7 +44,9 @@ def main(argv):
   root = pathlib.Path(_ROOT.value).absolute()
   if root.exists() and not root.is_dir():
     raise UserError(f"--root={_ROOT.value} is a file: give a folder for the sweep")
+  executor = placement.check_executor(_EXECUTOR.value)
   spec = plan_lib.load_spec(_SPEC.value)
+  placement.check_spec(spec)
   for size in spec["sizes"].values():
     scaled = [b * _SCALE.value for b in plan_lib.budgets(size)]
     size["flops"] = scaled if isinstance(size["flops"], (list, tuple)) else scaled[0]
@@ -58,9 +67,18 @@ def main(argv):
           f"as independent runs: {independent:.3g} FLOPs ({independent / cost:.2f}x)")
   else:
     print(f"total cost: {cost:.3g} FLOPs in {len(runs)} independent runs")
+  places = placement.placements(spec, runs) if executor != "local" else []
   if _DRY_RUN.value:  # What the real run would say of the root's plan (a refusal is the same line).
     if added := plan_lib.check_plan(root, spec, runs, _SPEC.value):
       print(f"would extend the root's plan: {added} new run(s); its {len(runs) - added} runs are unchanged")
+    if executor != "local":
+      print("\n".join(placement.plan_lines(places, executor, spec)))
+    if executor == "slurm":
+      from crossbert_jax.scaling import slurm_executor  # pylint: disable=g-import-not-at-top
+      slurm_executor.submit(places, spec, root, os.getcwd(), sys.executable, dry_run=True)
+    return
+  if executor != "local":
+    _run_on_cluster(executor, spec, runs, places, root)
     return
   if added := plan_lib.save_plan(root, spec, runs, _SPEC.value):
     print(f"plan extended: {added} new run(s); the root's {len(runs) - added} runs are unchanged")
@@ -76,6 +94,53 @@ def main(argv):
     print(f"stopped: {e} (exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
     sys.exit(EXIT_STOPPED)
   print(f"sweep done: {len(runs)} runs in {root}; report: python -m crossbert_jax.report --root={root} --output=DIR")
+
+
+def _run_on_cluster(executor: str, spec: dict, runs: list, places: list, root: pathlib.Path) -> None:
+  """--executor=ray|slurm: refuses what the cluster cannot run before starting anything, then dispatches."""
+  if executor == "slurm":
+    from crossbert_jax.scaling import slurm_executor  # pylint: disable=g-import-not-at-top
+    _save(root, spec, runs)
+    runner.ensure_tokenizer(spec, root)
+    failed = slurm_executor.submit(places, spec, root, os.getcwd(), sys.executable)
+    _end(failed, f"sweep submitted: {len(runs)} runs in {root}; rerun the same command to see which are done "
+                 "and to resubmit stopped ones")
+    return
+  from crossbert_jax.scaling import ray_executor  # pylint: disable=g-import-not-at-top
+  address = _RAY_ADDRESS.value or os.environ.get("RAY_ADDRESS") or "auto"
+  ray_executor.connect(address)
+  ray_executor.check_capacity(places, address)
+  ray_executor.check_shared_root(root)
+  _save(root, spec, runs)
+  runner.ensure_tokenizer(spec, root)
+  driver = ray_executor.Driver(spec, places, root, functools.partial(print, flush=True))
+
+  def stop(signum, _):
+    raise runner.Stopped(f"{signal.Signals(signum).name} received; rerun the same sweep command to resume")
+
+  signal.signal(signal.SIGTERM, stop)
+  signal.signal(signal.SIGINT, stop)
+  try:
+    failed = driver.drive()
+  except runner.Stopped as e:
+    driver.stop()
+    print(f"stopped: {e} (exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
+    sys.exit(EXIT_STOPPED)
+  _end(failed, f"sweep done: {len(runs)} runs in {root}; report: python -m crossbert_jax.report --root={root} "
+               "--output=DIR")
+
+
+def _save(root: pathlib.Path, spec: dict, runs: list) -> None:
+  if added := plan_lib.save_plan(root, spec, runs, _SPEC.value):
+    print(f"plan extended: {added} new run(s); the root's {len(runs) - added} runs are unchanged")
+
+
+def _end(failed: list[str], ok: str) -> None:
+  """The sweep's last line: `ok`, or the failed runs in one line and exit 1."""
+  if failed:
+    print(f"sweep failed: {len(failed)} run(s): {'; '.join(failed)}", file=sys.stderr, flush=True)
+    sys.exit(1)
+  print(ok, flush=True)
 
 
 if __name__ == "__main__":

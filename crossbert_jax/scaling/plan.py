@@ -30,9 +30,9 @@ from crossbert_jax.training import flops, optimizer
 SPEC_KEYS = {"name", "variant", "data_path", "tokenizer_vocab_size", "common", "sizes", "objectives", "seeds",
              "probes", "warmup_fraction"}
 SIZE_KEYS = {"embed_dim", "num_heads", "num_layers", "mlp_dim", "flops"}
-SPEC_OPTIONAL_KEYS = {"wsd"}  # WSD decay branches (module docstring).
+SPEC_OPTIONAL_KEYS = {"wsd", "max_concurrent", "max_retries"}  # WSD branches; executors (scaling/placement.py).
 WSD_KEYS = {"decay_fraction", "shape"}
-SIZE_OPTIONAL_KEYS = {"seeds"}  # A size's own seeds (default: the spec's), e.g. more seeds where runs are cheap.
+SIZE_OPTIONAL_KEYS = {"seeds", "hosts", "resources", "slice"}  # Own seeds; placement (scaling/placement.py).
 OBJECTIVE_KEYS = {"objective", "ratio", "views", "reconstructor_width"}
 PROBE_KEYS = {"count", "tasks", "data_dir", "max_examples"}
 PHASE_KEYS = ("train.phases", "train.batch_ramp")  # Refused in `common`: the plan's runs have one shape.

@@ -100,20 +100,25 @@ def _run_logged(cmd: list[str], log: pathlib.Path, on_tick=None) -> tuple[int, s
         signal.signal(sig, handler)
 
 
+def ensure_tokenizer(spec: dict, root: pathlib.Path, log=functools.partial(print, flush=True)) -> None:
+  """Trains the sweep's tokenizer here unless ROOT/tokenizer/spm.model exists (every executor's first step)."""
+  tok = tokenizer_path(root)
+  if not tok.is_file():
+    log(f"tokenizer: training {tok} on {spec['data_path']}")
+    rc, signame = _run_logged(tokenizer_command(spec, root, sys.executable), root / "tokenizer" / "tokenizer.log")
+    if signame is not None:
+      raise Stopped(f"{signame} during tokenizer training; rerun the same sweep command to resume")
+    if rc != 0:
+      raise UserError(f"tokenizer training failed (exit {rc}): see {root / 'tokenizer' / 'tokenizer.log'}")
+
+
 def run_sweep(spec: dict, runs: list[plan_lib.Run], root: pathlib.Path, log=functools.partial(print, flush=True)) -> None:
   """Trains the tokenizer if missing, then every unfinished run in order.
 
   Raises `Stopped` after a stop signal, UserError for a run that failed.
   """
   python = sys.executable
-  tok = tokenizer_path(root)
-  if not tok.is_file():
-    log(f"tokenizer: training {tok} on {spec['data_path']}")
-    rc, signame = _run_logged(tokenizer_command(spec, root, python), root / "tokenizer" / "tokenizer.log")
-    if signame is not None:
-      raise Stopped(f"{signame} during tokenizer training; rerun the same sweep command to resume")
-    if rc != 0:
-      raise UserError(f"tokenizer training failed (exit {rc}): see {root / 'tokenizer' / 'tokenizer.log'}")
+  ensure_tokenizer(spec, root, log)
   for i, run in enumerate(runs, 1):
     run_dir = root / "runs" / run.name
     where = f"[{i}/{len(runs)}] {run.name}"

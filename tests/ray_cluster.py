@@ -1,0 +1,99 @@
+"""A real local Ray cluster for tests: `ray start --head --block` on 127.0.0.1, a temp dir, free ports.
+
+`LocalCluster` starts it in its own session and, on `stop()`, ends that session only (never
+`ray stop`, which would end every Ray cluster on the machine, other users' included).
+"""
+
+import os
+import pathlib
+import signal
+import socket
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from tests.helpers import ROOT
+
+
+# A test cluster and its drivers: CPU JAX with one device per process, no RAY_ADDRESS from outside,
+# no token authentication (a local ray.init would otherwise write ~/.ray/auth_token, which the
+# next `ray start` and driver on this machine pick up).
+ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled"}
+
+
+def short_temp_dir() -> str:
+  """A fresh folder under /tmp: Ray's socket paths under it must fit 107 bytes (pytest's tmp_path is too deep)."""
+  return tempfile.mkdtemp(prefix="ray", dir="/tmp")
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def processes_under(needle: str) -> list[int]:
+  """Pids of live processes whose command line names `needle` (the cluster's temp dir)."""
+  out = []
+  for p in pathlib.Path("/proc").iterdir():
+    if not p.name.isdigit() or int(p.name) == os.getpid():
+      continue
+    try:
+      if needle.encode() in (p / "cmdline").read_bytes() and "zombie" not in (p / "status").read_text():
+        out.append(int(p.name))
+    except OSError:
+      continue
+  return out
+
+
+class LocalCluster:
+  """One head node with `num_cpus` CPUs; `address` is host:port for --ray_address."""
+
+  def __init__(self, tmp: pathlib.Path, num_cpus: int = 2, env: dict[str, str] | None = None):
+    self.temp_dir = short_temp_dir()
+    port = free_port()
+    self.address = f"127.0.0.1:{port}"
+    ray_bin = str(pathlib.Path(sys.executable).parent / "ray")
+    ports = [free_port() for _ in range(4)]
+    cmd = [ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
+           f"--num-cpus={num_cpus}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
+           "--disable-usage-stats", f"--node-manager-port={ports[0]}", f"--object-manager-port={ports[1]}",
+           f"--min-worker-port={ports[2]}", f"--max-worker-port={ports[2] + 200}",
+           f"--ray-client-server-port={ports[3]}"]
+    env = {**ENV, "PYTHONPATH": str(ROOT), **(env or {})}
+    self.log = open(tmp / "ray_head.log", "w")  # pylint: disable=consider-using-with
+    self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+      try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        if list(pathlib.Path(self.temp_dir).glob("session_latest/sockets/raylet*")):
+          return
+      except OSError:
+        pass
+      if self.proc.poll() is not None:
+        raise RuntimeError(f"ray start exited {self.proc.returncode}: {(tmp / 'ray_head.log').read_text()[-2000:]}")
+      time.sleep(0.5)
+    self.stop()
+    raise RuntimeError("the local Ray cluster did not come up in 120 s")
+
+  def stop(self) -> None:
+    """Ends the cluster's session (SIGTERM, then SIGKILL) and waits until none of its processes is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+      try:
+        os.killpg(self.proc.pid, sig)
+      except ProcessLookupError:
+        pass
+      deadline = time.time() + (5 if sig == signal.SIGTERM else 20)
+      while time.time() < deadline and processes_under(self.temp_dir):
+        time.sleep(0.5)
+      if not processes_under(self.temp_dir):
+        break
+    for pid in processes_under(self.temp_dir):  # Left its session (Ray daemonizes some): ours all the same.
+      os.kill(pid, signal.SIGKILL)
+    self.proc.wait(timeout=30)
+    self.log.close()
+    shutil.rmtree(self.temp_dir, ignore_errors=True)
