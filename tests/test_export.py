@@ -290,7 +290,7 @@ def test_cli_real_run_exports_verifies_and_imports(tmp_path, real_run):
     export.export_run(str(run), str(out))
   _cli(["crossbert_jax.export", "import", f"--hf={out}", f"--output={tmp_path / 'imported'}",
         "--objective=mlm"])
-  from crossbert_jax.run import checkpoint, load  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.run import load  # pylint: disable=g-import-not-at-top
   _, params, _ = load.load_run(run)
   _, imported = convert.load_imported(tmp_path / "imported")
   _assert_bitwise(imported, {k: jax.tree.map(np.asarray, params[k]) for k in ("encoder", "head")})

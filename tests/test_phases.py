@@ -20,7 +20,7 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.hf import files as hf_files
-from crossbert_jax.run import checkpoint, load, metrics, resume
+from crossbert_jax.run import load, metrics, resume
 from crossbert_jax.training import optimizer
 from tests.helpers import ROOT, run_module
 

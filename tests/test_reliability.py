@@ -123,7 +123,7 @@ def test_damaged_latest_checkpoints_fall_back_to_the_last_complete_one(tmp_path,
 
 
 def test_export_and_evaluate_read_the_newest_readable_checkpoint(tmp_path, base_run, capfd):
-  from crossbert_jax.run import checkpoint, load  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.run import load  # pylint: disable=g-import-not-at-top
 
   workdir = _copy(base_run, tmp_path)
   for f in (workdir / "checkpoints" / "4" / "state").rglob("*"):  # Truncated array files.
@@ -288,7 +288,7 @@ def test_resume_policy_per_key():
   import json as json_lib
 
   from crossbert_jax.core import config as config_lib
-  from crossbert_jax.run import checkpoint, load, resume
+  from crossbert_jax.run import checkpoint, resume
 
   def saved_and(**changes):
     base = config_lib.get_config("crossbert", "tiny")

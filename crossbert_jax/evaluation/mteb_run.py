@@ -11,7 +11,7 @@ import dataclasses
 import os
 import socket
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.evaluation import mteb_data

@@ -28,9 +28,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from crossbert_jax.core import config as config_lib
-from crossbert_jax.core import phases as phases_lib
-from crossbert_jax.core.errors import UserError, one_line
+from crossbert_jax.core.errors import one_line
 
 DIRECTORY = "checkpoints"
 _ITEMS = ("state", "data", "config", "meta")  # The items of a step (meta: absent in older runs).

@@ -35,7 +35,7 @@ from crossbert_jax.core import outputs
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import mixture, pipeline, tokenizer as tokenizer_lib
-from crossbert_jax.run import (checkpoint, compile_cache, environment, feed as feed_lib, fork, goodput,
+from crossbert_jax.run import (checkpoint, environment, feed as feed_lib, fork, goodput,
                                hooks as hooks_lib, lock, metrics, preemption, profile, recorder, restore, resume,
                                wandb_logger, warm_start)
 from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # noqa: F401 - re-exported.
