@@ -56,3 +56,16 @@ def test_rows_sharded_over_all_devices_equal_one_device(spm_model):
                                 devices=jax.devices()[:1])
   assert sharded._n == len(jax.local_devices()) > 1 and single._n == 1
   np.testing.assert_allclose(sharded.embed(texts), single.embed(texts), atol=2e-5)
+
+
+def test_long_buckets_on_cpu_keep_their_attention_scores_under_the_budget():
+  """tiny (4 heads) embeds 2 rows of 512 tokens a batch, small (8 heads) 1: 4 x 4 MiB and 8 MiB of
+  float32 scores; at 256 tokens tiny's 16-row token budget is capped at 8 rows."""
+  def rows(variant, length):
+    spec = EncoderSpec.from_config(config_lib.get_config("crossbert", variant).model)
+    e = embedder.JaxEmbedder.__new__(embedder.JaxEmbedder)  # Only the sizing: no params needed.
+    e.spec, e.tokens_per_batch = spec, embedder.TOKENS_PER_BATCH
+    return e._long_rows(length)  # pylint: disable=protected-access
+
+  assert jax.default_backend() == "cpu"
+  assert (rows("tiny", 512), rows("small", 512), rows("tiny", 256), rows("tiny", 32)) == (2, 1, 8, 128)

@@ -38,6 +38,9 @@ from crossbert_jax.model.encoder import EncoderSpec
 
 BUCKETS = (32, 64, 128, 256, 512)
 TOKENS_PER_BATCH = 4096  # Measured best on CPU: attention cost grows with length.
+# On CPU a long bucket's batch keeps its dense attention scores (rows x heads x L^2 float32) under this:
+# XLA:CPU's softmax over larger score tensors runs far slower (docs/evaluation.md, the embedder's speed).
+CPU_SCORES_BYTES = 8 << 20
 PACK_LENGTH = 128  # Texts up to this long share rows of this length (attention cost grows with it).
 PACK_SLOTS = 64  # Texts per packed row at most (each has at least 2 tokens: CLS, SEP).
 POOLINGS = ("mean", "cls")
@@ -256,6 +259,13 @@ class JaxEmbedder(Embedder):
       self._embed_long((flat_T, starts_N, lengths_N), np.flatnonzero(lengths_N > pack), out_NxD, bar)
     return out_NxD
 
+  def _long_rows(self, length: int) -> int:
+    """Rows per batch of a long bucket: the token budget, on CPU also the attention scores' budget."""
+    rows = self.tokens_per_batch // length
+    if jax.default_backend() == "cpu":
+      rows = min(rows, CPU_SCORES_BYTES // (4 * self.spec.num_heads * length * length))
+    return max(1, rows)
+
   def _embed_long(self, flat, long_idx, out_NxD, bar):
     """Texts longer than the pack length: one per row, batches of a fixed shape per bucket length."""
     lengths_N = flat[2]
@@ -264,7 +274,7 @@ class JaxEmbedder(Embedder):
     i = 0
     while i < len(order):
       length = next(b for b in buckets if b >= lengths_N[order[i]])
-      batch = self._batch_rows(self.tokens_per_batch // length)
+      batch = self._batch_rows(self._long_rows(length))
       # Every row of this batch fits the bucket (sorted), so the batch shape is fixed per bucket.
       idx = order[i:i + batch]
       idx = idx[lengths_N[idx] <= length]
