@@ -63,12 +63,18 @@ def versions() -> dict[str, Any]:
           "devices": [d.device_kind for d in jax.devices()], "device_kind": device.device_kind}
 
 
+def _attention_inputs(shape: tuple[int, int, int, int], dtype, seed: int):
+  """Random q, k, v of shape B x L x H x K and segment ids: two segments a row (the second L - L/2 long)."""
+  b, length, _, _ = shape
+  q, kk, v = (jax.random.normal(key, shape, dtype) for key in jax.random.split(jax.random.key(seed), 3))
+  seg = jnp.concatenate([jnp.ones((b, length // 2), jnp.int32), 2 * jnp.ones((b, length - length // 2), jnp.int32)], 1)
+  return q, kk, v, seg
+
+
 def attention(dry_run: bool) -> dict[str, Any]:
   """Max |difference| to dense of each backend's output and gradients (float32 inputs, two segments)."""
   b, length, heads, k = (2, 128, 2, 32) if dry_run else (4, 2048, 12, 64)
-  keys = jax.random.split(jax.random.key(0), 3)
-  q, kk, v = (jax.random.normal(key, (b, length, heads, k), jnp.float32) for key in keys)
-  seg = jnp.concatenate([jnp.ones((b, length // 2), jnp.int32), 2 * jnp.ones((b, length - length // 2), jnp.int32)], 1)
+  q, kk, v, seg = _attention_inputs((b, length, heads, k), jnp.float32, seed=0)
   block = 64 if dry_run else 128
   on_cpu = jax.default_backend() == "cpu"
   backends = ["chunked", "gpu_flash"] + (["splash"] if jax.default_backend() == "tpu" else [])
@@ -98,10 +104,7 @@ def attention_speed(dry_run: bool) -> dict[str, Any]:
   two segments a row), and of cuDNN's fused attention (`jax.nn.dot_product_attention`) on a GPU as
   the reference a GPU backend could reach. TFLOP/s count the model's 3x the forward's 4 B H L^2 K."""
   b, length, heads, k = (2, 128, 2, 32) if dry_run else (32, 1024, 12, 64)
-  keys = jax.random.split(jax.random.key(1), 3)
-  q, kk, v = (jax.random.normal(key, (b, length, heads, k), jnp.bfloat16) for key in keys)
-  half = jnp.ones((b, length // 2), jnp.int32)
-  seg = jnp.concatenate([half, 2 * half], 1)
+  q, kk, v, seg = _attention_inputs((b, length, heads, k), jnp.bfloat16, seed=1)
   on_cpu = jax.default_backend() == "cpu"
   fns = {}
   for backend in ["xla", "chunked", "gpu_flash"] + (["splash"] if jax.default_backend() == "tpu" else []):

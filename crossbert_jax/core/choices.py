@@ -6,7 +6,7 @@ code compare against these members, so a choice's spelling lives here alone.
 
 import enum
 
-from crossbert_jax.core.errors import UserError, config_error
+from crossbert_jax.core.errors import config_error
 
 
 class TextUnit(str, enum.Enum):
@@ -67,8 +67,3 @@ def check(key: str, value: object, choice: type[enum.Enum]) -> None:
   if value not in values(choice):
     raise config_error(key, f"{value!r}: use one of {', '.join(values(choice))}")
 
-
-def check_flag(flag: str, value: str, choice: type[enum.Enum]) -> None:
-  """The same for a command-line flag (`--flag`)."""
-  if value not in values(choice):
-    raise UserError(f"--{flag}={value!r}: use one of {', '.join(values(choice))}")
