@@ -10,7 +10,8 @@ docs/benchmarks.md. Library: crossbert_jax.perf.benchmark and crossbert_jax.perf
 from absl import app, flags
 from ml_collections import config_flags
 
-from crossbert_jax.core import config as config_lib, outputs, phases, xla_flags
+from crossbert_jax.core import config as config_lib, outputs, xla_flags
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.perf import benchmark, feed_bench
 
@@ -46,10 +47,9 @@ def main(argv: list[str]) -> None:
                       "cases): drop it, or drop --data to time train steps")
     return feed_bench.main(_OUT.value)
   xla_flags.set_cpu_flags()
-  c = config_lib.from_flag(_CONFIG.value)
-  config_lib.validate(c)
-  phase = phases.nth(c, _PHASE.value, "--phase")
-  if phases.has_phases(c):
+  plan = plan_lib.build(config_lib.from_flag(_CONFIG.value))
+  phase = plan.phase(_PHASE.value, "--phase")
+  if len(plan.phases) > 1 or plan.train.phases:
     print(f"timing {phase.describe()}; --phase=N picks another", flush=True)
   benchmark.run(phase.config, seq_len=_SEQ_LEN.value, steps=_STEPS.value, warmup=_WARMUP.value, out=_OUT.value,
                 case_names=_CASES.value, matmul_size=_MATMUL.value, matmul_repeats=_MATMUL_REPEATS.value,

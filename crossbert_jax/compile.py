@@ -19,6 +19,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.hf import import_config
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
   # from_hf: the imported model's shape, a fork's through its source's train.init_from.
-  c = import_config.resolve(fork.with_source_init(config_lib.from_flag(_CONFIG.value)))
+  c = plan_lib.build(import_config.resolve(fork.with_source_init(config_lib.from_flag(_CONFIG.value))))
   # Before the slow compile.
   path = outputs.check_output_file(_OUT.value, "--out", force=_FORCE.value) if _OUT.value else None
   chip = benchmark.measured_chip() if _CHIP.value == "measured" else _CHIP.value

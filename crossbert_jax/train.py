@@ -20,6 +20,7 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import xla_flags
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.evaluation import runner
@@ -51,7 +52,6 @@ def _check_probe_inputs(c) -> None:
   Process 0 scores the probes, so it alone reads the task data; every process learns the verdict
   (a one-sided exit would leave the others waiting in a collective).
   """
-  config_lib.validate(c)
   error = None
   if jax.process_index() == 0:
     try:
@@ -80,7 +80,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   compile_cache.enable(_WORKDIR.value, _COMPILATION_CACHE.value)
   # from_hf: the imported model's shape, a fork's through its source's train.init_from.
-  c = import_config.resolve(fork.with_source_init(config_lib.from_flag(_CONFIG.value)))
+  c = plan_lib.build(import_config.resolve(fork.with_source_init(config_lib.from_flag(_CONFIG.value))))
   _check_probe_inputs(c)
   last = run(c, _WORKDIR.value, break_lock=_BREAK_LOCK.value, started=_STARTED)
   good = f"; {last['goodput_line']}" if "goodput_line" in last else ""

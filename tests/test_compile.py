@@ -16,6 +16,7 @@ import jax
 import pytest
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.perf import aot
 from crossbert_jax.training import flops, optimizer, program as program_lib
@@ -67,7 +68,7 @@ def _check_memory(report, num_devices):
 
 def test_local_devices_report_memory_flops_and_the_param_sharding():
   c = _tiny()
-  report = aot.compile_train_step(c)
+  report = aot.compile_train_step(plan_lib.build(c))
   assert report["num_devices"] == 8 and report["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
   _check_memory(report, 8)
   assert report["memory"]["hbm_bytes"] is None and report["memory"]["fits"] is None  # CPU: no HBM.
@@ -83,9 +84,9 @@ def test_local_devices_report_memory_flops_and_the_param_sharding():
 
 def test_a_batch_that_does_not_shard_and_a_mesh_that_does_not_divide_are_user_errors():
   with pytest.raises(UserError, match="train.batch_size.*divisible by mesh data\\*fsdp = 8"):
-    aot.compile_train_step(_tiny(**{"train.batch_size": 12}))
+    aot.compile_train_step(plan_lib.build(_tiny(**{"train.batch_size": 12})))
   with pytest.raises(UserError, match="config mesh"):
-    aot.compile_train_step(_tiny(**{"mesh.fsdp": 3}))
+    aot.compile_train_step(plan_lib.build(_tiny(**{"mesh.fsdp": 3})))
 
 
 def test_cli_mesh_that_does_not_divide_exits_2_with_one_line():
@@ -232,4 +233,4 @@ def test_a_phase_whose_batch_does_not_shard_is_refused_before_any_compile(monkey
   assert len(jax.devices()) == 8
   with pytest.raises(UserError, match=r"must be divisible by mesh data\*fsdp = 8 \(in phase 2 \(steps 161-200, "
                      r"batch 4 x L=128\)\)"):
-    aot.compile_train_step(c)
+    aot.compile_train_step(plan_lib.build(c))

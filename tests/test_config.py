@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ def _load_config_file(rel_path: str):
 @pytest.mark.parametrize("path", CONFIG_FILES)
 def test_shipped_configs_validate(path, variant):
   c = _load_config_file(path).get_config(variant)
-  config_lib.validate(c)
+  plan_lib.build(c)
   assert c.objective == ("crossbert" if "crossbert" in path else "mlm"), f"{path}:{variant} has objective {c.objective}"
   assert c.is_locked, f"{path}:{variant} must return a locked config (typos in overrides must fail)"
 
@@ -82,7 +83,7 @@ def test_invalid_config_is_one_line_naming_the_key(objective, overrides, key):
       section, name = dotted.split(".")
       c[section][name] = value
   with pytest.raises(UserError) as err:
-    config_lib.validate(c)
+    plan_lib.build(c)
   msg = str(err.value)
   assert "\n" not in msg, f"the error must be a single line: {msg!r}"
   assert msg.startswith(f"config {key}"), f"{overrides}: the message must name {key!r} first, got {msg!r}"

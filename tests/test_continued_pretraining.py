@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import corpus, tokenizer
 from tests import hf_models
@@ -74,7 +75,7 @@ def test_from_hf_takes_the_imported_shape_and_tokenizer(imported):
   with c.unlocked():
     c.reconstructor.embed_dim = 128  # Set apart from the encoder's width: kept.
   assert import_config.resolve(c).reconstructor.embed_dim == 128
-  config_lib.validate(r)
+  plan_lib.build(r)
   with c.unlocked():
     c.train.init_from, c.data.tokenizer = str(hf), "mine.model"
   with pytest.raises(UserError, match="is not one `export import` wrote"):
@@ -233,7 +234,7 @@ def test_a_fork_takes_its_sources_init_from_and_refuses_another(imported, tmp_pa
   (source / "config.json").write_text(json.dumps({"train": {"init_from": str(imp)}}))
   r = import_config.resolve(fork.with_source_init(c))
   assert r.train.init_from == str(imp) and r.model.vocab_size == 640 and r.data.tokenizer == str(imp)
-  config_lib.validate(r)  # train.fork_from and train.init_from together.
+  plan_lib.build(r)  # train.fork_from and train.init_from together.
   saved = {"train": {"init_from": str(imp)}}
   fork._check_init_from("key", str(source), saved, r)  # pylint: disable=protected-access
   with r.unlocked():

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.training import flops
 from crossbert_jax.training.objectives import crossbert
 
@@ -27,7 +28,7 @@ def _tiny(objective: str, **overrides):
     for key, value in overrides.items():
       section, name = key.split("__")
       c[section][name] = value
-  config_lib.validate(c)
+  plan_lib.build(c)
   return c
 
 

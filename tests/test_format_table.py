@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 from crossbert_jax.core import config as config_lib, formats
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import sources
 from tests import helpers
@@ -61,10 +62,10 @@ def test_added_format_is_accepted_by_validate_and_read_by_the_pipeline(shared_da
   mixed = _config(path="", mixture=({"path": str(rte), "weight": 1.0, "format": "tsv", "text_field": "sentence2"},))
   for cfg in (c, mixed):
     with pytest.raises(UserError, match="format"):  # Not in the table yet: refused, naming the key.
-      config_lib.validate(cfg)
+      plan_lib.build(cfg)
   monkeypatch.setitem(formats.FORMAT_TABLE, "tsv", tsv_format[0].FORMAT)
-  config_lib.validate(c)
-  config_lib.validate(mixed)
+  plan_lib.build(c)
+  plan_lib.build(mixed)
   assert sources.file_format(rte) == "tsv"  # data.format=auto reads it by its extension.
   docs = sources.document_source(c.data)
   assert len(docs) == 277 and docs[0].startswith("Dana Reeve, the widow of the actor Christopher Reeve")

@@ -1,5 +1,6 @@
 """Weighted mixtures (data.mixture): realised proportions, exact resume, per-source tokens, refusals, a train."""
 
+import dataclasses
 import collections
 import json
 import math
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import mixture, pipeline, prepare, tokenizer as tokenizer_lib
 from crossbert_jax.run import elastic, metrics, resume
@@ -42,8 +44,7 @@ def _cfg(root, weights=(5, 3, 2), **overrides):
        {"path": str(root / "gamma.jsonl"), "weight": weights[2], "text_field": "body"}), weights) if w)
   for k, v in overrides.items():
     c.data[k] = v
-  config_lib.validate(c)
-  return c.data
+  return plan_lib.build(c).data
 
 
 def _mixed(cfg, tok, n, process_index=0, process_count=1):
@@ -151,12 +152,12 @@ def test_pretokenized_source_needs_the_run_tokenizer(corpus, tmp_path):
   c = config_lib.get_config("mlm", "tiny")
   c.data.path, c.data.text_unit, c.data.seq_len = "", "line", 32
   c.data.mixture = ({"path": str(root / "alpha.txt"), "weight": 1}, {"path": str(tmp_path / "beta_tok"), "weight": 1})
-  got = [_source_of(docs, tok)[d] for d in _mixed(c.data, tok, mixture.BLOCK)]  # Ids read from the shards.
+  got = [_source_of(docs, tok)[d] for d in _mixed(plan_lib.build(c).data, tok, mixture.BLOCK)]  # Ids read from the shards.
   assert got.count("alpha") == got.count("beta") == mixture.BLOCK // 2
   other = tmp_path / "other.model"
   tokenizer_lib.train_tokenizer(docs["alpha"] * 4, 320, other, num_threads=1)
   with pytest.raises(UserError, match=r"data\.mixture\[1\] \(beta_tok\): data.path=.* was tokenized with"):
-    pipeline.make_iterator(c.data, tokenizer_lib.Tokenizer.load(other), batch_size=4, seed=0)
+    pipeline.make_iterator(plan_lib.build(c).data, tokenizer_lib.Tokenizer.load(other), batch_size=4, seed=0)
 
 
 @pytest.mark.parametrize("mix, key", [
@@ -179,23 +180,23 @@ def test_config_refuses_a_bad_mixture(mix, key):
   c = config_lib.get_config("mlm", "tiny")
   c.data.path, c.data.mixture = "", mix
   with pytest.raises(UserError, match=f"^config {key}"):
-    config_lib.validate(c)
+    plan_lib.build(c)
 
 
 def test_config_refuses_data_path_with_a_mixture_and_names_sources():
   c = config_lib.get_config("mlm", "tiny")
   c.data.mixture = ({"path": "gs://b/web/*.arrayrecord", "weight": 1}, {"path": "/d/books.v2.txt", "weight": 1})
-  config_lib.validate(c)  # data.path at its default "builtin": the mixture alone is read.
+  plan_lib.build(c)  # data.path at its default "builtin": the mixture alone is read.
   assert mixture.names(c.data) == ["web", "books"]
   c.data.path = "corpus.txt"
   with pytest.raises(UserError, match=r"^config data\.path: 'corpus.txt' and data\.mixture are both set"):
-    config_lib.validate(c)
+    plan_lib.build(c)
 
 
 def test_a_missing_source_is_named(corpus):
   root, _, tok = corpus
   cfg = _cfg(root)
-  cfg.mixture = (*cfg.mixture[:1], {"path": str(root / "nope.txt"), "weight": 1})
+  cfg = dataclasses.replace(cfg, mixture=(*cfg.mixture[:1], {"path": str(root / "nope.txt"), "weight": 1}))
   # The line names the setting to fix: the source's path, not data.path.
   with pytest.raises(UserError, match=r"^data\.mixture\[1\] \(nope\): data path .*nope\.txt' does not exist: fix data\.mixture\[1\]\.path "):
     pipeline.make_iterator(cfg, tok, batch_size=4, seed=0)
@@ -207,11 +208,11 @@ def test_resume_refuses_another_mixture_and_another_process_count(corpus):
   c.data.path, c.data.mixture = "", _cfg(root).mixture
   saved = json.loads(json.dumps(c.to_dict()))
   tok_id = {"path": "t", "sha256": "0", "vocab_size": 1}
-  assert resume.check("w", 5, saved, None, c, tok_id, 1) == ([], True)
+  assert resume.check("w", 5, saved, None, plan_lib.build(c), tok_id, 1) == ([], True)
   assert config_lib.from_dict(saved).data.mixture == c.data.mixture  # config.json reads back (a tuple).
   c.data.mixture = _cfg(root, weights=(5, 3, 1)).mixture
   with pytest.raises(UserError, match=r"made with data\.mixture=.*cannot change on resume"):
-    resume.check("w", 5, saved, None, c, tok_id, 1)
+    resume.check("w", 5, saved, None, plan_lib.build(c), tok_id, 1)
   with pytest.raises(UserError, match=r"written by 2 process\(es\) .* data\.mixture stream cannot be re-sharded.*"
                      r"resume on 2 process\(es\)"):
     elastic.reshard("w", 5, 2, saved, c, 1)
@@ -255,4 +256,4 @@ def test_one_source_without_its_trailing_comma_says_so():
   c = config_lib.get_config("crossbert", "tiny").unlock()
   c.data.path, c.data.mixture = "", ("path", "weight")
   with pytest.raises(UserError, match=r"data.mixture\[0\]: .*got 'path'; one source needs a trailing comma"):
-    config_lib.validate(c)
+    plan_lib.build(c)

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.model import layers
 from crossbert_jax.model.encoder import Encoder, EncoderBlock, EncoderSpec
 from crossbert_jax.model.models import MlmHead
@@ -31,7 +32,7 @@ def _config(objective="crossbert", **overrides):
     for key, value in overrides.items():
       section, name = key.split("__")
       c[section][name] = value
-  config_lib.validate(c)
+  plan_lib.build(c)
   return c
 
 

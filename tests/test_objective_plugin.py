@@ -20,6 +20,7 @@ import pytest
 
 from crossbert_jax import export as export_cli
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import objectives as specs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.model import layers
@@ -127,14 +128,14 @@ def toy(tmp_path, spm_model, monkeypatch):
 def test_toy_objective_trains_benchmarks_compiles_and_exports(toy, tmp_path):
   c = toy
   assert c.objective == NAME and c.toy.decoder_init_std == 0.02 and c.masking.ratio == 0.2
-  config_lib.validate(c)
+  plan_lib.build(c)
   bad = ml_collections.ConfigDict(c.to_dict())
   bad.toy.decoder_init_std = 0.0
   with pytest.raises(UserError, match="toy.decoder_init_std"):
-    config_lib.validate(bad)
+    plan_lib.build(bad)
   assert resume._refused("toy.decoder_init_std")  # pylint: disable=protected-access
 
-  result = trainer.run(c, str(tmp_path / "run"))
+  result = trainer.run(plan_lib.build(c), str(tmp_path / "run"))
   assert result["status"] == "finished" and math.isfinite(result["loss"])
   assert 0 < result["loss"] < 2 * math.log(c.model.vocab_size)
 
@@ -145,7 +146,7 @@ def test_toy_objective_trains_benchmarks_compiles_and_exports(toy, tmp_path):
   assert row["reconstructor_embed_dim"] is None and np.isfinite(row["loss"])
   assert row["train_flops_per_step"] == 3 * c.train.batch_size * sum(MaskOnlyMlmObjective().forward_flops(c).values())
 
-  report = aot.compile_train_step(c)
+  report = aot.compile_train_step(plan_lib.build(c))
   assert report["objective"] == NAME
   decoder = [r for r in report["params"]["table"] if r["path"] == "decoder"]
   assert decoder and decoder[0]["logical"] == ["embed", "vocab"]

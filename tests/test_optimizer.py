@@ -3,6 +3,7 @@
 import numpy as np
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.training import optimizer
 
 
@@ -51,10 +52,10 @@ def test_wsd_is_validated():
   c = config_lib.get_config("crossbert", "tiny")
   c.train.decay, c.train.steps, c.train.warmup_steps = "wsd", 100, 90
   with pytest.raises(UserError, match="train.warmup_steps"):
-    config_lib.validate(c)
+    plan_lib.build(c)
   c.train.warmup_steps, c.train.decay_shape = 10, "sqrt"
   with pytest.raises(UserError, match="train.decay_shape"):
-    config_lib.validate(c)
+    plan_lib.build(c)
   c.train.decay_shape, c.train.decay_fraction = "linear", 0.0
   with pytest.raises(UserError, match="train.decay_fraction"):
-    config_lib.validate(c)
+    plan_lib.build(c)

@@ -17,6 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.hf import files as hf_files
@@ -43,7 +44,7 @@ def test_a_key_outside_the_declared_set_is_refused_naming_phase_key_and_set():
   c = _tiny(({"steps": 100}, {"model.num_layers": 4}), train__steps=200)
   with pytest.raises(UserError, match=r"train.phases\[1\] sets 'model.num_layers', which a phase cannot "
                      r"change; a phase may set 'steps' and data.seq_len, .*model.local_rope_theta"):
-    config_lib.validate(c)
+    plan_lib.build(c)
 
 
 @pytest.mark.parametrize("phases, steps, match", [
@@ -57,12 +58,12 @@ def test_a_key_outside_the_declared_set_is_refused_naming_phase_key_and_set():
 ])
 def test_bad_phases_are_one_line_errors(phases, steps, match):
   with pytest.raises(UserError, match=match):
-    config_lib.validate(_tiny(phases, train__steps=steps))
+    plan_lib.build(_tiny(phases, train__steps=steps))
 
 
 def test_the_last_phase_may_omit_steps_and_no_phases_is_one_phase_with_the_config_itself():
   c = _tiny(({"steps": 120, "data.seq_len": 32}, {"data.seq_len": 128, "train.batch_size": 4}))
-  config_lib.validate(c)
+  plan_lib.build(c)
   ps = phases_lib.expand(c)
   assert [(p.start, p.end, p.tokens_per_step, p.stream) for p in ps] == [(0, 120, 16 * 32, 0), (120, 300, 4 * 128, 1)]
   plain = _tiny()
@@ -72,22 +73,22 @@ def test_the_last_phase_may_omit_steps_and_no_phases_is_one_phase_with_the_confi
 
 def test_nth_phase_is_the_one_bench_times():
   """bench --phase=N: phase N's batch, length and RoPE (a plain config is its own phase 0)."""
-  c = _tiny(({"steps": 120, "data.seq_len": 32}, {"data.seq_len": 128, "train.batch_size": 4,
-                                                  "model.rope_theta": 80_000.0}))
-  first, second = (phases_lib.nth(c, i, "--phase").config for i in (0, 1))
+  c = plan_lib.build(_tiny(({"steps": 120, "data.seq_len": 32}, {"data.seq_len": 128, "train.batch_size": 4,
+                                                                 "model.rope_theta": 80_000.0})))
+  first, second = (c.phase(i, "--phase").config for i in (0, 1))
   assert (first.data.seq_len, first.train.batch_size) == (32, 16)
   assert (second.data.seq_len, second.train.batch_size, second.model.rope_theta) == (128, 4, 80_000.0)
-  plain = _tiny()
-  assert phases_lib.nth(plain, 0, "--phase").config is plain
+  plain = plan_lib.build(_tiny())
+  assert plain.phase(0, "--phase").config == plain.settings
   with pytest.raises(UserError, match=r"--phase=2: the config has 2 phase\(s\); give 0-1"):
-    phases_lib.nth(c, 2, "--phase")
+    c.phase(2, "--phase")
 
 
 def test_batch_ramp_stairs_pin_the_tokens_per_step_of_each_phase():
   c = _tiny(({"steps": 200, "data.seq_len": 64}, {"data.seq_len": 128, "train.batch_size": 8}),
             train__batch_size=32, train__batch_ramp__start=8, train__batch_ramp__steps=30,
             train__batch_ramp__stages=3)
-  config_lib.validate(c)
+  plan_lib.build(c)
   ps = phases_lib.expand(c)
   assert [(p.start, p.end) for p in ps] == [(0, 10), (10, 20), (20, 30), (30, 200), (200, 300)]
   assert [p.tokens_per_step for p in ps] == [8 * 64, 16 * 64, 24 * 64, 32 * 64, 8 * 128]
@@ -97,7 +98,7 @@ def test_batch_ramp_stairs_pin_the_tokens_per_step_of_each_phase():
   assert phases_lib.tokens_between(ps, 0, 300) == 10 * 64 * (8 + 16 + 24) + 170 * 32 * 64 + 100 * 8 * 128
   # The stairs change no schedule key: the lr is the schedule asked for, step by step.
   steps = jnp.arange(300)  # int32, as the optimizer state's count.
-  np.testing.assert_array_equal(np.asarray(optimizer.run_schedule(c)(steps)),
+  np.testing.assert_array_equal(np.asarray(optimizer.run_schedule(plan_lib.build(c))(steps)),
                                 np.asarray(optimizer.learning_rate_schedule(c.train)(steps)))
   # By tokens: each stair takes a third of them at its own batch (rounded up to whole steps).
   c.train.batch_ramp.steps, c.train.batch_ramp.tokens = 0, 3 * 8 * 64 * 10
@@ -117,21 +118,21 @@ def test_bad_batch_ramps_are_one_line_errors(ramp, match):
   for k, v in {"steps": 12, "stages": 3, **ramp}.items():
     c.train.batch_ramp[k] = v
   with pytest.raises(UserError, match=match):
-    config_lib.validate(c)
+    plan_lib.build(c)
 
 
 def test_lr_of_every_step_is_a_pure_function_of_step_and_config_across_phases():
   # 10 steps, warmup 2, linear decay to 0.1 x peak; the second phase lowers the peak to 1e-3.
   c = _tiny(({"steps": 5}, {"train.learning_rate": 1e-3}), train__steps=10, train__warmup_steps=2,
             train__decay="linear", train__learning_rate=3e-3)
-  lr = optimizer.run_schedule(c)
+  lr = optimizer.run_schedule(plan_lib.build(c))
   want = [1.5e-3, 3e-3, 3e-3, 3e-3 - 2.7e-3 / 8, 3e-3 - 2 * 2.7e-3 / 8,  # Phase 0: warmup, then its decay.
           1e-3 - 3 * 0.9e-3 / 8, 1e-3 - 4 * 0.9e-3 / 8, 1e-3 - 5 * 0.9e-3 / 8, 1e-3 - 6 * 0.9e-3 / 8,
           1e-3 - 7 * 0.9e-3 / 8]  # Phase 1: the same decay at its own peak, ending at 1e-4.
   np.testing.assert_allclose([float(lr(i)) for i in range(10)], want, rtol=1e-6)
   # Without phases: the plain schedule, unchanged.
   plain = _tiny()
-  assert [float(optimizer.run_schedule(plain)(i)) for i in (0, 50, 299)] == \
+  assert [float(optimizer.run_schedule(plan_lib.build(plain))(i)) for i in (0, 50, 299)] == \
       [float(optimizer.learning_rate_schedule(plain.train)(i)) for i in (0, 50, 299)]
 
 
@@ -142,7 +143,7 @@ def _saved(c) -> dict:
 
 
 def _check(saved_cfg, step, now):
-  return resume.check("wd", step, _saved(saved_cfg), None, now, {"sha256": "x"}, 1)
+  return resume.check("wd", step, _saved(saved_cfg), None, plan_lib.build(now), {"sha256": "x"}, 1)
 
 
 def test_resume_check_refuses_changed_trained_phases_and_allows_later_ones():
@@ -219,7 +220,7 @@ def test_resume_at_phase_boundaries_is_bitwise_and_rows_carry_the_phase(tmp_path
   assert tokens == [4 * 64] * 2 + [8 * 64] * 2 + [4 * 128] * 3
   flops = [a[s]["flops_per_step"] for s in sorted(a)]
   assert flops[0] == flops[1] and flops[2] == flops[3] == 2 * flops[0] and flops[4] > flops[0]
-  lr = optimizer.run_schedule(config_lib.from_dict(json.loads((tmp_path / "straight" / "config.json").read_text())))
+  lr = optimizer.run_schedule(plan_lib.of_saved(json.loads((tmp_path / "straight" / "config.json").read_text())))
   np.testing.assert_allclose([a[s]["learning_rate"] for s in sorted(a)], [float(lr(s - 1)) for s in sorted(a)],
                              rtol=1e-6)
   pa, pb = _params(tmp_path / "straight", 7), _params(split, 7)
@@ -293,9 +294,9 @@ def test_a_phase_value_of_the_wrong_type_and_a_dict_without_its_comma_are_named_
   c = config_lib.get_config("crossbert", "tiny").unlock()
   c.train.phases = ("steps",)
   with pytest.raises(UserError, match=r"'steps' is not a dict.*trailing comma"):
-    config_lib.validate(c)
+    plan_lib.build(c)
   c.train.phases = ({"steps": 100, "train.learning_rate": "fast"}, {})
   with pytest.raises(UserError) as e:
-    config_lib.validate(c)
+    plan_lib.build(c)
   assert str(e.value).endswith("train.learning_rate='fast' is a str, but train.learning_rate takes a float "
                                f"(e.g. {c.train.learning_rate!r})")

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError
 from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.data import workers as workers_lib
@@ -304,22 +305,22 @@ def test_resume_policy_per_key():
                      ("reconstructor__num_layers", 3), ("data__shuffle_seed", 3)):
     saved, now = saved_and(**{key: value})
     with pytest.raises(UserError, match=key.replace("__", ".")):
-      resume.check("w", 10, saved, None, now, tok, 1)
+      resume.check("w", 10, saved, None, plan_lib.build(now), tok, 1)
   for key, value in (("model__remat", "full"), ("data__worker_count", 2), ("metrics__log_every", 5),
                      ("checkpoint__every_steps", 7), ("mesh__fsdp", 1), ("train__learning_rate", 1e-4),
                      ("model__attention", "chunked"), ("model__loss_chunk", 64)):
     saved, now = saved_and(**{key: value})
-    warnings, _ = resume.check("w", 10, saved, None, now, tok, 1)
+    warnings, _ = resume.check("w", 10, saved, None, plan_lib.build(now), tok, 1)
     assert any(key.replace("__", ".") in w for w in warnings), (key, warnings)
   saved, now = saved_and(train__stop_at_step=20, metrics__progress_bar=False)
-  assert resume.check("w", 10, saved, None, now, tok, 1) == ([], True)
+  assert resume.check("w", 10, saved, None, plan_lib.build(now), tok, 1) == ([], True)
   saved, now = saved_and(train__batch_size=256)  # 64 -> 128 packing bins per process on 2 processes.
-  assert resume.check("w", 10, saved, None, now, tok, 2)[1] is False  # Same processes: the stream starts over.
-  assert resume.check("w", 10, saved, None, now, tok, 2, saved_process_count=4)[1] is True  # Re-sharded instead.
+  assert resume.check("w", 10, saved, None, plan_lib.build(now), tok, 2)[1] is False  # Same processes: the stream starts over.
+  assert resume.check("w", 10, saved, None, plan_lib.build(now), tok, 2, saved_process_count=4)[1] is True  # Re-sharded instead.
   saved, now = saved_and(train__steps=600)
-  warnings, _ = resume.check("w", 100, saved, None, now, tok, 1)
+  warnings, _ = resume.check("w", 100, saved, None, plan_lib.build(now), tok, 1)
   assert "step 101 runs at lr" in warnings[-1], warnings
   other = {"path": "b.model", "sha256": "1" * 64, "vocab_size": 400}
   saved, now = saved_and()
   with pytest.raises(UserError, match="a.model .* data.tokenizer=b.model"):
-    resume.check("w", 10, saved, checkpoint.CheckpointMeta.from_json({"tokenizer": tok}), now, other, 1)
+    resume.check("w", 10, saved, checkpoint.CheckpointMeta.from_json({"tokenizer": tok}), plan_lib.build(now), other, 1)

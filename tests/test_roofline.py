@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.perf import aot, hlo_costs, roofline
 from crossbert_jax.training import flops
@@ -52,7 +53,7 @@ def test_replica_groups_in_each_form_name_the_mesh_axes():
 
 def test_the_fsdp_step_gathers_its_params_and_reduces_its_gradients_over_fsdp():
   c = config_lib.get_config("crossbert", "tiny").unlock()
-  report = aot.compile_train_step(c, chip="v5p")  # 8 CPU devices: fsdp=8.
+  report = aot.compile_train_step(plan_lib.build(c), chip="v5p")  # 8 CPU devices: fsdp=8.
   traffic = report["traffic"]
   params = 4 * report["params"]["total"]  # float32 bytes.
   gathered = sum(traffic["collectives"]["all-gather"].values())

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.training import objectives, program as program_lib, sharding
 
@@ -26,7 +27,7 @@ def _config(data=1, fsdp=1, tensor=1, grad_accum=1):
     c.reconstructor.mlp_dim, c.reconstructor.num_layers = 64, 1
     c.data.seq_len, c.train.batch_size, c.train.grad_accum = 16, 8, grad_accum
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = data, fsdp, tensor
-  config_lib.validate(c)
+  plan_lib.build(c)
   return c
 
 

@@ -18,6 +18,7 @@ from absl import app, flags
 from jax.experimental import topologies
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.training import program as program_lib, sharding
 
 _TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x1", "TPU topology GENERATION:SHAPE.")
@@ -63,8 +64,8 @@ def main(argv):
     c.model.attention = backend
     c.model.global_every = _GLOBAL_EVERY.value
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
-    config_lib.validate(c)
     c.lock()
+    c = plan_lib.build(c)
     r = compile_case(c, devices)
     results[backend] = r
     print(f"{backend:8s} compile {r['compile_s']:6.1f} s  temp {r['temp_bytes'] / 2**30:6.2f} GiB  "

@@ -17,7 +17,7 @@ import sys
 import jax
 
 from crossbert_jax.core import config as config_lib
-from crossbert_jax.core import phases as phases_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.training import program as program_lib
 from crossbert_jax.training import sharding
 
@@ -38,8 +38,7 @@ def lowered_hash(objective: str, variant: str, overrides: dict) -> str:
   for key, value in overrides.items():
     section, name = key.split(".")
     c[section][name] = value
-  config_lib.validate(c)
-  phase = phases_lib.expand(c)[0]
+  phase = plan_lib.build(c).phases[0]
   mesh = sharding.make_mesh(phase.config.mesh, devices=jax.devices()[:1])
   lowered = program_lib.TrainProgram(phase.config, mesh).lower()
   return hashlib.sha256(lowered.as_text(debug_info=False).encode()).hexdigest()

@@ -1,16 +1,20 @@
-"""The one config schema: the sections (declared in core/defaults.py), variants, and validation.
+"""The config front end: the ml_collections ConfigDict a config file returns, and its validation.
 
-`configs/crossbert.py` and `configs/bert.py` call `get_config(objective, variant)`; code reads
-keys as attributes and never supplies a default of its own (no `config.get(key, default)`).
+`configs/crossbert.py` and `configs/bert.py` call `get_config(objective, variant)`, built from the
+typed sections of core/sections.py (every key, its type and default declared there once); flags
+override keys; `core/plan.build` validates the result once (`validate`, then each phase's) and
+turns it into the typed RunPlan that everything below the commands reads.
 """
 
 import ml_collections
 
-from crossbert_jax.core import choices, defaults, formats, mixture, objectives
+from crossbert_jax.core import choices, formats, mixture, objectives, sections
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError, config_error
 
-VARIANTS = ("tiny", "small", "base", "large")
+VARIANTS = sections.VARIANTS
+# The front end's type, for the few functions that edit a user's config before core/plan.build.
+ConfigDict = ml_collections.ConfigDict
 
 def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   """Returns the full, locked config for `objective` (a name in core/objectives) at `variant`."""
@@ -23,17 +27,8 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   # core/objectives: "crossbert" (encoder on visible tokens + reconstructor), "mlm" (flat BERT), or a
   # registered one (which may add its own section in `configure`).
   c.objective = objective
-  c.model = defaults.model(variant)
-  c.reconstructor = defaults.reconstructor(variant)
-  c.mlm = defaults.mlm()
-  c.masking = defaults.masking()
-  c.data = defaults.data(variant)
-  c.train = defaults.train(variant)
-  c.checkpoint = defaults.checkpoint(variant)
-  c.mesh = defaults.mesh()
-  c.eval = defaults.eval_()
-  c.metrics = defaults.metrics(variant)
-  c.profile = defaults.profile()
+  for section in sections.SECTIONS:
+    c[section.NAME] = ml_collections.ConfigDict(section.for_variant(variant).to_dict())
   objectives.get(objective).configure(c)
   c.lock()
   return c
@@ -54,7 +49,8 @@ def on_cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """Raises UserError (one line, naming the key) for any inconsistent config."""
+  """Raises UserError (one line, naming the key) for an inconsistent config; its phases' configs are
+  checked by `core/plan.build`, the one caller."""
   if c.objective not in objectives.names():
     raise config_error("objective", f"{c.objective!r} is not one of {objectives.names()}")
   _validate_model(c.model)
@@ -63,12 +59,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
   _validate_train(c.train)
   _validate_runtime(c)
   phases_lib.check_ramp_signs(c.train.batch_ramp)
-  if phases_lib.has_phases(c):
-    for phase in phases_lib.expand(c):
-      try:
-        validate(phase.config)
-      except UserError as e:
-        raise UserError(f"{e} (in {phase.describe()})") from None
 
 
 def _validate_model(m: ml_collections.ConfigDict) -> None:

@@ -190,14 +190,6 @@ def check_each(phases: list[Phase], check: Callable[[Phase], None]) -> None:
       raise UserError(f"{e} (in {phase.describe()})" if len(phases) > 1 else str(e)) from None
 
 
-def nth(c: ml_collections.ConfigDict, index: int, flag: str) -> Phase:
-  """Phase `index` of `c` (a plain config is its own phase 0), chosen by the command's `flag`."""
-  phases = expand(c)
-  if not 0 <= index < len(phases):
-    raise UserError(f"{flag}={index}: the config has {len(phases)} phase(s); give 0-{len(phases) - 1}")
-  return phases[index]
-
-
 def phase_at(phases: list[Phase], step: int) -> Phase:
   """The phase of step `step` (1-based; 0 and steps past the end: the first / last phase)."""
   for p in phases:

@@ -27,27 +27,29 @@ with the iterator state, so they survive a resume.
 from collections.abc import Sequence
 from typing import Any
 
+import dataclasses
+
 import grain
-import ml_collections
 import numpy as np
 
+from crossbert_jax.core import plan as plan_lib
+from crossbert_jax.core import sections
 from crossbert_jax.core import mixture as mixture_schema
 from crossbert_jax.data import packing
 
 BLOCK = 4096  # Documents per block of the mixed stream (module doc).
 
 
-def source_configs(data_cfg: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
+def source_configs(data_cfg: sections.Data) -> list[plan_lib.Settings]:
   """One single-source data config per mixture source: data_cfg with the source's path and options."""
   out = []
   for src in data_cfg.mixture:
-    d = data_cfg.to_dict()
-    d.update(mixture=(), **{k: v for k, v in src.items() if k in ("path", "format", "text_field", "text_unit")})
-    out.append(ml_collections.ConfigDict(d))
+    keys = {k: v for k, v in src.items() if k in ("path", "format", "text_field", "text_unit")}
+    out.append(dataclasses.replace(data_cfg, mixture=(), **keys))
   return out
 
 
-def names(data_cfg: ml_collections.ConfigDict) -> list[str]:
+def names(data_cfg: sections.Data) -> list[str]:
   """The sources' short names (the `tokens_seen/<name>` metrics keys)."""
   return mixture_schema.source_names(data_cfg.mixture)
 

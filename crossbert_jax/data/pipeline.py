@@ -25,9 +25,9 @@ import threading
 from typing import Any
 
 import grain
-import ml_collections
 import numpy as np
 
+from crossbert_jax.core import sections
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import elastic
 from crossbert_jax.data import mixture
@@ -91,7 +91,7 @@ def check_process(process_index: int, process_count: int) -> None:
     raise UserError(f"process_index={process_index} must be in [0, process_count={process_count})")
 
 
-def document_dataset(data_cfg: ml_collections.ConfigDict, *, seed: int, process_index: int = 0,
+def document_dataset(data_cfg: sections.Data, *, seed: int, process_index: int = 0,
                      process_count: int = 1) -> grain.MapDataset:
   """One epoch of this process's documents of `data.path` (str, or ids from pre-tokenized shards),
   shuffled; epoch e of `ds[i]` is `ds[i + e * len]`. A mixture has no epoch: `Layout.mixed_fetch`."""
@@ -155,7 +155,7 @@ class _Order:
   draw a fresh permutation for each epoch (index // len) once the dataset is repeated.
   """
 
-  def __init__(self, source: sources.DocumentSource, data_cfg: ml_collections.ConfigDict, seed: int,
+  def __init__(self, source: sources.DocumentSource, data_cfg: sections.Data, seed: int,
                process_index: int, process_count: int):
     self.source, self._n = source, len(source)
     self._seed = _combine_seeds(data_cfg.shuffle_seed, seed)
@@ -192,7 +192,7 @@ class _Order:
     return out_K
 
 
-def _shard(source: sources.DocumentSource, data_cfg: ml_collections.ConfigDict, seed: int,
+def _shard(source: sources.DocumentSource, data_cfg: sections.Data, seed: int,
            process_index: int, process_count: int) -> grain.MapDataset:
   return _Order(source, data_cfg, seed, process_index, process_count).dataset()
 
@@ -202,7 +202,7 @@ def packing_bins(batch_size: int) -> int:
   return max(batch_size, MIN_PACKING_BINS)
 
 
-def _check_tokenizer(source: sources.DocumentSource, data_cfg: ml_collections.ConfigDict,
+def _check_tokenizer(source: sources.DocumentSource, data_cfg: sections.Data,
                      tokenizer: tokenizer_lib.Tokenizer) -> None:
   """Pre-tokenized shards train only with the tokenizer that wrote them."""
   made = source.tokenizer
@@ -222,7 +222,7 @@ class Layout:
   rows that `make_dataset` batches. `pack` packs any other documents the same way (data/elastic.py).
   """
 
-  def __init__(self, data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, *, bins: int,
+  def __init__(self, data_cfg: sections.Data, tokenizer: tokenizer_lib.Tokenizer, *, bins: int,
                seed: int, process_index: int, process_count: int):
     if data_cfg.seq_len < 4:
       raise UserError(f"data.seq_len must be >= 4, got {data_cfg.seq_len}")
@@ -240,7 +240,7 @@ class Layout:
       self._documents, self._fetch, self._epoch_length = self._source(self.data_cfg, self.seed)
     return self._documents
 
-  def _source(self, data_cfg: ml_collections.ConfigDict, seed: int) -> tuple[grain.MapDataset, _Fetch, int]:
+  def _source(self, data_cfg: sections.Data, seed: int) -> tuple[grain.MapDataset, _Fetch, int]:
     """(the repeated, tokenized documents, their batched fetch, one epoch's length) of one source."""
     source = sources.document_source(data_cfg, self.process_index, self.process_count)
     _check_tokenizer(source, data_cfg, self.tokenizer)
@@ -287,7 +287,7 @@ class Layout:
     return self.pack(self._fetch, None)
 
 
-def make_dataset(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, *,
+def make_dataset(data_cfg: sections.Data, tokenizer: tokenizer_lib.Tokenizer, *,
                  batch_size: int, seed: int, process_index: int = 0,
                  process_count: int = 1) -> grain.IterDataset:
   """The infinite training stream of this process: dicts of int32 [B, L] arrays (see module doc).
@@ -313,7 +313,7 @@ def make_dataset(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.T
   return it_ds
 
 
-def make_iterator(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, *,
+def make_iterator(data_cfg: sections.Data, tokenizer: tokenizer_lib.Tokenizer, *,
                   batch_size: int, seed: int, process_index: int = 0,
                   process_count: int = 1) -> grain.DatasetIterator:
   """`iter(make_dataset(...))`: a checkpointable iterator (`get_state` / `set_state`)."""
@@ -321,7 +321,7 @@ def make_iterator(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.
                            process_index=process_index, process_count=process_count))
 
 
-def check_paths(data_cfg: ml_collections.ConfigDict) -> None:
+def check_paths(data_cfg: sections.Data) -> None:
   """UserError naming `data_cfg`'s path (or mixture source) that names no files; reads no file.
 
   For the data of a later phase, checked before the run starts rather than when the phase does.

@@ -12,9 +12,9 @@ from typing import Any
 from array_record.python import array_record_module
 from etils import epath
 import grain
-import ml_collections
 import numpy as np
 
+from crossbert_jax.core import sections
 from crossbert_jax.core import formats as formats_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import readers
@@ -243,7 +243,7 @@ def _token_shards(paths: list[epath.Path], spec: str) -> tuple[list[epath.Path],
   return [], source
 
 
-def document_source(data_cfg: ml_collections.ConfigDict, process_index: int = 0,
+def document_source(data_cfg: sections.Data, process_index: int = 0,
                     process_count: int = 1) -> DocumentSource:
   """The documents of `data_cfg.path` ("builtin" or files) for this process, random access.
 

@@ -8,17 +8,17 @@ share of slots holding a token. The first batch (source set-up, worker start, th
 not timed. The benchmark command is `python -m crossbert_jax.bench --data` (perf/feed_bench.py).
 """
 
+import dataclasses
 import json
 import pathlib
 import time
 from typing import Any
 
-import ml_collections
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import sections
 from crossbert_jax.data import pipeline
 from crossbert_jax.data import prepare
 from crossbert_jax.data import readers
@@ -72,13 +72,11 @@ def hf_corpora(paths: dict[str, str], root: pathlib.Path, vocab_size: int = 8192
   return {"text": paths["text"], "arrayrecord_tokens": str(root / "ar_tokens")}, tok
 
 
-def data_config(path: str, seq_len: int, worker_count: int) -> ml_collections.ConfigDict:
-  c = config_lib.get_config("crossbert", "base").data
-  c.path, c.seq_len, c.worker_count = path, seq_len, worker_count
-  return c
+def data_config(path: str, seq_len: int, worker_count: int) -> sections.Data:
+  return dataclasses.replace(sections.Data.for_variant("base"), path=path, seq_len=seq_len, worker_count=worker_count)
 
 
-def measure(data_cfg: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer, *, tokens_per_batch: int = 16384,
+def measure(data_cfg: sections.Data, tok: tokenizer_lib.Tokenizer, *, tokens_per_batch: int = 16384,
             seconds: float = 1.5, max_batches: int = 2000) -> dict[str, Any]:
   """{tokens_per_s, fill_ratio, batches, seconds} of one process's stream (B = tokens_per_batch // L)."""
   batch = max(tokens_per_batch // data_cfg.seq_len, 1)

@@ -10,8 +10,9 @@ import json
 from typing import Any
 
 from etils import epath
-import ml_collections
 
+from crossbert_jax.core import plan as plan_lib
+from crossbert_jax.core import sections
 from crossbert_jax.data import hf_tokenizer as hf_tokenizer_lib
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
@@ -110,7 +111,7 @@ def dense_module_files(out: epath.Path, kernel_DxE: Any, bias_E: Any) -> None:
   (out / f"{idx}_Dense" / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
 
 
-def hf_config(config: ml_collections.ConfigDict, specials: SpecialIds = SENTENCEPIECE) -> dict:
+def hf_config(config: plan_lib.Settings, specials: SpecialIds = SENTENCEPIECE) -> dict:
   """config.json contents for `config` (ModernBertModel, or ModernBertForMaskedLM for an objective that
   exports its MLM head)."""
   from transformers import ModernBertConfig  # pylint: disable=g-import-not-at-top  (no torch needed)
@@ -126,7 +127,7 @@ def hf_config(config: ml_collections.ConfigDict, specials: SpecialIds = SENTENCE
 EVAL_RESULTS = "eval_results.json"  # `evaluate` records each run's own scores here, in its workdir.
 
 
-def run_summary(workdir: epath.Path | None, config: ml_collections.ConfigDict, step: int,
+def run_summary(workdir: epath.Path | None, config: plan_lib.Settings, step: int,
                 metrics_rows: list[dict] | None = None) -> dict:
   """Step, tokens seen, loss and results of a run for the model card (`metrics_rows`: read_metrics)."""
   info = {"step": step, "tokens_seen": None, "loss": None, "results": None}
@@ -145,7 +146,7 @@ def run_summary(workdir: epath.Path | None, config: ml_collections.ConfigDict, s
   return info
 
 
-def _data(data_cfg: ml_collections.ConfigDict) -> str:
+def _data(data_cfg: sections.Data) -> str:
   """`data.path`, or the mixture's sources with their weights."""
   if not data_cfg.mixture:
     return f"`{data_cfg.path}`"
@@ -163,7 +164,7 @@ def _evaluation_table(record: dict, step: int) -> list[str]:
   return lines + [f"| {k} | {100 * v:.1f} |" for k, v in record["scores"].items()]
 
 
-def model_card(config: ml_collections.ConfigDict, info: dict, verify: dict | None,
+def model_card(config: plan_lib.Settings, info: dict, verify: dict | None,
                tokenizer_kind: str = "SentencePiece") -> str:
   m = config.model
   objective = objectives.get(config.objective)

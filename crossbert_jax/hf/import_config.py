@@ -9,8 +9,8 @@ import json
 import shutil
 
 from etils import epath
-import ml_collections
 
+from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
 
 # The tokenizer files a model folder may hold, copied by `export import`.
@@ -45,7 +45,7 @@ def _imported_model(folder: epath.Path) -> dict:
                     "re-run `python -m crossbert_jax.export import --hf=DIR --output=DIR`") from None
 
 
-def resolve(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def resolve(c: config_lib.ConfigDict) -> config_lib.ConfigDict:
   """`c` with train.init_from's shape and (if unset) tokenizer when train.shape_from_init; else `c`.
 
   The fresh reconstructor's width, heads and MLP follow the imported encoder's where they equal the

@@ -15,8 +15,8 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
+from crossbert_jax.core import sections
 from crossbert_jax.core import choices
 from crossbert_jax.model import attention_chunked, attention_kernels
 
@@ -36,7 +36,7 @@ class AttentionSpec:
   interpret: bool = False
 
   @classmethod
-  def from_config(cls, model_cfg: ml_collections.ConfigDict) -> "AttentionSpec":
+  def from_config(cls, model_cfg: sections.Model) -> "AttentionSpec":
     return cls(backend=model_cfg.attention, block_q=model_cfg.attention_block_q,
                block_kv=model_cfg.attention_block_kv,
                chunked_min_len=model_cfg.attention_chunked_min_len)

@@ -16,8 +16,8 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
+from crossbert_jax.core import sections
 from crossbert_jax.model import attention as attention_lib
 from crossbert_jax.model import layers
 
@@ -47,7 +47,7 @@ class EncoderSpec:
   attention_chunked_min_len: int = 1024
 
   @classmethod
-  def from_config(cls, model_cfg: ml_collections.ConfigDict) -> "EncoderSpec":
+  def from_config(cls, model_cfg: sections.Model) -> "EncoderSpec":
     return cls(**{f.name: model_cfg[f.name] for f in dataclasses.fields(cls)})
 
   @property

@@ -16,8 +16,8 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.model import attention as attention_lib
 from crossbert_jax.model import layers
 
@@ -44,7 +44,7 @@ class ReconstructorSpec:
   attention: attention_lib.AttentionSpec = attention_lib.AttentionSpec()
 
   @classmethod
-  def from_config(cls, c: ml_collections.ConfigDict) -> "ReconstructorSpec":
+  def from_config(cls, c: plan_lib.Settings) -> "ReconstructorSpec":
     r, m = c.reconstructor, c.model
     return cls(vocab_size=m.vocab_size, embed_dim=r.embed_dim, num_heads=r.num_heads,
                num_layers=r.num_layers, mlp_dim=r.mlp_dim, num_memory_layers=m.num_layers + 1,

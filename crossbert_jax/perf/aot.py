@@ -24,10 +24,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 from jax.experimental import topologies
 
-from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.perf import hlo_costs, roofline
@@ -120,14 +119,14 @@ def _quiet_libtpu() -> None:
     os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
 
 
-def make_mesh(c: ml_collections.ConfigDict, devices: list[jax.Device] | None) -> jax.sharding.Mesh:
+def make_mesh(c: plan_lib.Settings, devices: list[jax.Device] | None) -> jax.sharding.Mesh:
   """The config's mesh over the topology's devices, or over the local ones (as the trainer)."""
   if devices is None:
     return sharding.make_mesh(c.mesh)
   return sharding.make_topology_mesh(c.mesh, devices)
 
 
-def param_table(c: ml_collections.ConfigDict, params, shardings) -> list[dict[str, Any]]:
+def param_table(c: plan_lib.Settings, params, shardings) -> list[dict[str, Any]]:
   """One row per param: path, shape, logical axes, mesh PartitionSpec, per-device shard shape."""
   boxed = jax.eval_shape(lambda k: objectives.init_params(c, k), jax.random.key(0))
   logical = nn.get_partition_spec(boxed)
@@ -168,7 +167,7 @@ def _xla_flops(compiled) -> float | None:
   return float(value) if value is not None and value >= 0 else None
 
 
-def _hints(c: ml_collections.ConfigDict) -> str:
+def _hints(c: plan_lib.Settings) -> str:
   """What to change when a step does not fit, in the order that costs the least throughput."""
   tips = []
   if c.model.dtype != "bfloat16":
@@ -193,16 +192,15 @@ def target_chip(topology: str, device: jax.Device, chip: str | roofline.Chip = "
   return roofline.chip_for(topology.partition(":")[0] if topology else device.device_kind)
 
 
-def compile_train_step(c: ml_collections.ConfigDict, topology: str = "",
+def compile_train_step(c: plan_lib.RunPlan, topology: str = "",
                        chip: str | roofline.Chip = "") -> dict[str, Any]:
   """Lowers and compiles the real train step (every phase's); the report. UserError when it cannot run there."""
-  config_lib.validate(c)
   devices = topology_devices(topology) if topology else None
   mesh = make_mesh(c, devices)
   target = target_chip(topology, mesh.devices.flat[0], chip)
   if not phases_lib.has_phases(c):
     return _compile_one(c, mesh, topology, target)
-  phases = phases_lib.expand(c)
+  phases = list(c.phases)
   # Every phase's batch shards on the mesh: checked before the first (slow) compile.
   phases_lib.check_each(phases, lambda p: sharding.check_batch_divisible(p.config.train.batch_size,
                                                                         c.train.grad_accum, mesh))
@@ -234,7 +232,7 @@ def compile_train_step(c: ml_collections.ConfigDict, topology: str = "",
   return {**report, "phases": rows}
 
 
-def _compile_one(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, topology: str,
+def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str,
                  chip: roofline.Chip | None) -> dict[str, Any]:
   """The report of one (single-phase) config's train step on `mesh`."""
   sharding.check_batch_divisible(c.train.batch_size, c.train.grad_accum, mesh)
@@ -296,7 +294,7 @@ def _compile_one(c: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, topology
   }
 
 
-def check_fits(report: dict[str, Any], c: ml_collections.ConfigDict) -> None:
+def check_fits(report: dict[str, Any], c: plan_lib.Settings) -> None:
   """UserError (one line) when the compiled step needs more memory than the device has."""
   for row in report.get("phases", []):
     if row["fits"] is False:

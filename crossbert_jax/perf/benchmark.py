@@ -14,11 +14,11 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from etils import epath
 
 from crossbert_jax.core import config as config_lib, host
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.perf import roofline
 from crossbert_jax.training import flops, objectives, program as program_lib, sharding
@@ -33,7 +33,7 @@ MATMUL_FRACTION_TARGET = 0.75
 
 
 def _set_crossbert(ratio: float, views: int, half_reconstructor: bool = False):
-  def edit(c: ml_collections.ConfigDict) -> None:
+  def edit(c: config_lib.ConfigDict) -> None:
     c.objective = "crossbert"
     c.masking.ratio = ratio
     c.masking.views = views
@@ -48,7 +48,7 @@ def _set_crossbert(ratio: float, views: int, half_reconstructor: bool = False):
 
 
 def _set_mlm(ratio: float):
-  def edit(c: ml_collections.ConfigDict) -> None:
+  def edit(c: config_lib.ConfigDict) -> None:
     c.objective = "mlm"
     c.masking.ratio = ratio
     c.masking.views = 1
@@ -57,7 +57,7 @@ def _set_mlm(ratio: float):
 
 
 # (name, description, config edit). The first is the reference for every ratio.
-CASES: tuple[tuple[str, str, Callable[[ml_collections.ConfigDict], None]], ...] = (
+CASES: tuple[tuple[str, str, Callable[[config_lib.ConfigDict], None]], ...] = (
     ("bert_r0.15", "BERT r=0.15", _set_mlm(0.15)),
     ("bert_r0.30", "BERT r=0.30", _set_mlm(0.30)),
     ("cb_r0.5_k1", "CrossBERT r=0.5 K=1", _set_crossbert(0.5, 1)),
@@ -69,10 +69,12 @@ CASES: tuple[tuple[str, str, Callable[[ml_collections.ConfigDict], None]], ...] 
 LONG_CASES = (("bert_r0.15", _set_mlm(0.15)), ("cb_r0.5_k1", _set_crossbert(0.5, 1)))
 
 
-def case_config(base: ml_collections.ConfigDict, edit: Callable[[ml_collections.ConfigDict], None],
-                seq_len: int, attention: str = "", batch_size: int = 0) -> ml_collections.ConfigDict:
-  """A validated, locked copy of `base` with the case's objective/masking keys and one-device mesh."""
-  c = ml_collections.ConfigDict(base.to_dict())
+def case_config(base: plan_lib.Settings | config_lib.ConfigDict, edit: Callable[[config_lib.ConfigDict], None],
+                seq_len: int, attention: str = "", batch_size: int = 0,
+                dtype: str = "float32") -> plan_lib.RunPlan:
+  """The plan of `base` with the case's objective/masking keys, one-device mesh and `dtype`."""
+  c = config_lib.from_dict(base.to_dict())
+  c.unlock()
   edit(c)
   if seq_len:
     c.data.seq_len = seq_len
@@ -80,15 +82,14 @@ def case_config(base: ml_collections.ConfigDict, edit: Callable[[ml_collections.
     c.model.attention = attention
   if batch_size:
     c.train.batch_size = batch_size
-  c.model.dtype = "float32"
+  c.model.dtype = dtype
   c.train.grad_accum = 1
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
-  config_lib.validate(c)
   c.lock()
-  return c
+  return plan_lib.build(c)
 
 
-def random_batch(c: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
+def random_batch(c: plan_lib.Settings, seed: int = 0) -> dict[str, np.ndarray]:
   """Random token ids in [5, vocab), one full segment per row, positions 0..L-1."""
   b, seq_len = c.train.batch_size, c.data.seq_len
   rng = np.random.default_rng(seed)
@@ -143,7 +144,7 @@ def measured_chip(matmul_size: int = 2048, repeats: int = 5) -> roofline.Chip:
 TRACED_STEPS = 3
 
 
-def time_case(c: ml_collections.ConfigDict, steps: int, warmup: int, trace_dir: str = "") -> dict[str, Any]:
+def time_case(c: plan_lib.Settings, steps: int, warmup: int, trace_dir: str = "") -> dict[str, Any]:
   """Compile time and per-step times of the real train step for config `c`; with `trace_dir`, a
   jax.profiler trace of TRACED_STEPS more steps after the timed ones (untimed) is written there."""
   device = jax.devices()[0]
@@ -186,7 +187,7 @@ def time_case(c: ml_collections.ConfigDict, steps: int, warmup: int, trace_dir: 
           "num_targets": float(metrics["num_targets"])}
 
 
-def case_summary(c: ml_collections.ConfigDict, timing: dict[str, Any]) -> dict[str, Any]:
+def case_summary(c: plan_lib.Settings, timing: dict[str, Any]) -> dict[str, Any]:
   """Throughput and analytic FLOP numbers of one case from its timing."""
   b, seq_len = c.train.batch_size, c.data.seq_len
   med, best = timing["median_s"], timing["min_s"]
@@ -264,7 +265,7 @@ def format_table(results: dict[str, dict[str, Any]], descriptions: dict[str, str
   return "\n".join(lines)
 
 
-def run_long(base: ml_collections.ConfigDict, long_len: int, long_batch: int, steps: int,
+def run_long(base: plan_lib.Settings, long_len: int, long_batch: int, steps: int,
              warmup: int) -> dict[str, dict[str, Any]]:
   """BERT r=0.15 and CrossBERT r=0.5 K=1 at `long_len`, dense vs chunked attention: time and memory."""
   results = {}
@@ -277,7 +278,7 @@ def run_long(base: ml_collections.ConfigDict, long_len: int, long_batch: int, st
   return results
 
 
-def run(base: ml_collections.ConfigDict, *, seq_len: int, steps: int, warmup: int, out: str,
+def run(base: plan_lib.Settings, *, seq_len: int, steps: int, warmup: int, out: str,
         case_names: list[str], matmul_size: int, matmul_repeats: int, long_len: int = 0,
         long_batch: int = 2) -> dict[str, Any]:
   """Runs every case and the reference matmul; prints the table and writes JSON to `out`."""
@@ -343,7 +344,7 @@ def _machine(started: datetime.datetime, load_start: tuple[float, ...], load_end
   }
 
 
-def _print_summary(c0: ml_collections.ConfigDict, results: dict[str, dict[str, Any]], descriptions: dict[str, str],
+def _print_summary(c0: plan_lib.Settings, results: dict[str, dict[str, Any]], descriptions: dict[str, str],
                    checks: list[dict], long: dict[str, dict[str, Any]], matmul: dict[str, float],
                    matmul_end: dict[str, float], *, steps: int, warmup: int, load: tuple[float, float],
                    long_len: int, long_batch: int) -> None:

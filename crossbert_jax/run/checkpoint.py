@@ -22,12 +22,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import grain
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from crossbert_jax.core import plan as plan_lib
+from crossbert_jax.core import sections
 from crossbert_jax.core.errors import one_line
 
 DIRECTORY = "checkpoints"
@@ -206,7 +207,7 @@ def _drop_abandoned_read_errors() -> None:
 class Checkpointer:
   """Save/restore of {state, data iterator, config, meta} under `workdir/checkpoints`."""
 
-  def __init__(self, workdir: str | epath.Path, ckpt_cfg: ml_collections.ConfigDict, read_only: bool = False):
+  def __init__(self, workdir: str | epath.Path, ckpt_cfg: sections.Checkpoint, read_only: bool = False):
     self.layout = CheckpointLayout.of(workdir, absolute=True)
     self.directory = self.layout.directory
     self.read_only = read_only
@@ -222,7 +223,7 @@ class Checkpointer:
   @classmethod
   def reader(cls, workdir: str | epath.Path, read_only: bool = True) -> "Checkpointer":
     """A Checkpointer that only reads (keep settings matter only to a writer: a reader deletes nothing)."""
-    return cls(workdir, ml_collections.ConfigDict({"keep": 1, "keep_steps": (), "async_save": False}), read_only)
+    return cls(workdir, sections.Checkpoint(every_steps=1, keep=1, keep_steps=(), async_save=False), read_only)
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -234,7 +235,7 @@ class Checkpointer:
     """Re-reads the steps on disk (another process may have added or removed some)."""
     self._manager.reload()
 
-  def save(self, step: int, state: Any, data_iter: Any, config: ml_collections.ConfigDict,
+  def save(self, step: int, state: Any, data_iter: Any, config: plan_lib.Settings,
            meta: CheckpointMeta | None = None) -> None:
     """Saves (asynchronously) unless `step` is already saved.
 

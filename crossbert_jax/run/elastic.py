@@ -8,9 +8,9 @@ iterator first drains the old layout's interrupted epoch (`data/elastic.py` hold
 
 from typing import Any
 
-import ml_collections
 from etils import epath
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import elastic as data_elastic
 from crossbert_jax.data import pipeline
@@ -32,7 +32,7 @@ def saved_states(workdir: str | epath.Path, step: int, count: int) -> list[dict[
 
 
 def reshard(workdir: str | epath.Path, step: int, old: int | None, saved: dict[str, Any],
-            now: ml_collections.ConfigDict, process_count: int) -> tuple[str, dict[str, Any] | None] | None:
+            now: plan_lib.RunPlan, process_count: int) -> tuple[str, dict[str, Any] | None] | None:
   """None if `step`'s iterator was saved by `process_count` processes (`old`: the count that saved
   it, None if unknown); else (warning line, the re-shard state for every process, or None where the
   data stream has to start over). UserError for a data.mixture stream (no exact re-shard)."""

@@ -19,9 +19,10 @@ import logging
 import re
 from typing import Any, Callable, Iterator
 
-import ml_collections
 from etils import epath
 
+from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, one_line
 from crossbert_jax.run import checkpoint, restore as restore_policy
@@ -55,7 +56,7 @@ def _same_place(a: str, b: str) -> bool:
   return epath.Path(a).resolve() == epath.Path(b).resolve()
 
 
-def with_source_init(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def with_source_init(c: config_lib.ConfigDict) -> config_lib.ConfigDict:
   """`c` with its source's `train.init_from` when it forks and leaves its own empty; else `c`.
 
   A fork's params always come from its source's checkpoint, never from `train.init_from`: for a
@@ -83,7 +84,7 @@ def with_source_init(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return out
 
 
-def check_workdir(c: ml_collections.ConfigDict, workdir: str | epath.Path) -> None:
+def check_workdir(c: plan_lib.Settings, workdir: str | epath.Path) -> None:
   """UserError when a fork's --workdir is its source or inside it (its saves would delete the
   source's fork points). Checked before the workdir is touched, and before any resume."""
   if not c.train.fork_from:
@@ -96,7 +97,7 @@ def check_workdir(c: ml_collections.ConfigDict, workdir: str | epath.Path) -> No
                     "; a fork writes its own checkpoints: give it a new --workdir outside the source")
 
 
-def check_resumed(c: ml_collections.ConfigDict, workdir: str | epath.Path, step: int, saved: dict[str, Any]) -> None:
+def check_resumed(c: plan_lib.Settings, workdir: str | epath.Path, step: int, saved: dict[str, Any]) -> None:
   """A workdir holding checkpoints resumes as the run they record: UserError when `c`'s
   `train.fork_from` names another source or step than its checkpoint `step` records (or it records
   none). A rerun with the same value resumes, recording the resolved "SOURCE:STEP" again."""
@@ -120,7 +121,7 @@ class _Removed(Exception):
   """The source's step folder went away while it was read (the source's own cleanup)."""
 
 
-def restore(c: ml_collections.ConfigDict, workdir: epath.Path, tokenizer: dict[str, Any], abstract_state: Any,
+def restore(c: plan_lib.Settings, workdir: epath.Path, tokenizer: dict[str, Any], abstract_state: Any,
             shardings: Any, iterator_of: Callable[[int], Any],
             warn: Callable[[str], None]) -> checkpoint.Restored:
   """The fork's source checkpoint, restored into `shardings` and `iterator_of(step)` (the data
@@ -159,7 +160,7 @@ def restore(c: ml_collections.ConfigDict, workdir: epath.Path, tokenizer: dict[s
 
 
 def _chosen_step(key: str, source: str, reader: checkpoint.Checkpointer, step: int | None,
-                 c: ml_collections.ConfigDict) -> int:
+                 c: plan_lib.Settings) -> int:
   """The source step to fork from (`step`, or the newest), checked against the fork's schedule."""
   steps = sorted(reader.all_steps())
   if not steps:
@@ -178,7 +179,7 @@ def _chosen_step(key: str, source: str, reader: checkpoint.Checkpointer, step: i
   return step
 
 
-def _check_init_from(key: str, source: str, saved: dict[str, Any], c: ml_collections.ConfigDict) -> None:
+def _check_init_from(key: str, source: str, saved: dict[str, Any], c: plan_lib.Settings) -> None:
   """UserError when the fork's train.init_from is not the one its source's checkpoint records: it
   would read as the fork's params, which come from the source (`with_source_init`)."""
   recorded = saved.get("train", {}).get("init_from") or ""
@@ -190,7 +191,7 @@ def _check_init_from(key: str, source: str, saved: dict[str, Any], c: ml_collect
                     "or give the source's")
 
 
-def _read_step(key: str, source: str, reader: checkpoint.Checkpointer, step: int, c: ml_collections.ConfigDict,
+def _read_step(key: str, source: str, reader: checkpoint.Checkpointer, step: int, c: plan_lib.Settings,
                tokenizer: dict[str, Any], abstract_state: Any, shardings: Any, iterator_of: Callable[[int], Any],
                warn: Callable[[str], None]) -> checkpoint.Restored:
   """`step` of the source, vetted and read; _Removed if its folder went away meanwhile."""

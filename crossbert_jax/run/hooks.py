@@ -12,9 +12,10 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-import ml_collections
 from jax.experimental import multihost_utils
 
+from crossbert_jax.core import plan as plan_lib
+from crossbert_jax.core import sections
 from crossbert_jax.run import recorder as recorder_lib
 
 
@@ -66,7 +67,7 @@ def metrics(recorder: recorder_lib.StepRecorder,
   return Hook("metrics", 1, run)
 
 
-def probes(every: int, recorder: recorder_lib.StepRecorder, config: Callable[[], ml_collections.ConfigDict],
+def probes(every: int, recorder: recorder_lib.StepRecorder, config: Callable[[], plan_lib.Settings],
            tok: Any, primary: bool) -> Hook:
   """Frozen probes (eval.tasks) on the encoder every `every` steps, in that step's metrics row: the
   encoder is gathered to every host and scored on process 0 under `config()` (the current phase's)."""
@@ -80,7 +81,7 @@ def probes(every: int, recorder: recorder_lib.StepRecorder, config: Callable[[],
   return Hook("probes", every, run)
 
 
-def saves(checkpoint: ml_collections.ConfigDict, recorder: recorder_lib.StepRecorder,
+def saves(checkpoint: sections.Checkpoint, recorder: recorder_lib.StepRecorder,
           save: Callable[[int, Any], None]) -> Hook:
   """The checked save (`save(step, state)`) every checkpoint.every_steps steps and at its keep_steps,
   after the metrics up to the step are logged; not on a stop's step (the final save is that step)."""

@@ -7,17 +7,17 @@ import sys
 from typing import Any
 
 import jax
-import ml_collections
 from etils import epath
 
-from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
+from crossbert_jax.core import sections
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError, one_line
 from crossbert_jax.data import tokenizer as tokenizer_lib
 from crossbert_jax.run import checkpoint, resume
 
 
-def _params_placement(c: ml_collections.ConfigDict, abstract: Any) -> Any:
+def _params_placement(c: plan_lib.Settings, abstract: Any) -> Any:
   """Shardings for the params: one local device when they fit in a fraction of its memory, else
   FSDP over a mesh of all local devices (the model's own logical axes)."""
   from crossbert_jax.training import program, sharding  # Local: program imports the model stack.
@@ -28,7 +28,7 @@ def _params_placement(c: ml_collections.ConfigDict, abstract: Any) -> Any:
   if len(devices) == 1 or limit is None or nbytes <= _ONE_DEVICE_FRACTION * limit:
     one = jax.sharding.SingleDeviceSharding(devices[0])
     return jax.tree.map(lambda _: one, abstract)
-  mesh_cfg = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1, "rules": ()})
+  mesh_cfg = sections.Mesh(data=1, fsdp=-1, tensor=1, rules=())
   mesh = sharding.make_mesh(mesh_cfg, devices=devices)
   return program.param_shardings(c, mesh, sharding.logical_rules(mesh_cfg))
 
@@ -37,7 +37,7 @@ def _params_placement(c: ml_collections.ConfigDict, abstract: Any) -> Any:
 _ONE_DEVICE_FRACTION = 0.5
 
 
-def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_collections.ConfigDict, Any, int]:
+def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[plan_lib.Settings, Any, int]:
   """(config, params, step) of a training run's checkpoint (latest if `step` is None).
 
   The config is that of the step's phase (`core/phases.py`): in a run with phases, the sequence
@@ -65,8 +65,8 @@ def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_col
     def attempt(candidate: int) -> tuple[Any, str | None]:
       try:
         # A run with phases: the config its step was trained under (seq_len, RoPE thetas, batch, data).
-        saved = config_lib.from_dict(ckpt.saved_config(candidate))
-        config = phases_lib.phase_at(phases_lib.expand(saved), candidate).config
+        saved = plan_lib.of_saved(ckpt.saved_config(candidate))
+        config = phases_lib.phase_at(saved.phases, candidate).config
         abstract = program.abstract_params(config)
         return (config, ckpt.restore_params(candidate, abstract, _params_placement(config, abstract))), None
       except UserError:
@@ -89,7 +89,7 @@ def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[ml_col
   return config, params, step
 
 
-def run_tokenizer(workdir: str | epath.Path, config: ml_collections.ConfigDict, step: int,
+def run_tokenizer(workdir: str | epath.Path, config: plan_lib.Settings, step: int,
                   path: str = "") -> tokenizer_lib.AnyTokenizer:
   """The tokenizer of checkpoint `step` of the run in `workdir`: `path` (a --tokenizer), else the run's
   data.tokenizer; refused when it is not the tokenizer (file and special ids) that the checkpoint records."""
@@ -112,7 +112,7 @@ def run_tokenizer(workdir: str | epath.Path, config: ml_collections.ConfigDict, 
   return tok
 
 
-def init_params(config: ml_collections.ConfigDict) -> Any:
+def init_params(config: plan_lib.Settings) -> Any:
   """The params a fresh run of `config` starts from (its step 0, before any `train.init_from`).
 
   The model's init with `train.seed`, as `TrainProgram.init_state` draws it: JAX's partitionable

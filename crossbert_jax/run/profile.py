@@ -22,9 +22,9 @@ import tempfile
 from typing import Any, Callable
 
 import jax
-import ml_collections
 from etils import epath
 
+from crossbert_jax.core import sections
 from crossbert_jax.run import trace_summary
 from crossbert_jax.training import program as program_lib
 
@@ -48,7 +48,7 @@ def read_record(workdir: epath.Path) -> list[int]:
 class Profiler:
   """Starts and stops the trace around the window's steps (`before_step`, `after_step`)."""
 
-  def __init__(self, p: ml_collections.ConfigDict, workdir: epath.Path, first_step: int,
+  def __init__(self, p: sections.Profile, workdir: epath.Path, first_step: int,
                log: Callable[[str], None]):
     """`first_step`: this process start's first step (it compiles: never traced)."""
     self._workdir, self._log = workdir, log

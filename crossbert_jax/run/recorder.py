@@ -22,9 +22,9 @@ from typing import Any, Callable
 
 import jax
 from jax.experimental import multihost_utils
-import ml_collections
 import numpy as np
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.run import metrics
@@ -85,7 +85,7 @@ class _Pending:
 class StepRecorder:
   """Turns each dispatched step's device metrics into its logged row, one step late."""
 
-  def __init__(self, c: ml_collections.ConfigDict, num_devices: int, logger: metrics.MetricsLogger,
+  def __init__(self, c: plan_lib.Settings, num_devices: int, logger: metrics.MetricsLogger,
                tokens_at: Callable[[int], int], progress: Progress, outcome: Outcome, where: str,
                warn: Callable[[str], None], phases: list[phases_lib.Phase] | None = None):
     self._c = c
@@ -95,7 +95,7 @@ class StepRecorder:
     self._outcome = outcome
     self._where = where
     self._warn = warn
-    self._phases = phases if phases is not None else phases_lib.expand(c)
+    self._phases = list(phases if phases is not None else c.phases)
     self._flops = [flops.train_flops_per_step(p.config) for p in self._phases]  # Per phase.
     self._seconds_per_flop: float | None = None  # Smoothed over the latest steps (the ETA's rate).
     t = c.train

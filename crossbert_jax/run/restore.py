@@ -12,9 +12,9 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
-import ml_collections
 from etils import epath
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.run import checkpoint, elastic, resume
 
 # A fork changes its schedule, probes and checkpointing by design: only its other changes are worth a line.
@@ -32,7 +32,7 @@ class Plan:
 
 
 def vet(run_dir: str | epath.Path, step: int, saved: dict[str, Any], meta: checkpoint.CheckpointMeta,
-        c: ml_collections.ConfigDict, tokenizer: dict[str, Any], *, forking: bool) -> Plan:
+        c: plan_lib.Settings, tokenizer: dict[str, Any], *, forking: bool) -> Plan:
   """The plan for reading `step` of the run in `run_dir` into a run of `c`; UserError if refused.
 
   `forking`: `run_dir` is another run's (the lines then say "forking with", and leave out the

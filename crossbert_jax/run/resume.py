@@ -25,8 +25,9 @@ import hashlib
 import json
 from typing import Any
 
-import ml_collections
 
+from crossbert_jax.core import plan as plan_lib
+from crossbert_jax.core import sections
 from crossbert_jax.core import config as config_lib, objectives
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
@@ -89,23 +90,23 @@ def _refused(key: str) -> bool:
 
 
 def _lr(train: dict, step: int) -> float:
-  return float(optimizer.learning_rate_schedule(ml_collections.ConfigDict(train))(step))
+  return float(optimizer.learning_rate_schedule(sections.from_dict(sections.Train, train))(step))
 
 
 def stream_view(saved: dict, step: int) -> dict:
   """The saved config as the data stream of `step`'s phase saw it (its keys, the batch it is read in)."""
-  c = config_lib.from_dict(saved)
-  if not phases_lib.has_phases(c):
+  plan = plan_lib.of_saved(saved)
+  if len(plan.phases) == 1 and not plan.train.phases:
     return saved
-  phase = phases_lib.phase_at(phases_lib.expand(c), step)
+  phase = phases_lib.phase_at(plan.phases, step)
   view = json.loads(json.dumps(phase.config.to_dict()))
   view["train"]["batch_size"] = phase.read_batch
   return view
 
 
-def _check_phases(where: str, step: int, saved: dict, now: ml_collections.ConfigDict) -> tuple[list[str], bool]:
+def _check_phases(where: str, step: int, saved: dict, now: plan_lib.RunPlan) -> tuple[list[str], bool]:
   """Refuses a change of the trained steps' phases; (warnings, whether the saved data state applies)."""
-  old, new = phases_lib.expand(config_lib.from_dict(saved)), phases_lib.expand(now)
+  old, new = list(plan_lib.of_saved(saved).phases), list(now.phases)
   a, b = phases_lib.trained(old, step), phases_lib.trained(new, step)
   for (a0, a1, av), (b0, b1, bv) in zip(a, b):
     if (a0, a1) != (b0, b1):
@@ -129,7 +130,7 @@ def _check_phases(where: str, step: int, saved: dict, now: ml_collections.Config
 
 
 def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta | None,
-          now: ml_collections.ConfigDict, tokenizer: dict[str, Any], process_count: int,
+          now: plan_lib.RunPlan, tokenizer: dict[str, Any], process_count: int,
           saved_process_count: int | None = None, *, forking: bool = False) -> tuple[list[str], bool]:
   """(warning lines, whether the saved data-iterator state applies); UserError if refused.
 
@@ -146,7 +147,7 @@ def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta 
     raise UserError(f"{where} trained with {change}; {fix}")
   a, b = _flat(saved), _flat(json.loads(json.dumps(now.to_dict())))  # As saved: tuples become lists.
   changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
-  phased = phases_lib.has_phases(now) or phases_lib.has_phases(config_lib.from_dict(saved))
+  phased = phases_lib.has_phases(now) or phases_lib.has_phases(plan_lib.of_saved(saved))
   phase_lines, phase_data = _check_phases(where, step, saved, now) if phased else ([], True)
   refused = [k for k in changed if _refused(k) and not (phased and k in phases_lib.OVERRIDABLE)]
   if refused:
@@ -162,7 +163,7 @@ def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta 
     schedule_changed.append("phases")
   if schedule_changed:
     if phased:
-      before = float(optimizer.run_schedule(config_lib.from_dict(saved))(step))
+      before = float(optimizer.run_schedule(plan_lib.of_saved(saved))(step))
       after = float(optimizer.run_schedule(now)(step))
     else:
       before, after = _lr(saved["train"], step), _lr(now.train.to_dict(), step)

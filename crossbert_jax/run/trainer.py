@@ -26,11 +26,10 @@ import time
 from typing import Any, Callable
 
 import jax
-import ml_collections
 import numpy as np
 from etils import epath
 
-from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import outputs
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
@@ -42,7 +41,7 @@ from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # no
 from crossbert_jax.training import objectives, program as program_lib, sharding
 
 
-def load_tokenizer(c: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer:
+def load_tokenizer(c: plan_lib.Settings) -> tokenizer_lib.Tokenizer:
   """The run's tokenizer, checked against the model's vocabulary."""
   if not c.data.tokenizer:
     raise UserError("config data.tokenizer is empty: train one with `python -m crossbert_jax.tokenizer "
@@ -54,7 +53,7 @@ def load_tokenizer(c: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer:
   return tok
 
 
-def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False,
+def run(c: plan_lib.Settings, workdir: str, *, break_lock: bool = False,
         started: float | None = None) -> dict[str, Any]:
   """Trains `c` in `workdir` (resuming if it holds a checkpoint); returns the last logged scalars.
 
@@ -62,13 +61,12 @@ def run(c: ml_collections.ConfigDict, workdir: str, *, break_lock: bool = False,
   `started`: time.time() when the command started (goodput's start-up; default: now).
   """
   started = time.time() if started is None else started
-  config_lib.validate(c)
   # A file (or one on the way), or a read-only disk, is one line before any work, not a traceback.
   outputs.check_folder_path(workdir, "--workdir", writes_inside=True)
   fork.check_workdir(c, workdir)
   workdir = epath.Path(workdir)
   mesh = sharding.make_mesh(c.mesh)
-  phases = phases_lib.expand(c)
+  phases = list(c.phases)
   phases_lib.check_each(phases, lambda phase: _check_phase(c, phases, phase, mesh))
   tok = load_tokenizer(c)
   feed_lib.check_streams(phases, tok, seed=c.train.seed, process_index=jax.process_index(),
@@ -107,7 +105,7 @@ def _drop_empty_new_folders(workdir: epath.Path, before: set[str], created: bool
     workdir.rmdir()
 
 
-def _check_phase(c: ml_collections.ConfigDict, phases: list[phases_lib.Phase], phase: phases_lib.Phase,
+def _check_phase(c: plan_lib.Settings, phases: list[phases_lib.Phase], phase: phases_lib.Phase,
                  mesh: jax.sharding.Mesh) -> None:
   """UserError for a phase the run cannot train: its data path, its batch on this mesh and processes."""
   if phase.index > 0 and phase.stream != phases[phase.index - 1].stream:
@@ -126,14 +124,14 @@ def _warn(msg: str) -> None:
 class Trainer:
   """One process start of a run: restore or init, the steps, the saves, the stop."""
 
-  def __init__(self, c: ml_collections.ConfigDict, workdir: epath.Path, mesh: jax.sharding.Mesh,
+  def __init__(self, c: plan_lib.Settings, workdir: epath.Path, mesh: jax.sharding.Mesh,
                tok: tokenizer_lib.Tokenizer, stop: preemption.StopRequest, progress: Progress,
                warn: Callable[[str], None], started: float):
     self.c, self.workdir, self.tok, self.stop, self.progress, self.warn = c, workdir, tok, stop, progress, warn
     self.started = started  # time.time() at the command's start.
     self.primary = jax.process_index() == 0
     self.tok_id = resume.tokenizer_identity(c.data.tokenizer, tok)
-    self.mesh, self.phases = mesh, phases_lib.expand(c)
+    self.mesh, self.phases = mesh, list(c.phases)
     self._replacement_vocab = objectives.replacement_vocab_size(c, tok.vocab_size)
     self.phase = self.phases[0]
     self.program = program_lib.TrainProgram(self.phase.config, mesh, replacement_vocab=self._replacement_vocab,
@@ -272,7 +270,7 @@ class Trainer:
     self.start = start
     self.progress.doing = f"writing {self.workdir / 'config.json'}"
     if self.primary:
-      (self.workdir / "config.json").write_text(c.to_json_best_effort(indent=2))
+      (self.workdir / "config.json").write_text(c.to_json())
     logged = ([r["step"] for r in metrics.read_metrics(self.workdir)]
               if self.primary and metrics.metrics_files(self.workdir) else [])
     sink = wandb_logger.start(c, self.workdir, self.warn) if self.primary else None

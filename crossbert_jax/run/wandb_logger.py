@@ -14,15 +14,15 @@ import secrets
 import tempfile
 from typing import Any, Callable
 
-import ml_collections
 from etils import epath
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.run import fork
 
 RUN_FILE = "wandb_run.json"
 
 
-def _source_group(c: ml_collections.ConfigDict) -> str:
+def _source_group(c: plan_lib.Settings) -> str:
   """A fork's group: its source's group or W&B run id, else the source workdir's name."""
   source, _ = fork.parse(c.train.fork_from)
   path = epath.Path(source) / RUN_FILE
@@ -61,7 +61,7 @@ class WandbSink:
     self._run = None
 
 
-def start(c: ml_collections.ConfigDict, workdir: epath.Path, warn: Callable[[str], None]) -> WandbSink | None:
+def start(c: plan_lib.Settings, workdir: epath.Path, warn: Callable[[str], None]) -> WandbSink | None:
   """The W&B run of this workdir (new, or the one it started), or None (W&B off, missing or failing)."""
   m = c.metrics
   if not m.wandb:

@@ -8,10 +8,10 @@ initialised.
 """
 
 import jax
-import ml_collections
 import numpy as np
 from etils import epath
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import objectives
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import tokenizer as tokenizer_lib
@@ -26,7 +26,7 @@ IMPORT_KEYS = import_config.SHAPE_KEYS
 MAX_PADDING_ROWS = 256
 
 
-def from_imported(c: ml_collections.ConfigDict, state: TrainState, tok: tokenizer_lib.AnyTokenizer) -> TrainState:
+def from_imported(c: plan_lib.Settings, state: TrainState, tok: tokenizer_lib.AnyTokenizer) -> TrainState:
   """The fresh `state` with its encoder (and MLM head) replaced by `c.train.init_from`'s params."""
   from crossbert_jax.hf import convert  # Local: pulls in the Hugging Face conversion code.
 
@@ -48,7 +48,7 @@ def from_imported(c: ml_collections.ConfigDict, state: TrainState, tok: tokenize
   return state.replace(params=params)
 
 
-def check_tokenizer(c: ml_collections.ConfigDict, tok: tokenizer_lib.AnyTokenizer, rows: int) -> None:
+def check_tokenizer(c: plan_lib.Settings, tok: tokenizer_lib.AnyTokenizer, rows: int) -> None:
   """Refuses a data.tokenizer that is not the import's: another file or other special ids than the
   tokenizer.json beside its params, or (an import without one) far fewer ids than its `rows` embedding rows."""
   folder = epath.Path(c.train.init_from)

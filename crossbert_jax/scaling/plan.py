@@ -23,6 +23,7 @@ import tempfile
 from typing import Any
 
 from crossbert_jax.core import config as config_lib, objectives
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import objective_keys
 from crossbert_jax.training import flops, optimizer
@@ -255,7 +256,7 @@ def _wsd_runs(name, steps, budget_list, base, spec, wsd, probe_keys, make) -> li
 
 def _run(name, size_name, label, seed, obj, spec, overrides, budget, per_step, steps, **kw) -> Run:
   c = make_config(obj["objective"], spec["variant"], overrides)
-  config_lib.validate(c)
+  plan_lib.build(c)  # Refuses a run the trainer would refuse, before the sweep starts.
   return Run(name, size_name, label, seed, obj["objective"], overrides, budget, per_step, steps,
              c.train.batch_size * c.data.seq_len, **kw)
 

@@ -15,11 +15,12 @@ import math
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 from flax.core import meta
 
+from crossbert_jax.core import plan as plan_lib
+from crossbert_jax.core import sections
 from crossbert_jax.training import objectives
 
 # Dense (non-sparse) per-device peak TFLOP/s by a substring of `jax.Device.device_kind`.
@@ -56,7 +57,7 @@ _DTYPE_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float3
 _warned_kinds: set[str] = set()
 
 
-def encoder_forward_flops(model_cfg: ml_collections.ConfigDict, tokens: int) -> float:
+def encoder_forward_flops(model_cfg: sections.Model, tokens: int) -> float:
   """Forward matmul FLOPs of the encoder stack on one sequence of `tokens` tokens."""
   d, i, n, t = model_cfg.embed_dim, model_cfg.mlp_dim, model_cfg.num_layers, tokens
   # QKV d->3d, output d->d, GeGLU Wi d->2I and Wo I->d: 2 * T * (3d^2 + d^2 + 2dI + Id).
@@ -67,17 +68,17 @@ def encoder_forward_flops(model_cfg: ml_collections.ConfigDict, tokens: int) -> 
   return float(n * (projections + attention))
 
 
-def forward_flops_breakdown(c: ml_collections.ConfigDict) -> dict[str, float]:
+def forward_flops_breakdown(c: plan_lib.Settings) -> dict[str, float]:
   """Forward matmul FLOPs per sequence, split into encoder, reconstructor and head (the objective's count)."""
   return objectives.get(c.objective).forward_flops(c)
 
 
-def train_flops_per_sequence(c: ml_collections.ConfigDict) -> float:
+def train_flops_per_sequence(c: plan_lib.Settings) -> float:
   """Training (forward + backward) matmul FLOPs for one sequence."""
   return 3.0 * sum(forward_flops_breakdown(c).values())
 
 
-def train_flops_per_step(c: ml_collections.ConfigDict) -> float:
+def train_flops_per_step(c: plan_lib.Settings) -> float:
   """Training matmul FLOPs for one step on the global batch (all micro-batches, all devices)."""
   return c.train.batch_size * train_flops_per_sequence(c)
 

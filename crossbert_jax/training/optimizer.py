@@ -2,10 +2,10 @@
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
-from crossbert_jax.core import phases as phases_lib
+from crossbert_jax.core import plan as plan_lib
+from crossbert_jax.core import sections
 
 
 def wsd_decay_start(steps: int, decay_fraction: float) -> int:
@@ -16,7 +16,7 @@ def wsd_decay_start(steps: int, decay_fraction: float) -> int:
   return steps - int(round(decay_fraction * steps))
 
 
-def _wsd(t: ml_collections.ConfigDict) -> optax.Schedule:
+def _wsd(t: sections.Train) -> optax.Schedule:
   """Warmup-stable-decay (Hägele et al. 2024): the peak until `wsd_decay_start`, then a decay whose
   last step (count steps - 1) runs at final_lr_ratio * peak.
 
@@ -40,7 +40,7 @@ def _wsd(t: ml_collections.ConfigDict) -> optax.Schedule:
   return schedule
 
 
-def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
+def learning_rate_schedule(t: sections.Train) -> optax.Schedule:
   """Linear warmup to the peak, then cosine, linear or WSD decay to final_lr_ratio * peak.
 
   Step i < warmup_steps runs at peak * (i + 1) / warmup_steps: the first update already moves
@@ -60,7 +60,7 @@ def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
   return optax.join_schedules([warmup, decay], [t.warmup_steps])
 
 
-def run_schedule(c: ml_collections.ConfigDict) -> optax.Schedule:
+def run_schedule(c: plan_lib.RunPlan) -> optax.Schedule:
   """The lr of every step of the run across its phases (`core/phases.py`).
 
   Count i (step i + 1) runs at `learning_rate_schedule` of its phase's train config, evaluated at
@@ -68,7 +68,7 @@ def run_schedule(c: ml_collections.ConfigDict) -> optax.Schedule:
   (its warmup_steps still count from the run's step 0). Without phases: `learning_rate_schedule`.
   Each phase's TrainProgram uses its phase's schedule, which equals this one on its steps.
   """
-  phases = phases_lib.expand(c)
+  phases = c.phases
   if len(phases) == 1:
     return learning_rate_schedule(phases[0].config.train)
   fns = [learning_rate_schedule(p.config.train) for p in phases]
@@ -91,7 +91,7 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(is_decayed, params)
 
 
-def make_optimizer(t: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(t: sections.Train) -> optax.GradientTransformation:
   """The optimizer for `config.train`."""
   adamw = optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=t.eps,
                       weight_decay=t.weight_decay, mask=decay_mask)

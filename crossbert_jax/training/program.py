@@ -26,10 +26,10 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
 from crossbert_jax.training import objectives, optimizer, sharding
 
@@ -49,13 +49,13 @@ class TrainState:
   opt_state: Any
 
 
-def create_state(c: ml_collections.ConfigDict, tx: optax.GradientTransformation, key: Array) -> TrainState:
+def create_state(c: plan_lib.Settings, tx: optax.GradientTransformation, key: Array) -> TrainState:
   """A fresh (unsharded, unboxed) train state; call under jit with out_shardings, or eval_shape."""
   params = nn.unbox(objectives.init_params(c, key))
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def param_shardings(c: ml_collections.ConfigDict, mesh: Mesh, rules) -> Any:
+def param_shardings(c: plan_lib.Settings, mesh: Mesh, rules) -> Any:
   """The params' NamedShardings, from the logical axis names the model declares."""
   boxed = jax.eval_shape(lambda k: objectives.init_params(c, k), jax.random.key(0))
   shardings = sharding.logical_to_sharding(nn.get_partition_spec(boxed), mesh, rules)
@@ -63,7 +63,7 @@ def param_shardings(c: ml_collections.ConfigDict, mesh: Mesh, rules) -> Any:
   return shardings
 
 
-def abstract_params(c: ml_collections.ConfigDict) -> Any:
+def abstract_params(c: plan_lib.Settings) -> Any:
   """The params' shapes and dtypes (nothing allocated)."""
   return nn.unbox(jax.eval_shape(lambda k: objectives.init_params(c, k), jax.random.key(0)))
 
@@ -76,7 +76,7 @@ class TrainProgram:
   leave it None and get model.vocab_size. `specials`: the tokenizer's special ids.
   """
 
-  def __init__(self, c: ml_collections.ConfigDict, mesh: Mesh, *, replacement_vocab: int | None = None,
+  def __init__(self, c: plan_lib.Settings, mesh: Mesh, *, replacement_vocab: int | None = None,
                specials: SpecialIds = SENTENCEPIECE):
     self.config = c
     self.mesh = mesh

@@ -11,10 +11,10 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from crossbert_jax.core import sections
 from crossbert_jax.core.errors import UserError
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -38,7 +38,7 @@ def _rule_error(rule: Any, why: str) -> UserError:
                    f"mesh axes | None) with logical names {names} and mesh axes {', '.join(MESH_AXES)}")
 
 
-def logical_rules(mesh_cfg: ml_collections.ConfigDict) -> tuple[tuple[str, Any], ...]:
+def logical_rules(mesh_cfg: sections.Mesh) -> tuple[tuple[str, Any], ...]:
   """DEFAULT_RULES with `mesh.rules` overrides placed first (earlier rules win)."""
   rules = mesh_cfg.rules
   if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
@@ -60,7 +60,7 @@ def logical_rules(mesh_cfg: ml_collections.ConfigDict) -> tuple[tuple[str, Any],
   return tuple(overrides) + DEFAULT_RULES
 
 
-def mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
+def mesh_shape(mesh_cfg: sections.Mesh, num_devices: int) -> tuple[int, int, int]:
   """Resolves the single -1 entry; raises UserError if the product is not the device count."""
   sizes = [mesh_cfg[a] for a in MESH_AXES]
   known = math.prod(s for s in sizes if s != -1)
@@ -75,7 +75,7 @@ def mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) -> tuple[i
   return tuple(sizes)
 
 
-def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices=None) -> Mesh:
+def make_mesh(mesh_cfg: sections.Mesh, devices=None) -> Mesh:
   """A ("data", "fsdp", "tensor") mesh over `devices` (default: all), Auto axis types."""
   devices = jax.devices() if devices is None else list(devices)
   shape = mesh_shape(mesh_cfg, len(devices))
@@ -148,7 +148,7 @@ def check_process_layout(process_ids: np.ndarray, shape: dict[str, int]) -> None
           f"of the {len(counts)} processes)")
 
 
-def make_topology_mesh(mesh_cfg: ml_collections.ConfigDict, devices) -> Mesh:
+def make_topology_mesh(mesh_cfg: sections.Mesh, devices) -> Mesh:
   """The mesh over all of `devices` (e.g. a TPU topology's compile-only ones), physically laid out."""
   shape = mesh_shape(mesh_cfg, len(devices))
   return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=list(devices))

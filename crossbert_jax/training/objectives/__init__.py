@@ -12,8 +12,8 @@ from typing import Any, Callable, Protocol
 
 import flax.linen as nn
 import jax
-import ml_collections
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import objectives as specs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
@@ -34,21 +34,21 @@ class Objective(Protocol):
 
   spec: specs.ObjectiveSpec
 
-  def build_model(self, c: ml_collections.ConfigDict) -> Any:
+  def build_model(self, c: plan_lib.Settings) -> Any:
     """The flax module (nn.Module) whose params it trains ("encoder" is the exported part)."""
 
-  def init_inputs(self, c: ml_collections.ConfigDict, batch: Batch) -> tuple:
+  def init_inputs(self, c: plan_lib.Settings, batch: Batch) -> tuple:
     """The model's arguments after (tokens, positions, segment_ids) for init on a dummy batch."""
 
-  def make_loss_fn(self, c: ml_collections.ConfigDict, model: Any, replacement_vocab: int | None,
+  def make_loss_fn(self, c: plan_lib.Settings, model: Any, replacement_vocab: int | None,
                    specials: Any) -> LossFn:
     """The loss of one (micro-)batch of `model`; `replacement_vocab`, `specials` (data.special_ids.SpecialIds)
     as in make_loss_fn."""
 
-  def encoder_shape(self, c: ml_collections.ConfigDict) -> tuple[int, int, int]:
+  def encoder_shape(self, c: plan_lib.Settings) -> tuple[int, int, int]:
     """(views, encoder tokens per view, predicted slots per view) of one sequence."""
 
-  def forward_flops(self, c: ml_collections.ConfigDict) -> dict[str, float]:
+  def forward_flops(self, c: plan_lib.Settings) -> dict[str, float]:
     """Forward matmul FLOPs per sequence: {"encoder", "reconstructor", "head"} (flops.py's rules)."""
 
 
@@ -72,12 +72,12 @@ def get(name: str) -> Objective:
   return _REGISTRY[name]
 
 
-def build_model(c: ml_collections.ConfigDict) -> nn.Module:
+def build_model(c: plan_lib.Settings) -> nn.Module:
   """The model for `c.objective`."""
   return get(c.objective).build_model(c)
 
 
-def make_loss_fn(c: ml_collections.ConfigDict, replacement_vocab: int | None = None,
+def make_loss_fn(c: plan_lib.Settings, replacement_vocab: int | None = None,
                  specials: SpecialIds = SENTENCEPIECE) -> LossFn:
   """The loss function for `c.objective` (params, batch, key) -> (summed loss, stats).
 
@@ -89,7 +89,7 @@ def make_loss_fn(c: ml_collections.ConfigDict, replacement_vocab: int | None = N
   return objective.make_loss_fn(c, objective.build_model(c), replacement_vocab, specials)
 
 
-def init_params(c: ml_collections.ConfigDict, key: jax.Array, batch_size: int = 1) -> Any:
+def init_params(c: plan_lib.Settings, key: jax.Array, batch_size: int = 1) -> Any:
   """Initialises the (boxed, logically partitioned) params of `c.objective`'s model."""
   objective = get(c.objective)
   batch = dummy_batch(batch_size, c.data.seq_len)

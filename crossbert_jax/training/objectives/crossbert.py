@@ -8,8 +8,8 @@ Shape letters: K views, B batch, L length, T visible slots, Q reconstruction slo
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import objectives as specs
 from crossbert_jax.data.special_ids import SpecialIds
 from crossbert_jax.model.encoder import EncoderSpec
@@ -19,7 +19,7 @@ from crossbert_jax.training import flops, masking, objectives
 from crossbert_jax.training.objectives import losses
 
 
-def crossbert_shapes(c: ml_collections.ConfigDict) -> tuple[int, int, int]:
+def crossbert_shapes(c: plan_lib.Settings) -> tuple[int, int, int]:
   """(views K, visible tokens per view, reconstructed slots R' per view)."""
   k, r, seq_len = c.masking.views, c.masking.ratio, c.data.seq_len
   if k > 1:
@@ -35,7 +35,7 @@ def crossbert_shapes(c: ml_collections.ConfigDict) -> tuple[int, int, int]:
   return k, visible, slots
 
 
-def _reconstructor_forward_flops(c: ml_collections.ConfigDict, visible: int, slots: int) -> float:
+def _reconstructor_forward_flops(c: plan_lib.Settings, visible: int, slots: int) -> float:
   """Forward matmul FLOPs of the reconstructor blocks for one view of one sequence (flops.py's rules)."""
   rc, d, n = c.reconstructor, c.model.embed_dim, c.model.num_layers
   dr, ir, q, m = rc.embed_dim, rc.mlp_dim, slots, visible
@@ -59,15 +59,15 @@ class CrossBertObjective:
 
   spec = specs.CROSSBERT
 
-  def build_model(self, c: ml_collections.ConfigDict) -> CrossBert:
+  def build_model(self, c: plan_lib.Settings) -> CrossBert:
     return CrossBert(EncoderSpec.from_config(c.model), ReconstructorSpec.from_config(c))
 
-  def init_inputs(self, c: ml_collections.ConfigDict, batch: losses.Batch) -> tuple:
+  def init_inputs(self, c: plan_lib.Settings, batch: losses.Batch) -> tuple:
     masks = masking.crossbert_masks(jax.random.key(0), batch["segment_ids"], c.masking.ratio,
                                     c.masking.views, c.masking.reconstruct_ratio)
     return masks.vis_idx_KxBxT[0], masks.rec_idx_KxBxQ[0], masks.rec_valid_KxBxQ[0]
 
-  def make_loss_fn(self, c: ml_collections.ConfigDict, model: CrossBert, replacement_vocab: int | None,
+  def make_loss_fn(self, c: plan_lib.Settings, model: CrossBert, replacement_vocab: int | None,
                    specials: SpecialIds) -> objectives.LossFn:
     del replacement_vocab  # Nothing is replaced: hidden tokens are left out of the encoder's input.
     mk = c.masking
@@ -90,10 +90,10 @@ class CrossBertObjective:
 
     return crossbert_loss
 
-  def encoder_shape(self, c: ml_collections.ConfigDict) -> tuple[int, int, int]:
+  def encoder_shape(self, c: plan_lib.Settings) -> tuple[int, int, int]:
     return crossbert_shapes(c)
 
-  def forward_flops(self, c: ml_collections.ConfigDict) -> dict[str, float]:
+  def forward_flops(self, c: plan_lib.Settings) -> dict[str, float]:
     k, visible, slots = crossbert_shapes(c)
     # Every view is a full encoder + reconstructor pass; the head decodes dr -> V on R' slots.
     return {

@@ -9,8 +9,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.data.special_ids import SENTENCEPIECE, SpecialIds
 from crossbert_jax.model import layers
 
@@ -53,7 +53,7 @@ def targetable(tokens_BxL: Array, segment_ids_BxL: Array, exclude_special: bool,
   return real_BxL
 
 
-def replacement_vocab_size(c: ml_collections.ConfigDict, tokenizer_vocab_size: int) -> int:
+def replacement_vocab_size(c: plan_lib.Settings, tokenizer_vocab_size: int) -> int:
   """End (exclusive) of the ids BERT's random replacements draw from: the tokenizer's vocabulary.
 
   model.vocab_size may be larger (padded for the MXU); ids past the tokenizer's never occur in

@@ -8,8 +8,8 @@ Shape letters: B batch, L length, M masked slots, D width.
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import objectives as specs
 from crossbert_jax.data.special_ids import SpecialIds
 from crossbert_jax.model.encoder import EncoderSpec
@@ -23,13 +23,13 @@ class MlmObjective:
 
   spec = specs.MLM
 
-  def build_model(self, c: ml_collections.ConfigDict) -> FlatBert:
+  def build_model(self, c: plan_lib.Settings) -> FlatBert:
     return FlatBert(EncoderSpec.from_config(c.model))
 
-  def init_inputs(self, c: ml_collections.ConfigDict, batch: losses.Batch) -> tuple:
+  def init_inputs(self, c: plan_lib.Settings, batch: losses.Batch) -> tuple:
     return (masking.mlm_masks(jax.random.key(0), batch["segment_ids"], c.masking.ratio).mask_idx_BxM,)
 
-  def make_loss_fn(self, c: ml_collections.ConfigDict, model: FlatBert, replacement_vocab: int | None,
+  def make_loss_fn(self, c: plan_lib.Settings, model: FlatBert, replacement_vocab: int | None,
                    specials: SpecialIds) -> objectives.LossFn:
     mk = c.masking
     random_end = c.model.vocab_size if replacement_vocab is None else replacement_vocab
@@ -51,10 +51,10 @@ class MlmObjective:
 
     return mlm_loss
 
-  def encoder_shape(self, c: ml_collections.ConfigDict) -> tuple[int, int, int]:
+  def encoder_shape(self, c: plan_lib.Settings) -> tuple[int, int, int]:
     return 1, c.data.seq_len, round(c.masking.ratio * c.data.seq_len)
 
-  def forward_flops(self, c: ml_collections.ConfigDict) -> dict[str, float]:
+  def forward_flops(self, c: plan_lib.Settings) -> dict[str, float]:
     d, vocab, seq_len = c.model.embed_dim, c.model.vocab_size, c.data.seq_len
     # The MLM head runs only on the gathered masked positions: dense d->d, then decoder d->V.
     masked = round(c.masking.ratio * seq_len)
