@@ -57,7 +57,6 @@ def imported(tmp_path_factory):
 
 
 def test_from_hf_takes_the_imported_shape_and_tokenizer(imported):
-  from crossbert_jax.core import config as config_lib  # pylint: disable=g-import-not-at-top
   from crossbert_jax.hf import import_config  # pylint: disable=g-import-not-at-top
 
   hf, imp = imported
@@ -218,7 +217,6 @@ def test_bert_over_an_import_without_mlm_head_is_refused(tmp_path):
 def test_a_fork_takes_its_sources_init_from_and_refuses_another(imported, tmp_path):
   """A fork that leaves train.init_from out takes its source's (config.json), hence the imported shape;
   given, it must be the source's checkpoint's (the params come from the checkpoint, not the import)."""
-  from crossbert_jax.core import config as config_lib  # pylint: disable=g-import-not-at-top
   from crossbert_jax.hf import import_config  # pylint: disable=g-import-not-at-top
   from crossbert_jax.run import fork  # pylint: disable=g-import-not-at-top
 

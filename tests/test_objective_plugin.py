@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from crossbert_jax import export as export_cli
-from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import objectives as specs
 from crossbert_jax.core.errors import UserError

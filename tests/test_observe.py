@@ -18,6 +18,7 @@ import jax
 import pytest
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.run import goodput, metrics, profile, trace_summary, wandb_logger
 from tests.helpers import ROOT, cpu_env, run_module

@@ -28,7 +28,7 @@ from typing import Any
 
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import sections
-from crossbert_jax.core import config as config_lib, objectives
+from crossbert_jax.core import objectives
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import pipeline
