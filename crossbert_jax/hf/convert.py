@@ -14,11 +14,11 @@ from typing import Any, Sequence
 
 from etils import epath
 import jax
-import ml_collections
 import numpy as np
 import safetensors.numpy
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import objectives
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError
@@ -82,7 +82,7 @@ def _tokenizer_kind(tok: tokenizer_lib.AnyTokenizer) -> str:
   return "SentencePiece" if isinstance(tok, tokenizer_lib.Tokenizer) else "Hugging Face tokenizer.json"
 
 
-def write_hf(out: epath.Path, config: ml_collections.ConfigDict, params: Any,
+def write_hf(out: epath.Path, config: plan_lib.Settings, params: Any,
              tok: tokenizer_lib.AnyTokenizer, info: dict | None = None) -> None:
   """Writes the HF folder contents into `out` (an existing, empty folder)."""
   spec = inference_spec(config.model)
@@ -97,7 +97,7 @@ def write_hf(out: epath.Path, config: ml_collections.ConfigDict, params: Any,
   (out / "README.md").write_text(hf_files.model_card(config, info, info.get("verify"), _tokenizer_kind(tok)))
 
 
-def verify(folder: epath.Path, config: ml_collections.ConfigDict, params: Any,
+def verify(folder: epath.Path, config: plan_lib.Settings, params: Any,
            tok: tokenizer_lib.Tokenizer, sentences: Sequence[str] = VERIFY_SENTENCES) -> dict:
   """Loads `folder` in transformers / sentence-transformers (torch CPU fp32) and compares with JAX.
 
@@ -155,7 +155,7 @@ def verify(folder: epath.Path, config: ml_collections.ConfigDict, params: Any,
   return result
 
 
-def mlm_logits(config: ml_collections.ConfigDict, params: Any, hidden_BxLxD: Any) -> jax.Array:
+def mlm_logits(config: plan_lib.Settings, params: Any, hidden_BxLxD: Any) -> jax.Array:
   """Logits BxLxV of the flat-BERT MLM head on encoder outputs (fp32)."""
   from crossbert_jax.model.models import MlmHead  # pylint: disable=g-import-not-at-top
 
@@ -164,7 +164,7 @@ def mlm_logits(config: ml_collections.ConfigDict, params: Any, hidden_BxLxD: Any
   return MlmHead(spec).apply({"params": params["head"]}, hidden_BxLxD, embedding_VxD)
 
 
-def export(config: ml_collections.ConfigDict, params: Any, tok: tokenizer_lib.Tokenizer,
+def export(config: plan_lib.Settings, params: Any, tok: tokenizer_lib.Tokenizer,
            output: str | epath.Path, *, do_verify: bool = False, force: bool = False,
            info: dict | None = None, workdir: str | epath.Path | None = None) -> dict | None:
   """Writes the HF folder `output` (atomically); with do_verify, checks it before the rename.
@@ -249,7 +249,7 @@ def _model_values(hf: dict, source: str) -> dict:
 
 
 def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers: bool = False,
-            keep_head: bool = False) -> tuple[ml_collections.ConfigDict, dict]:
+            keep_head: bool = False) -> tuple[plan_lib.RunPlan, dict]:
   """(our config, params {'encoder': ...[, 'head': ...]}) from a ModernBERT safetensors folder.
 
   The MLM head is read for an objective that exports one (mlm), and with `keep_head` whenever the
@@ -269,16 +269,12 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
     raise UserError(f"{source} holds no MLM head (head.dense.weight): import it with --objective=crossbert")
   if has_prefix and not with_head:
     tensors = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-  config = config_lib.get_config(objective, "base").copy_and_resolve_references()
-  config.unlock()
-  for k, v in _model_values(hf, source).items():
-    config.model[k] = v
-  config.model.scan_layers = scan_layers
+  values = config_lib.get_config(objective, "base").to_dict()
   # The model's own numerics, not the pod defaults of `base` (bf16, remat): a run that starts
   # from it (train.init_from) sets its compute settings in its own config.
-  config.model.dtype, config.model.remat = "float32", "none"
-  config.data.seq_len = int(hf.get("max_position_embeddings", config.data.seq_len))
-  config.lock()
+  values["model"].update(_model_values(hf, source), scan_layers=scan_layers, dtype="float32", remat="none")
+  values["data"]["seq_len"] = int(hf.get("max_position_embeddings", values["data"]["seq_len"]))
+  config = plan_lib.of_saved(values)
   spec = EncoderSpec.from_config(config.model)
   flat = hf_mapping.from_hf(tensors, spec, with_head=with_head, source=source)
   return config, unflatten(flat)
@@ -301,12 +297,12 @@ def import_hf(hf: str, output: str, objective: str = "crossbert", scan_layers: b
   return output
 
 
-def load_imported(folder: str | epath.Path) -> tuple[ml_collections.ConfigDict, dict]:
+def load_imported(folder: str | epath.Path) -> tuple[plan_lib.RunPlan, dict]:
   """(config, params) written by `import_hf`: params as nested numpy dicts ('encoder'[, 'head'])."""
   folder = epath.Path(folder)
   if not (folder / PARAMS_FILE).is_file() or not (folder / "config.json").is_file():
     raise UserError(f"{folder} holds no {PARAMS_FILE} + config.json: make it with "
                     "`python -m crossbert_jax.export import --hf=DIR --output=DIR`")
-  config = config_lib.from_dict(json.loads((folder / "config.json").read_text()))
+  config = plan_lib.of_saved(json.loads((folder / "config.json").read_text()))
   return config, unflatten(safetensors.numpy.load((folder / PARAMS_FILE).read_bytes()))
 
