@@ -121,7 +121,7 @@ def test_empty_documents_are_dropped(tmp_path, tok):
   # The zero-width space survives reading but tokenizes to nothing (nmt_nfkc drops it).
   assert tok.encode("\u200b") == []
   batch = next(pipeline.make_iterator(data_cfg(path), tok, batch_size=2, seed=0))
-  for tokens, seg in zip(batch["tokens"], batch["segment_ids"]):
+  for _tokens, seg in zip(batch["tokens"], batch["segment_ids"]):
     for s in range(1, seg.max() + 1):
       assert (seg == s).sum() > 2  # Never a bare [CLS] [SEP].
 

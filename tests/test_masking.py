@@ -159,7 +159,7 @@ def test_masks_are_deterministic_per_step_key():
   base = jax.random.key(42)
   draw = lambda step: _masks_from_key(jax.random.fold_in(base, step), seg)
   a, b, c = draw(7), draw(7), draw(8)
-  for name, x, y, z in zip(a._fields, a, b, c):
+  for name, x, y, _z in zip(a._fields, a, b, c):
     np.testing.assert_array_equal(x, y, f"{name}: the same step key must give the same masks (restart safety)")
   assert not np.array_equal(a.vis_idx_KxBxT, c.vis_idx_KxBxT), "different steps must give different masks"
   m = _np(_mlm_masks(jax.random.fold_in(base, 7), jnp.asarray(seg), 0.3))

@@ -53,7 +53,7 @@ class _RefChunkDataset(grain.IterDataset):
 def _docs(n, seed=0, first_chunks=False):
   rng = np.random.default_rng(seed)
   out = []
-  for i in range(n):
+  for _ in range(n):
     size = int(rng.choice([0, rng.integers(1, 20), rng.integers(20, 90)], p=[0.05, 0.6, 0.35]))
     ids = rng.integers(5, 300, size).astype(np.int32)
     out.append((ids, int(rng.integers(0, 2)) if first_chunks and size > 40 else 0) if first_chunks else ids)
