@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.data import corpus, tokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -115,8 +116,7 @@ def test_probe_scores_cache_and_mteb_wrapper(run_dir, shared_data, tmp_path):
 
   cache_dir = tmp_path / "cache"
   config, params, _ = load.load_run(run_dir)
-  config.eval.data_dir = str(shared_data)
-  config.eval.max_examples = 200
+  config = plan_lib.with_keys(config, {"eval.data_dir": str(shared_data), "eval.max_examples": 200})
   tok = tokenizer.Tokenizer.load(config.data.tokenizer)
   scores = runner.probe_scores(config, params["encoder"], tok)
   assert set(scores) == {"probe/sst2/linear", "probe/sst2/knn", "probe/stsb/linear", "probe/stsb/knn",

@@ -142,20 +142,20 @@ def test_fork_into_its_source_or_a_workdir_with_other_checkpoints_is_refused_and
 def test_fork_records_decide_a_resume(tmp_path):
   """A workdir's checkpoints resume under the fork_from they record (with or without its step), never another."""
   from crossbert_jax.core import config as config_lib
+  from crossbert_jax.core import plan as plan_lib
   from crossbert_jax.core.errors import UserError
   from crossbert_jax.run import fork
 
   def given(fork_from):
     c = config_lib.get_config("crossbert", "tiny")
     c.train.fork_from = fork_from
-    return c
+    return plan_lib.build(c)
 
   src = tmp_path / "src"
   recorded = {"train": {"fork_from": f"{src}:20"}}
   fork.check_resumed(given(f"{src}:20"), tmp_path / "b", 30, recorded)
   bare = given(str(src))
-  fork.check_resumed(bare, tmp_path / "b", 30, recorded)
-  assert bare.train.fork_from == f"{src}:20", "a rerun without the step records the resolved SOURCE:STEP"
+  assert fork.check_resumed(bare, tmp_path / "b", 30, recorded).train.fork_from == f"{src}:20", "a rerun without the step records the resolved SOURCE:STEP"
   for other in (f"{src}:10", str(tmp_path / "other")):
     with pytest.raises(UserError, match=f"of a fork from {src}:20"):
       fork.check_resumed(given(other), tmp_path / "b", 30, recorded)

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import tokenizer as tokenizer_lib
@@ -168,8 +169,9 @@ def test_a_source_step_removed_while_it_is_read(tmp_path, source, spm_model):
   shutil.copytree(source, newest)
   iterator_of, removed = removing_first(newest)
   c.train.fork_from = str(newest)
-  found = fork.restore(c, tmp_path / "fork", tok_id, program.abstract, program.shardings, iterator_of, print)
-  assert removed == [4] and found.step == 2 and c.train.fork_from == f"{newest}:2"
+  found, pinned = fork.restore(plan_lib.build(c), tmp_path / "fork", tok_id, program.abstract, program.shardings,
+                               iterator_of, print)
+  assert removed == [4] and found.step == 2 and pinned.train.fork_from == f"{newest}:2"
   assert found.meta.tokens_seen == 2 * c.train.batch_size * c.data.seq_len
 
   explicit = tmp_path / "explicit"
@@ -177,7 +179,7 @@ def test_a_source_step_removed_while_it_is_read(tmp_path, source, spm_model):
   iterator_of, removed = removing_first(explicit)
   c.train.fork_from = f"{explicit}:4"
   with pytest.raises(UserError, match=r"step 4 was removed from .* while it was read"):
-    fork.restore(c, tmp_path / "fork2", tok_id, program.abstract, program.shardings, iterator_of, print)
+    fork.restore(plan_lib.build(c), tmp_path / "fork2", tok_id, program.abstract, program.shardings, iterator_of, print)
   feed.close()
 
 

@@ -107,6 +107,23 @@ class RunPlan(Settings):
     return self.phases[index]
 
 
+def with_keys(s, values: dict[str, Any]):
+  """A copy of `s` (Settings or RunPlan) with the dotted keys in `values` replaced (a plan's phases too)."""
+  out = _replaced(s, values)
+  if isinstance(s, RunPlan):
+    out = dataclasses.replace(out, phases=tuple(dataclasses.replace(p, config=_replaced(p.config, values))
+                                                for p in s.phases))
+  return out
+
+
+def _replaced(s: Settings, values: dict[str, Any]) -> Settings:
+  by_section: dict[str, dict[str, Any]] = {}
+  for key, value in values.items():
+    section, name = key.split(".")
+    by_section.setdefault(section, {})[name] = value
+  return dataclasses.replace(s, **{k: dataclasses.replace(getattr(s, k), **v) for k, v in by_section.items()})
+
+
 def settings_of(values: dict[str, Any]) -> Settings:
   """Typed settings from a config's `to_dict()` (every schema key present)."""
   typed = {cls.NAME: sections.from_dict(cls, values[cls.NAME]) for cls in sections.SECTIONS}

@@ -21,6 +21,7 @@ from typing import Any
 from etils import epath
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import throughput
 from crossbert_jax.training import flops
@@ -40,6 +41,7 @@ def demand(seq_len: int) -> list[dict[str, Any]]:
     for name, objective in OBJECTIVES.items():
       c = config_lib.get_config(objective, size)
       c.data.seq_len = seq_len
+      c = plan_lib.build(c)
       per_token = flops.train_flops_per_sequence(c) / seq_len
       for accel, key, chips in HOSTS:
         peak = flops.PEAK_TFLOPS[key]["bfloat16"] * 1e12

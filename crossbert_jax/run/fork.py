@@ -97,13 +97,15 @@ def check_workdir(c: plan_lib.Settings, workdir: str | epath.Path) -> None:
                     "; a fork writes its own checkpoints: give it a new --workdir outside the source")
 
 
-def check_resumed(c: plan_lib.Settings, workdir: str | epath.Path, step: int, saved: dict[str, Any]) -> None:
+def check_resumed(c: plan_lib.Settings, workdir: str | epath.Path, step: int,
+                  saved: dict[str, Any]) -> plan_lib.Settings:
   """A workdir holding checkpoints resumes as the run they record: UserError when `c`'s
   `train.fork_from` names another source or step than its checkpoint `step` records (or it records
-  none). A rerun with the same value resumes, recording the resolved "SOURCE:STEP" again."""
+  none). A rerun with the same value resumes, recording the resolved "SOURCE:STEP" again: the
+  returned `c` carries it."""
   given = c.train.fork_from
   if not given:
-    return
+    return c
   recorded = saved.get("train", {}).get("fork_from") or ""
   where = f"config train.fork_from={given}: --workdir {workdir} holds checkpoints (step {step})"
   if not recorded:
@@ -113,8 +115,7 @@ def check_resumed(c: plan_lib.Settings, workdir: str | epath.Path, step: int, sa
   if not _same_place(source, given_source) or None not in (fork_step, given_step) and fork_step != given_step:
     raise UserError(f"{where} of a fork from {recorded}; give train.fork_from={recorded} to resume it, or fork "
                     "into a new --workdir")
-  if fork_step is not None:
-    c.train.fork_from = recorded
+  return plan_lib.with_keys(c, {"train.fork_from": recorded}) if fork_step is not None else c
 
 
 class _Removed(Exception):
@@ -123,11 +124,11 @@ class _Removed(Exception):
 
 def restore(c: plan_lib.Settings, workdir: epath.Path, tokenizer: dict[str, Any], abstract_state: Any,
             shardings: Any, iterator_of: Callable[[int], Any],
-            warn: Callable[[str], None]) -> checkpoint.Restored:
+            warn: Callable[[str], None]) -> tuple[checkpoint.Restored, plan_lib.Settings]:
   """The fork's source checkpoint, restored into `shardings` and `iterator_of(step)` (the data
   iterator of the step's phase), through the resume's restore policy (`restore_policy.vet`, `read`).
 
-  Its meta's `tokens_seen` is always set. `c.train.fork_from` is rewritten to the resolved
+  Its meta's `tokens_seen` is always set. Returns it with `c` whose `train.fork_from` is the resolved
   "SOURCE:STEP", so the fork's config.json and checkpoints record exactly where it came from.
   UserError (naming train.fork_from) for a missing source or step, a refused config change, a
   step that is not before train.steps (or train.stop_at_step), or an unreadable step. A step the
@@ -154,9 +155,8 @@ def restore(c: plan_lib.Settings, workdir: epath.Path, tokenizer: dict[str, Any]
         reader.reload()
   finally:
     reader.close()
-  c.train.fork_from = f"{source}:{found.step}"
   warn(f"forked from {source} at step {found.step}")
-  return found
+  return found, plan_lib.with_keys(c, {"train.fork_from": f"{source}:{found.step}"})
 
 
 def _chosen_step(key: str, source: str, reader: checkpoint.Checkpointer, step: int | None,
@@ -193,7 +193,7 @@ def _check_init_from(key: str, source: str, saved: dict[str, Any], c: plan_lib.S
 
 def _read_step(key: str, source: str, reader: checkpoint.Checkpointer, step: int, c: plan_lib.Settings,
                tokenizer: dict[str, Any], abstract_state: Any, shardings: Any, iterator_of: Callable[[int], Any],
-               warn: Callable[[str], None]) -> checkpoint.Restored:
+               warn: Callable[[str], None]) -> tuple[checkpoint.Restored, plan_lib.Settings]:
   """`step` of the source, vetted and read; _Removed if its folder went away meanwhile."""
   def attempt(_: int) -> tuple[checkpoint.Restored | None, str | None]:
     try:

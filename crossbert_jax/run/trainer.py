@@ -235,7 +235,7 @@ class Trainer:
     if found is not None:
       self.progress.last_good = found.step
     elif self.c.train.fork_from:  # A fork's first start: its source's checkpoint, read only.
-      found = fork.restore(self.c, self.workdir, self.tok_id, p.abstract, p.shardings, self._enter_phase_of,
+      found, self.c = fork.restore(self.c, self.workdir, self.tok_id, p.abstract, p.shardings, self._enter_phase_of,
                            self.warn)
       self._forked = True
     if found is not None:
@@ -249,7 +249,7 @@ class Trainer:
 
   def _vet_own(self, step: int, saved_config: dict, meta: checkpoint.CheckpointMeta) -> restore.Plan:
     """Vets this run's checkpoint `step` before its state is read (UserError refuses the run); how to read it."""
-    fork.check_resumed(self.c, self.workdir, step, saved_config)
+    self.c = fork.check_resumed(self.c, self.workdir, step, saved_config)
     plan = restore.vet(self.workdir, step, saved_config, meta, self.c, self.tok_id, forking=False)
     for line in plan.lines:
       self.warn(line)
