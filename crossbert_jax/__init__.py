@@ -9,8 +9,8 @@ Layers, lowest first (a package imports only from packages above it in this list
   training    what a step computes: masking, objectives, optimizer, sharding, program (the train
               state, the jitted step and loss check), flops
   perf | run  perf: how fast a step could and does run (aot, roofline, hlo_costs, benchmark, feed_bench);
-              run: what keeps a run alive around the step: trainer, recorder, checkpoint, resume, elastic,
-              lock, preemption, environment, warm_start, fork, metrics, compile_cache
+              run: what keeps a run alive around the step: trainer, state, hooks, recorder, checkpoint, resume,
+              elastic, lock, preemption, environment, warm_start, fork, metrics, compile_cache
   scaling     plan, runner, collect, fit, plots, report (sweeps over runs)
 The top-level modules are the commands: train, tokenizer, prepare, evaluate, pooler, export,
 compile, bench, mteb_eval, sweep, report.

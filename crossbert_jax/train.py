@@ -3,7 +3,8 @@ r"""Pretrain CrossBERT or flat BERT on a device mesh.
   python -m crossbert_jax.train --config=configs/crossbert.py:tiny --workdir=runs/cb \
       --config.data.tokenizer=runs/tok/spm.model [--config.key=value ...]
 
-Library: crossbert_jax.run.trainer.run. Exit status 0, 2 or 75 (crossbert_jax.core.errors).
+Library: crossbert_jax.run.trainer.run, with the hooks of `standard_hooks` (the frozen probes every
+eval.every_steps steps). Exit status 0, 2 or 75 (crossbert_jax.core.errors).
 Manual: docs/training.md.
 """
 
@@ -25,7 +26,7 @@ from crossbert_jax.core import xla_flags
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.evaluation import runner
 from crossbert_jax.hf import import_config
-from crossbert_jax.run import compile_cache, fork
+from crossbert_jax.run import compile_cache, fork, hooks as hooks_lib
 from crossbert_jax.run.trainer import run
 
 FLAGS = flags.FLAGS
@@ -66,6 +67,12 @@ def _check_probe_inputs(c) -> None:
     raise error
 
 
+def standard_hooks(c) -> list[hooks_lib.Hook]:
+  """The hooks a run of `c` adds after each step's metrics row: the frozen probes (eval.tasks) every
+  eval.every_steps steps (0: never), scored into that step's row. Pass them to `run(..., hooks=...)`."""
+  return [hooks_lib.Hook("probes", c.eval.every_steps, runner.probe_hook)]
+
+
 @exit_on_user_error
 def main(argv):
   if len(argv) > 1:
@@ -82,7 +89,7 @@ def main(argv):
   # from_hf: the imported model's shape, a fork's through its source's train.init_from.
   c = plan_lib.build(import_config.resolve(fork.with_source_init(config_lib.from_flag(_CONFIG.value))))
   _check_probe_inputs(c)
-  last = run(c, _WORKDIR.value, break_lock=_BREAK_LOCK.value, started=_STARTED)
+  last = run(c, _WORKDIR.value, break_lock=_BREAK_LOCK.value, started=_STARTED, hooks=standard_hooks(c))
   good = f"; {last['goodput_line']}" if "goodput_line" in last else ""
   if last["status"] == "stopped":
     if jax.process_index() == 0:

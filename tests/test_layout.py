@@ -55,6 +55,13 @@ def test_no_import_from_a_higher_or_sibling_layer():
   assert not bad, "layering broken (see crossbert_jax/__init__.py):\n" + "\n".join(bad)
 
 
+def test_the_run_imports_no_evaluation():
+  """run/ (the loop) knows no evaluation code: the train command adds the probe hook (train.standard_hooks)."""
+  bad = [f"{name} imports {imp}" for name, path in _modules() if name.startswith("crossbert_jax.run.")
+         for imp in _imports(path) if imp.startswith("crossbert_jax.evaluation")]
+  assert not bad, "\n".join(bad)
+
+
 def test_commands_do_not_import_each_other_except_mteb_eval():
   bad = [f"{name} imports {imp}" for name, path in _modules() if _layer(name)[1] == TOP
          for imp in _imports(path) if _layer(imp)[1] == TOP and name != "crossbert_jax.mteb_eval"]

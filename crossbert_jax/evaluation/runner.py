@@ -1,7 +1,8 @@
 """Frozen evaluation of an embedder: probes and retrieval per task, one markdown table.
 
 `evaluate_model` scores an `Embedder` on tasks and BEIR folders; `probe_scores` gives the same
-probes during pretraining, on a fixed seeded subset or the whole splits (eval.*). The CLI is
+probes during pretraining, on a fixed seeded subset or the whole splits (eval.*), which
+`probe_hook` runs as a training-loop hook (run/hooks.py; the train command adds it). The CLI is
 `crossbert_jax.evaluate`.
 """
 
@@ -123,6 +124,18 @@ def probe_scores(config, encoder_params, tokenizer: tokenizer_lib.Tokenizer) -> 
     for probe, value in headline(task, result).items():
       out[f"probe/{name}/{probe}"] = float(value)
   return out
+
+
+def probe_hook(info: Any) -> None:
+  """A training-loop hook (run/hooks.py `StepInfo` -> None; `crossbert_jax.train.standard_hooks` adds it
+  every eval.every_steps steps): the frozen probes on the step's encoder, in its metrics row. The
+  encoder is gathered to every host and scored on process 0 under the step's phase's config."""
+  def scores() -> dict[str, float]:
+    from jax.experimental import multihost_utils  # Local, as in _on_one_device.
+
+    encoder = multihost_utils.process_allgather(info.state.params["encoder"], tiled=True)
+    return probe_scores(info.config, encoder, info.context.tokenizer) if info.context.primary else {}
+  info.context.log_scores(scores)
 
 
 # ----------------------------------------------------------------------------- models

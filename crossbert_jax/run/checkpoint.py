@@ -204,6 +204,12 @@ def _drop_abandoned_read_errors() -> None:
   sys.unraisablehook = hook
 
 
+def is_save_step(ckpt_cfg: sections.Checkpoint, step: int) -> bool:
+  """Whether the training loop saves `step` before its end: every checkpoint.every_steps steps and at
+  every checkpoint.keep_steps (the final step is saved anyway)."""
+  return (ckpt_cfg.every_steps > 0 and step % ckpt_cfg.every_steps == 0) or step in ckpt_cfg.keep_steps
+
+
 class Checkpointer:
   """Save/restore of {state, data iterator, config, meta} under `workdir/checkpoints`."""
 

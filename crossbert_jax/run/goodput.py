@@ -6,7 +6,7 @@ command's first line (`started`) to its last write:
   restore      reading the checkpoint (or a fork's source) back;
   compile      an attempt's (or a phase's) first step beyond the attempt's median step time;
   data_wait    the loop blocked on the input;
-  eval         the frozen probes (eval.every_steps);
+  eval         the hooks added to the loop (the train command's frozen probes, eval.every_steps);
   save         the checked saves and the final wait for the writes;
   profile      traced steps (profile.*) beyond the median step time, writing the trace included;
   recomputed   the step time of steps an earlier attempt had already logged (lost with a kill);

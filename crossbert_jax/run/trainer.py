@@ -1,17 +1,24 @@
-"""The pretraining run: CrossBERT or flat BERT on a device mesh (`run(config, workdir)`).
+"""The pretraining run: CrossBERT or flat BERT on a device mesh (`run(config, workdir, hooks=...)`).
 
-`run` validates the config, reads every phase's data once (`feed.check_streams`), takes the
-workdir's lease (`lock`) and turns a full or read-only disk into one error line (`environment`);
-`Trainer.train` is the run itself, top to bottom: restore the newest checkpoint (the restore
-policy, `restore`, vets its config and tokenizer; a damaged step falls back to the previous one),
-or a fork's source checkpoint (`fork`), or initialise; then the steps, each followed by the hooks
-due at it (`hooks`: metrics, probes, periodic saves); then the final save. Only params whose next
-loss was checked finite are saved (`TrainProgram.check_loss`; where the next step starts another
-data stream, on one more batch of the current one, so a save never reads the next phase's data).
-SIGTERM / SIGINT stop every process at the same step, which is saved (`preemption`); the status
-is then "stopped" (exit code EXIT_STOPPED). The CLI is `crossbert_jax.train`. Around the steps:
-the profile.* trace window (`profile`), each step's wall time by cause (`goodput`, logged after
-the final save) and W&B beside metrics.jsonl (`wandb_logger`).
+`run` takes the validated plan (`core/plan.build`), reads every phase's data once (`feed.check_streams`; the other
+checks before any work: `preflight`), takes the workdir's lease (`lock`) and turns a full or
+read-only disk into one error line (`environment`). `Trainer.train` is the run itself, top to
+bottom: restore the newest checkpoint (the restore policy, `restore`, vets its config and
+tokenizer; a damaged step falls back to the previous one), or a fork's source checkpoint (`fork`),
+or initialise; then the steps; then the final save. Each step's stages, in order:
+  1. enter the step's phase (`_enter`);
+  2. the step, on the batch a save read ahead or the next; the processes agree whether to stop (`_step`);
+  3. the hooks due at it (`hooks`): the metrics row, then those added (`add_hook`, run's `hooks`);
+  4. at a save step (checkpoint.every_steps, keep_steps; not a stop's), the save stage: the metrics
+     up to it logged, then the checked save: only params whose loss on the next batch is finite are
+     saved (`TrainProgram.check_loss`); that batch is kept for the next step or, where the next step
+     starts another data stream, is one more of the current one (a save never reads the next phase's);
+  5. the stop: SIGTERM / SIGINT stop every process at the same step, which the final save saves
+     (`preemption`); the status is then "stopped" (exit code EXIT_STOPPED).
+Where the loop is (step, phase, tokens, the batch read ahead) is `Trainer.run_state` (`state`).
+The CLI is `crossbert_jax.train`. Around the steps: the profile.* trace window (`profile`), each
+step's wall time by cause (`goodput`, logged after the final save) and W&B beside metrics.jsonl
+(`wandb_logger`).
 
 A run with phases (`core/phases.py`) trains each phase under its own config: at its first step
 the loop makes it current (`_enter`), rebuilding the TrainProgram for its config and, when it
@@ -20,10 +27,9 @@ step's phase, so a restore first enters that phase. The state, its shardings and
 state are the same in every phase.
 """
 
-import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -33,32 +39,21 @@ from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import outputs
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.data import mixture, pipeline, tokenizer as tokenizer_lib
+from crossbert_jax.data import mixture, tokenizer as tokenizer_lib
 from crossbert_jax.run import (checkpoint, environment, feed as feed_lib, fork, goodput,
-                               hooks as hooks_lib, lock, metrics, preemption, profile, recorder, restore, resume,
-                               wandb_logger, warm_start)
+                               hooks as hooks_lib, lock, metrics, preemption, preflight, profile, recorder, restore,
+                               resume, state as state_lib, wandb_logger, warm_start)
 from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # noqa: F401 - re-exported.
 from crossbert_jax.training import objectives, program as program_lib, sharding
 
 
-def load_tokenizer(c: plan_lib.Settings) -> tokenizer_lib.Tokenizer:
-  """The run's tokenizer, checked against the model's vocabulary."""
-  if not c.data.tokenizer:
-    raise UserError("config data.tokenizer is empty: train one with `python -m crossbert_jax.tokenizer "
-                    "--input=builtin --vocab_size=N --output=FILE.model` and pass --config.data.tokenizer=FILE.model")
-  tok = tokenizer_lib.Tokenizer.load(c.data.tokenizer)
-  if tok.vocab_size > c.model.vocab_size:
-    raise UserError(f"config model.vocab_size={c.model.vocab_size} is smaller than the tokenizer's vocabulary (ids "
-                    f"0-{tok.vocab_size - 1}, {c.data.tokenizer}): set --config.model.vocab_size>={tok.vocab_size}")
-  return tok
-
-
-def run(c: plan_lib.Settings, workdir: str, *, break_lock: bool = False,
-        started: float | None = None) -> dict[str, Any]:
+def run(c: plan_lib.RunPlan, workdir: str, *, break_lock: bool = False,
+        started: float | None = None, hooks: Sequence[hooks_lib.Hook] = ()) -> dict[str, Any]:
   """Trains `c` in `workdir` (resuming if it holds a checkpoint); returns the last logged scalars.
 
   The result's "status" is "finished", "stopped" (a signal: resumable) or "nothing_to_do";
-  `started`: time.time() when the command started (goodput's start-up; default: now).
+  `started`: time.time() when the command started (goodput's start-up; default: now); `hooks`: run
+  after each step's metrics, in order (`Trainer.add_hook`; the train command's: `train.standard_hooks`).
   """
   started = time.time() if started is None else started
   # A file (or one on the way), or a read-only disk, is one line before any work, not a traceback.
@@ -67,8 +62,8 @@ def run(c: plan_lib.Settings, workdir: str, *, break_lock: bool = False,
   workdir = epath.Path(workdir)
   mesh = sharding.make_mesh(c.mesh)
   phases = list(c.phases)
-  phases_lib.check_each(phases, lambda phase: _check_phase(c, phases, phase, mesh))
-  tok = load_tokenizer(c)
+  phases_lib.check_each(phases, lambda phase: preflight.check_phase(c, phases, phase, mesh))
+  tok = preflight.load_tokenizer(c)
   feed_lib.check_streams(phases, tok, seed=c.train.seed, process_index=jax.process_index(),
                          process_count=jax.process_count())
   progress = Progress(doing=f"creating {workdir}")
@@ -86,35 +81,14 @@ def run(c: plan_lib.Settings, workdir: str, *, break_lock: bool = False,
         stop.request("lock lost")
 
       with lock.held_for_run(workdir, break_lock=break_lock, warn=warn, on_lost=lost):
-        return Trainer(c, workdir, mesh, tok, stop, progress, warn, started).train()
+        trainer = Trainer(c, workdir, mesh, tok, stop, progress, warn, started)
+        for hook in hooks:
+          trainer.add_hook(hook.run, every=hook.every, name=hook.name)
+        return trainer.train()
   except BaseException:
     if jax.process_index() == 0 and "://" not in str(workdir) and not progress.training:
-      _drop_empty_new_folders(workdir, before, created)
+      preflight.drop_empty_new_folders(workdir, before, created)
     raise
-
-
-def _drop_empty_new_folders(workdir: epath.Path, before: set[str], created: bool) -> None:
-  """After a failed start: removes the folders this start made that hold no file (checkpoints/,
-  compilation_cache/, the workdir itself when it made it). Anything holding a file stays."""
-  if not workdir.is_dir():
-    return
-  for entry in workdir.iterdir():
-    if entry.name not in before and entry.is_dir() and not any(files for _, _, files in os.walk(entry)):
-      entry.rmtree()
-  if created and not any(workdir.iterdir()):
-    workdir.rmdir()
-
-
-def _check_phase(c: plan_lib.Settings, phases: list[phases_lib.Phase], phase: phases_lib.Phase,
-                 mesh: jax.sharding.Mesh) -> None:
-  """UserError for a phase the run cannot train: its data path, its batch on this mesh and processes."""
-  if phase.index > 0 and phase.stream != phases[phase.index - 1].stream:
-    pipeline.check_paths(phase.config.data)  # Before the tokenizer loads; `feed.check_streams` reads it then.
-  sharding.check_batch_divisible(phase.config.train.batch_size, c.train.grad_accum, mesh)
-  if phase.read_batch % jax.process_count():
-    raise UserError(f"config train.batch_size: the phases' data stream is read {phase.read_batch} rows at a "
-                    f"time, which {jax.process_count()} processes cannot split; make the batch sizes of "
-                    "consecutive phases multiples of the process count")
 
 
 def _warn(msg: str) -> None:
@@ -122,7 +96,8 @@ def _warn(msg: str) -> None:
 
 
 class Trainer:
-  """One process start of a run: restore or init, the steps, the saves, the stop."""
+  """One process start of a run: restore or init, the steps, the saves, the stop. Its attributes are
+  its collaborators; where the loop is (step, phase, tokens, the data read ahead), `run_state`."""
 
   def __init__(self, c: plan_lib.Settings, workdir: epath.Path, mesh: jax.sharding.Mesh,
                tok: tokenizer_lib.Tokenizer, stop: preemption.StopRequest, progress: Progress,
@@ -133,34 +108,38 @@ class Trainer:
     self.tok_id = resume.tokenizer_identity(c.data.tokenizer, tok)
     self.mesh, self.phases = mesh, list(c.phases)
     self._replacement_vocab = objectives.replacement_vocab_size(c, tok.vocab_size)
-    self.phase = self.phases[0]
-    self.program = program_lib.TrainProgram(self.phase.config, mesh, replacement_vocab=self._replacement_vocab,
+    self.run_state = state_lib.RunState(phase=self.phases[0])  # The loop's position.
+    self.program = program_lib.TrainProgram(self.phases[0].config, mesh, replacement_vocab=self._replacement_vocab,
                                             specials=tok.special_ids)
     self.data = feed_lib.PhaseFeed(tok, seed=c.train.seed, process_index=jax.process_index(),
                                    process_count=jax.process_count())
-    self.data.enter(self.phase)  # A restore into a later phase's stream replaces it (`_enter_phase_of`).
+    self.data.enter(self.phases[0])  # A restore into a later phase's stream replaces it (`_enter_phase_of`).
     progress.doing = f"reading the checkpoints in {workdir}"
     self.ckpt = checkpoint.Checkpointer(workdir, c.checkpoint)
     self.outcome = Outcome()
-    self._next_batch = None  # The batch a checked save already read for the next step.
-    self._data_wait = 0.0  # Seconds blocked on input since the last dispatched step.
-    self._forked = False  # Started from train.fork_from's checkpoint (this process start).
-    self._counted_stream: int | None = None  # The stream whose per-source tokens `_end_stream` counted.
-    # Per-source tokens of the run's streams before the current one, all processes (in checkpoint meta).
-    self._source_tokens_before: dict[str, float] = {}
-    self.tokens_at_start = 0  # Tokens trained on before this process start's first step (`_restore_or_init`).
-    self.start = 0  # The step this process start resumes after (`_begin`).
     self.sync = preemption.StopSync(mesh)
+    self.hooks: list[hooks_lib.Hook] = []  # The steps' side duties, in order: metrics (`_begin`), then `add_hook`'s.
+    self.context = hooks_lib.RunContext(tok, self.primary, self._log_scores)  # What hooks may use of the run.
     # Made by `_begin` once the run is known to train (a run with nothing to do writes no log).
     self.logger: metrics.MetricsLogger | None = None
     self.recorder: recorder.StepRecorder | None = None
-    self.hooks: list[hooks_lib.Hook] = []  # The loop's side duties, in order (`hooks`).
-    self.goodput: goodput.Ledger | None = None  # This start's wall time by cause (`_begin`).
+    self.goodput: goodput.Ledger | None = None  # This start's wall time by cause.
     self.profiler: profile.Profiler | None = None
 
+  def add_hook(self, fn: Callable[[hooks_lib.StepInfo], None], every: int = 1,
+               name: str | None = None) -> hooks_lib.Hook:
+    """Runs `fn(info)` after every step that is a multiple of `every` (0: never), after the hooks added
+    before it (the metrics row first). Its time is goodput's "eval"; `name` (default: fn's) is unique."""
+    hook = hooks_lib.Hook(name or getattr(fn, "__name__", "hook"), every, fn)
+    if hook.name in [h.name for h in self.hooks] + ["metrics"]:
+      raise ValueError(f"a hook named {hook.name!r} is already added")
+    self.hooks.append(hook)
+    return hook
+
   def train(self) -> dict[str, Any]:
-    """The run, top to bottom; its outcome (`Outcome.as_dict`)."""
-    c = self.c
+    """The run, top to bottom; its outcome (`Outcome.as_dict`). Each step's stages: enter its phase,
+    the step, its hooks (the metrics row, then the added ones), the checked save (at a save step), the stop."""
+    c, rs = self.c, self.run_state
     t0 = time.perf_counter()
     state, start, restored = self._restore_or_init()
     restore_s = time.perf_counter() - t0 if restored else 0.0
@@ -176,10 +155,11 @@ class Trainer:
         with self.profiler.annotate(step_num):
           self._enter(phases_lib.phase_at(self.phases, step_num))
           info = self._step(state, step_num)
-          state = info.state
-          took = hooks_lib.run_due(self.hooks, info)  # Metrics, probes, saves: each at its own steps.
+          state, rs.step = info.state, step_num
+          took = hooks_lib.run_due(self.hooks, info)
+          save_s = self._save_stage(info)
         self.profiler.after_step(step_num, info.device_metrics)
-        self._account(step_num, began, info, took)
+        self._account(step_num, began, info, took, save_s)
         if info.stopping:
           self._log_stop(step_num)
           break
@@ -193,16 +173,17 @@ class Trainer:
 
   def _enter(self, phase: phases_lib.Phase) -> None:
     """Makes `phase` current: its TrainProgram (same state shardings, its own jit) and its data stream."""
-    if phase.index != self.phase.index:
+    rs = self.run_state
+    if phase.index != rs.phase.index:
       if self.logger is not None:  # Not while restoring: the log starts with `_begin`.
         self.recorder.new_phase()
-        changed = phases_lib.changes(self.phase, phase)
+        changed = phases_lib.changes(rs.phase, phase)
         self.logger.log_text(f"{phase.describe()}: {', '.join(f'{k}={v!r}' for k, v in changed.items())}")
       self.program = program_lib.TrainProgram(phase.config, self.mesh, replacement_vocab=self._replacement_vocab,
                                               specials=self.tok.special_ids)
-      if self.logger is not None and phase.stream != self.phase.stream:
+      if self.logger is not None and phase.stream != rs.phase.stream:
         self._end_stream()
-    self.phase = phase
+    rs.phase = phase
     try:
       self.data.enter(phase)
     except UserError as e:  # Data that went bad since `feed.check_streams` read it.
@@ -210,15 +191,16 @@ class Trainer:
 
   def _in_phase(self, error: UserError) -> UserError:
     """`error`, naming the current phase (in a run with phases)."""
-    return UserError(f"{error} (in {self.phase.describe()})" if len(self.phases) > 1 else str(error))
+    return UserError(f"{error} (in {self.run_state.phase.describe()})" if len(self.phases) > 1 else str(error))
 
   def _end_stream(self) -> None:
     """The current stream ends here: a mixture's per-source tokens join the run's count (once; a
     restore reads the count from the checkpoint's meta)."""
-    if self.phase.config.data.mixture and self._counted_stream != self.phase.stream:
-      self._source_tokens_before = recorder.add_tokens(
-          self._source_tokens_before, recorder.summed_over_processes(mixture.source_tokens(self.data.iterator)))
-    self._counted_stream = self.phase.stream
+    rs = self.run_state
+    if rs.phase.config.data.mixture and rs.counted_stream != rs.phase.stream:
+      rs.source_tokens_before = recorder.add_tokens(
+          rs.source_tokens_before, recorder.summed_over_processes(mixture.source_tokens(self.data.iterator)))
+    rs.counted_stream = rs.phase.stream
 
   def _enter_phase_of(self, step: int) -> Any:
     """Makes `step`'s phase current; its iterator, the one a checkpoint of `step` restores."""
@@ -228,8 +210,8 @@ class Trainer:
   # -- Restore or init --------------------------------------------------------------------------
 
   def _restore_or_init(self) -> tuple[program_lib.TrainState, int, bool]:
-    """(state, its step, whether it came from a checkpoint); sets `tokens_at_start`."""
-    p = self.program
+    """(state, its step, whether it came from a checkpoint); sets the run state's tokens and `forked`."""
+    p, rs = self.program, self.run_state
     read = lambda step, plan: restore.read(self.ckpt, step, plan, p.abstract, p.shardings, self._enter_phase_of)
     found = self.ckpt.restore_latest(self._vet_own, read, self.warn, self.primary)
     if found is not None:
@@ -237,10 +219,10 @@ class Trainer:
     elif self.c.train.fork_from:  # A fork's first start: its source's checkpoint, read only.
       found, self.c = fork.restore(self.c, self.workdir, self.tok_id, p.abstract, p.shardings, self._enter_phase_of,
                            self.warn)
-      self._forked = True
+      rs.forked = True
     if found is not None:
-      self.tokens_at_start = found.meta.tokens_at(found.step, found.config)
-      self._source_tokens_before = dict(found.meta.source_tokens_before)
+      rs.tokens_at_start = found.meta.tokens_at(found.step, found.config)
+      rs.source_tokens_before = dict(found.meta.source_tokens_before)
       return found.state, found.step, True
     state = p.init_state()
     if self.c.train.init_from:
@@ -259,15 +241,16 @@ class Trainer:
     t = self.c.train
     key = "train.stop_at_step" if t.stop_at_step and t.stop_at_step < t.steps else "train.steps"
     where = (f"the fork starts at its source's step {start} ({t.fork_from}), nothing written to {self.workdir}"
-             if self._forked else f"{self.workdir} already holds step {start}")
+             if self.run_state.forked else f"{self.workdir} already holds step {start}")
     self.warn(f"nothing to train: {where}, and {key}={t[key.split('.')[1]]}; raise --config.{key} to continue")
     self.ckpt.close()
     return Outcome(status="nothing_to_do", step=start).as_dict()
 
   def _begin(self, start: int, restored: bool, restore_s: float) -> None:
-    """config.json, the metrics logger (and W&B) and recorder, the profiler, goodput, the first log line."""
+    """config.json, the metrics logger (and W&B) and recorder, the metrics hook, the profiler, goodput, the
+    first log line."""
     c, mesh = self.c, self.program.mesh
-    self.start = start
+    self.run_state.start = self.run_state.step = start
     self.progress.doing = f"writing {self.workdir / 'config.json'}"
     if self.primary:
       (self.workdir / "config.json").write_text(c.to_json())
@@ -281,28 +264,27 @@ class Trainer:
     self.profiler = profile.Profiler(c.profile, self.workdir, start + 1, self.logger.log_text)
     self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress,
                                           self.outcome, str(self.workdir), self.warn, phases=self.phases)
-    phase_config = lambda: self.phase.config
-    self.hooks = [hooks_lib.metrics(self.recorder, self._source_tokens),
-                  hooks_lib.probes(c.eval.every_steps, self.recorder, phase_config, self.tok, self.primary),
-                  hooks_lib.saves(c.checkpoint, self.recorder, self._checked_save)]
-    how = (f"forked from {c.train.fork_from}" if self._forked else f"resuming from step {start}" if restored
-           else "starting")
+    self.hooks.insert(0, hooks_lib.metrics(self.recorder, self._source_tokens))
+    how = (f"forked from {c.train.fork_from}" if self.run_state.forked else f"resuming from step {start}"
+           if restored else "starting")
     self.logger.log_text(f"{c.objective}: {how} in {self.workdir} on {mesh.size} device(s), mesh {dict(mesh.shape)}")
     self.goodput = goodput.Ledger(self.workdir, self.started, self.primary, max(logged, default=0))
     self.goodput.add("restore", restore_s)
     self.goodput.add("startup", time.time() - self.started - restore_s)
 
-  def _account(self, step_num: int, began: float, info: hooks_lib.StepInfo, took: dict[str, float]) -> None:
-    """Goodput: the step's wall time, less its input wait, save and probes (a save's read-ahead is input)."""
-    extra = ("compile" if step_num in (self.start + 1, self.phase.start + 1) else
+  def _account(self, step_num: int, began: float, info: hooks_lib.StepInfo, took: dict[str, float],
+               save_s: float | None) -> None:
+    """Goodput: the step's wall time, less its input wait, save and added hooks (a save's read-ahead is input)."""
+    rs = self.run_state
+    extra = ("compile" if step_num in (rs.start + 1, rs.phase.start + 1) else
              "profile" if self.profiler.traced(step_num) else None)
     self.goodput.step(step_num, time.perf_counter() - began, extra, data_wait=info.data_wait_s,
-                      save=took.get("save", 0.0) - self._data_wait, eval=took.get("probes", 0.0))
-    if "save" in took:  # A kill after this checkpoint loses at most the steps since: so does the ledger.
+                      save=(save_s or 0.0) - rs.data_wait, eval=sum(s for n, s in took.items() if n != "metrics"))
+    if save_s is not None:  # A kill after this checkpoint loses at most the steps since: so does the ledger.
       self.goodput.write("running")
 
   def _tokens_at(self, step_num: int) -> int:
-    return self.tokens_at_start + phases_lib.tokens_between(self.phases, self.start, step_num)
+    return self.run_state.tokens_at(self.phases, step_num)
 
   # -- The steps --------------------------------------------------------------------------------
 
@@ -313,25 +295,32 @@ class Trainer:
       batch = self.program.global_batch(next(self.data))
     except UserError as e:  # Data that went bad since `feed.check_streams` read it.
       raise self._in_phase(e) from None
-    self._data_wait += time.perf_counter() - t0
+    self.run_state.data_wait += time.perf_counter() - t0
     return batch
 
   def _step(self, state: program_lib.TrainState, step_num: int) -> hooks_lib.StepInfo:
     """Dispatches step `step_num` (its batch: the one a checked save read ahead, or the next) and asks
     every process whether to stop."""
-    batch = self._next_batch if self._next_batch is not None else self._next_global_batch()
-    self._next_batch = None
+    rs = self.run_state
+    batch = rs.read_ahead if rs.read_ahead is not None else self._next_global_batch()
+    rs.read_ahead = None
     dispatched_at = time.perf_counter()
     state, device_metrics = self.program.step(state, batch)
     stopping = self.sync.agreed(self.stop.signal_name is not None)
-    info = hooks_lib.StepInfo(step_num, state, device_metrics, dispatched_at, self._data_wait, stopping)
-    self._data_wait = 0.0
+    info = hooks_lib.StepInfo(step_num, state, device_metrics, dispatched_at, rs.data_wait, stopping,
+                              rs.phase.config, self.context)
+    rs.data_wait = 0.0
     return info
+
+  def _log_scores(self, scores: Callable[[], dict[str, float]]) -> None:
+    """Logs the pending step's metrics row now, with `scores()` added (a hook's `context.log_scores`)."""
+    self.recorder.flush(probes=scores)
 
   def _source_tokens(self) -> tuple[dict[str, int] | None, dict[str, float]]:
     """A mixture's per-source tokens of the current stream (None for one source), and the earlier streams'."""
-    current = mixture.source_tokens(self.data.iterator) if self.phase.config.data.mixture else None
-    return current, self._source_tokens_before
+    rs = self.run_state
+    current = mixture.source_tokens(self.data.iterator) if rs.phase.config.data.mixture else None
+    return current, rs.source_tokens_before
 
   def _log_stop(self, step_num: int) -> None:
     self.logger.log_text(f"{self.stop.signal_name or 'a stop signal on another process'} received: saving step "
@@ -340,14 +329,25 @@ class Trainer:
 
   # -- Saves and the end ------------------------------------------------------------------------
 
+  def _save_stage(self, info: hooks_lib.StepInfo) -> float | None:
+    """At a save step (checkpoint.every_steps, checkpoint.keep_steps; not a stop's step, which the final
+    save saves): logs the metrics up to it, then the checked save. Its seconds; None at other steps."""
+    if info.stopping or not checkpoint.is_save_step(self.c.checkpoint, info.step):
+      return None
+    t0 = time.perf_counter()
+    self.recorder.flush()
+    self._checked_save(info.step, info.state)
+    return time.perf_counter() - t0
+
   def _checked_save(self, step_num: int, state: program_lib.TrainState) -> None:
     """Saves `state` once the loss of its params on the next batch is finite; keeps that batch for the next step."""
+    rs = self.run_state
     position = self.data.get_state()  # The stream of step_num's phase.
-    source_tokens_before = dict(self._source_tokens_before)  # As of step_num's phase, like the position.
+    source_tokens_before = dict(rs.source_tokens_before)  # As of step_num's phase, like the position.
     following = phases_lib.phase_at(self.phases, step_num + 1)
-    if following.stream == self.phase.stream:  # Step N + 1 reads on: its batch is checked and kept for it.
+    if following.stream == rs.phase.stream:  # Step N + 1 reads on: its batch is checked and kept for it.
       self._enter(following)
-      self._next_batch = check_batch = self._next_global_batch()
+      rs.read_ahead = check_batch = self._next_global_batch()
     else:  # Step N + 1 starts another stream: check on one more batch of this one, never on the next phase's data.
       self._end_stream()
       check_batch = self._next_global_batch()
