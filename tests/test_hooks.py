@@ -3,6 +3,7 @@
 import pytest
 
 from crossbert_jax.core import config as config_lib
+from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.run import checkpoint, hooks as hooks_lib, metrics, trainer
 
 
@@ -23,7 +24,7 @@ def test_an_added_hook_runs_at_its_steps_after_the_metrics_and_before_the_save(t
     seen.append((info.step, info.config.train.steps, info.context.primary, info.step in saved))
     info.context.log_scores(lambda: {"hook/step": float(info.step)})
 
-  result = trainer.run(c, str(workdir), hooks=[hooks_lib.Hook("count", 2, count)])
+  result = trainer.run(plan_lib.build(c), str(workdir), hooks=[hooks_lib.Hook("count", 2, count)])
   assert result["status"] == "finished" and result["hook/step"] == 4.0
   assert seen == [(2, 4, True, False), (4, 4, True, False)]
   rows = {r["step"]: r for r in metrics.read_metrics(str(workdir))}
