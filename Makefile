@@ -3,6 +3,7 @@
 #               frozen word-order probe of the run against its random init (built-in data)
 #   make test   the test suite without the slow cases (CROSSBERT_DATA defaults to ../shared/data)
 #   make test-slow   the cases marked slow (end-to-end sweeps, kill loops, gs:// forks)
+#   make lint   ruff (pyproject's [tool.ruff]) and the yapf format check ([tool.yapf]); make format rewrites
 #   make setup-tpu   .venv-tpu: the pinned stack + jax[tpu]/libtpu (TPU VMs; on any host, the pre-flight
 #                    compile for a TPU topology: JAX_PLATFORMS=cpu .venv-tpu/bin/python -m crossbert_jax.compile)
 #   make setup-gpu   .venv with jax[cuda12] on top (NVIDIA hosts)
@@ -17,7 +18,7 @@ RUN ?= runs/demo
 KILLS ?= 50
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-tpu setup-gpu demo test test-slow test-tpu bench fault-inject fault-inject-sweep clean
+.PHONY: setup setup-tpu setup-gpu demo test test-slow test-tpu lint format bench fault-inject fault-inject-sweep clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +27,20 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed
+
+# The formatter and linter, pinned beside the stack (not needed to train).
+$(VENV)/.installed-lint: $(VENV)/.installed requirements-lint.txt
+	$(PY) -m pip install -q -r requirements-lint.txt
+	touch $@
+
+FORMATTED := crossbert_jax tests tools configs experiments
+
+lint: $(VENV)/.installed-lint
+	$(PY) -m ruff check .
+	$(PY) -m yapf --diff --recursive --parallel $(FORMATTED) > /dev/null || { echo "yapf: files not formatted; run make format" >&2; exit 1; }
+
+format: $(VENV)/.installed-lint
+	$(PY) -m yapf --in-place --recursive --parallel $(FORMATTED)
 
 # A second venv: libtpu in the main one would make every CPU run probe for a TPU.
 $(TPU_VENV)/.installed: requirements.txt requirements-tpu.txt pyproject.toml
