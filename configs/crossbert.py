@@ -1,4 +1,4 @@
-r"""CrossBERT: encoder on the visible tokens, reconstructor for the masked ones (DESIGN §2).
+r"""CrossBERT: encoder on the visible tokens, reconstructor for the masked ones.
 
 Variants: tiny (CPU tests, minutes), small (benchmark shape), base (~ModernBERT-base), large,
 from_hf / from_hf_cpu (continued pretraining of an import: docs/continued_pretraining.md), and

@@ -20,6 +20,7 @@ from absl import app, flags
 from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.scaling import placement
 from crossbert_jax.scaling import plan as plan_lib
+from crossbert_jax.scaling import spec as spec_lib
 from crossbert_jax.scaling import runner
 
 _SPEC = flags.DEFINE_string("spec", None, "Sweep spec file, e.g. experiments/gutenberg_cpu.py.")
@@ -45,7 +46,7 @@ def main(argv):
   if root.exists() and not root.is_dir():
     raise UserError(f"--root={_ROOT.value} is a file: give a folder for the sweep")
   executor = placement.check_executor(_EXECUTOR.value)
-  spec = plan_lib.load_spec(_SPEC.value)
+  spec = spec_lib.load_spec(_SPEC.value)
   placement.check_spec(spec)
   for size in spec["sizes"].values():
     scaled = [b * _SCALE.value for b in plan_lib.budgets(size)]

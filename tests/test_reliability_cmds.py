@@ -19,6 +19,7 @@ from crossbert_jax.evaluation import generic, runner
 from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.hf import convert
 from crossbert_jax.scaling import plan as plan_lib
+from crossbert_jax.scaling import spec as spec_lib
 from tests.helpers import run_module
 from tests.test_scaling_sweep import TINY_SPEC
 
@@ -232,7 +233,7 @@ def _sweep_root(root: pathlib.Path, rows: int, data: pathlib.Path) -> pathlib.Pa
   """A sweep root as the sweep writes it (plan.json, runs/*/metrics.jsonl) with `rows` logged steps."""
   spec_file = root.parent / f"{root.name}_spec.py"
   spec_file.write_text(TINY_SPEC.replace("FLOPS", "3e9").replace("DATA", repr(str(data))))
-  spec = plan_lib.load_spec(str(spec_file))
+  spec = spec_lib.load_spec(str(spec_file))
   runs = plan_lib.plan(spec, str(root / "tokenizer.model"))
   root.mkdir(parents=True)
   plan_lib.save_plan(root, spec, runs)

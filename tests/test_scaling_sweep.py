@@ -7,11 +7,12 @@ from crossbert_jax.core import host
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import collect, report
 from crossbert_jax.scaling import plan as plan_lib
+from crossbert_jax.scaling import spec as spec_lib
 from tests.helpers import ROOT, run_module
 
 
 def test_every_objective_of_a_size_gets_the_same_flops():
-  spec = plan_lib.load_spec(str(ROOT / "experiments" / "gutenberg_cpu.py"))
+  spec = spec_lib.load_spec(str(ROOT / "experiments" / "gutenberg_cpu.py"))
   runs = plan_lib.plan(spec, "unused.model")
   seeds = {name: size.get("seeds", spec["seeds"]) for name, size in spec["sizes"].items()}
   assert len(runs) == len(spec["objectives"]) * sum(map(len, seeds.values())) and len(spec["sizes"]) >= 3
@@ -113,7 +114,7 @@ def test_a_spec_with_phases_is_refused_naming_the_key(tmp_path, key, value):
   spec_file.write_text(source + f"\n_base = get_spec\nget_spec = lambda: {{**_base(), 'common': "
                                 f"{{**_base()['common'], {key!r}: {value!r}}}}}\n")
   with pytest.raises(UserError, match=f"common sets {key}: a sweep's runs have one shape"):
-    plan_lib.load_spec(str(spec_file))
+    spec_lib.load_spec(str(spec_file))
 
 
 @pytest.mark.parametrize("patch, needle", [
@@ -129,4 +130,4 @@ def test_a_spec_that_names_a_run_twice_is_refused(tmp_path, patch, needle):
   source = (ROOT / "experiments" / "gutenberg_cpu.py").read_text()
   spec_file.write_text(source + f"\n_base = get_spec\nget_spec = lambda: {patch}\n")
   with pytest.raises(UserError, match=needle.replace("[", r"\[").replace("]", r"\]")):
-    plan_lib.load_spec(str(spec_file))
+    spec_lib.load_spec(str(spec_file))

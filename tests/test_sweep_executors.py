@@ -11,6 +11,7 @@ from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import attempts as attempts_lib
 from crossbert_jax.scaling import placement
 from crossbert_jax.scaling import plan as plan_lib
+from crossbert_jax.scaling import spec as spec_lib
 from tests import ray_cluster
 from tests.helpers import run_module
 from tests.test_sweep_wsd import WSD_SPEC
@@ -31,7 +32,7 @@ def _spec_file(tmp_path, hosts="hosts=2", extra="", name="spec.py"):
 
 
 def _places(tmp_path, **kw):
-  spec = plan_lib.load_spec(_spec_file(tmp_path, **kw))
+  spec = spec_lib.load_spec(_spec_file(tmp_path, **kw))
   placement.check_spec(spec)
   return spec, placement.placements(spec, plan_lib.plan(spec, "tok.model"))
 

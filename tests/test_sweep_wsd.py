@@ -14,6 +14,7 @@ import pytest
 from crossbert_jax.core import host
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import plan as plan_lib
+from crossbert_jax.scaling import spec as spec_lib
 from crossbert_jax.training import optimizer
 from crossbert_jax.run import metrics
 from tests.helpers import ROOT, run_module
@@ -33,7 +34,7 @@ def _spec(tmp_path, text: str, name: str = "spec.py") -> str:
 
 def _wsd_plan(tmp_path, flops="[2e9, 4e9]"):
   probed = WSD_SPEC.replace("count=0", "count=2").replace('data_dir=""', 'data_dir="unused"')
-  spec = plan_lib.load_spec(_spec(tmp_path, probed.replace("FLOPS", flops)))
+  spec = spec_lib.load_spec(_spec(tmp_path, probed.replace("FLOPS", flops)))
   return spec, plan_lib.plan(spec, "tok.model")
 
 
@@ -90,7 +91,7 @@ def test_nonsense_specs_are_refused(tmp_path, change, needle):
   else:
     text = text.replace("flops=[2e9, 4e9]", change)
   with pytest.raises(UserError) as e:
-    plan_lib.load_spec(_spec(tmp_path, text))
+    spec_lib.load_spec(_spec(tmp_path, text))
   assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
@@ -110,7 +111,7 @@ def test_one_plan_per_root_and_damaged_state_files_are_one_line(tmp_path):
     plan_lib.check_plan(root, other_spec, other, "b.py")
   assert (root / plan_lib.PLAN_FILE).read_bytes() == saved, "the old plan was overwritten"
   # A plan that only adds runs (a seed) replaces it; one that then drops them is refused.
-  more_spec = plan_lib.load_spec(_spec(tmp_path, WSD_SPEC.replace("count=0", "count=2").replace(
+  more_spec = spec_lib.load_spec(_spec(tmp_path, WSD_SPEC.replace("count=0", "count=2").replace(
       'data_dir=""', 'data_dir="unused"').replace("FLOPS", "[2e9, 4e9]").replace("seeds=[0]", "seeds=[0, 1]"), "c.py"))
   more = plan_lib.plan(more_spec, "tok.model")
   assert plan_lib.save_plan(root, more_spec, more, "c.py") == len(more) - len(runs) == len(runs)
