@@ -24,7 +24,7 @@ from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
 from crossbert_jax.hf import import_config
 from crossbert_jax.run import fork
-from crossbert_jax.perf import aot, benchmark
+from crossbert_jax.perf import aot, machine
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and variant, e.g. configs/crossbert.py:base.",
                                           lock_config=True)
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> None:
   c = plan_lib.build(import_config.resolve(fork.with_source_init(config_lib.from_flag(_CONFIG.value))))
   # Before the slow compile.
   path = outputs.check_output_file(_OUT.value, "--out", force=_FORCE.value) if _OUT.value else None
-  chip = benchmark.measured_chip() if _CHIP.value == "measured" else _CHIP.value
+  chip = machine.measured_chip() if _CHIP.value == "measured" else _CHIP.value
   report = aot.compile_train_step(c, _TOPOLOGY.value, chip)
   print(aot.format_report(report, params=_PARAMS.value), flush=True)
   if path is not None:

@@ -13,14 +13,13 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
 from crossbert_jax.core import config as config_lib, host
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.perf import roofline
+from crossbert_jax.perf import machine
 from crossbert_jax.training import flops, objectives, program as program_lib, sharding
 
 REFERENCE = "bert_r0.15"
@@ -98,47 +97,6 @@ def random_batch(c: plan_lib.Settings, seed: int = 0) -> dict[str, np.ndarray]:
       "segment_ids": np.ones((b, seq_len), np.int32),
       "positions": np.tile(np.arange(seq_len, dtype=np.int32), (b, 1)),
   }
-
-
-def time_matmul(n: int, repeats: int) -> dict[str, float]:
-  """Median/min seconds and TFLOP/s of a jitted float32 N x N @ N x N on the default device."""
-  ka, kb = jax.random.split(jax.random.key(0))
-  a = jax.random.normal(ka, (n, n), jnp.float32)
-  b = jax.random.normal(kb, (n, n), jnp.float32)
-  matmul = jax.jit(jnp.matmul)
-  jax.block_until_ready(matmul(a, b))
-  jax.block_until_ready(matmul(a, b))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(matmul(a, b))
-    times.append(time.perf_counter() - t0)
-  med = statistics.median(times)
-  return {"n": n, "flops": 2.0 * n ** 3, "median_s": med, "min_s": min(times),
-          "tflops_median": 2.0 * n ** 3 / med / 1e12, "tflops_max": 2.0 * n ** 3 / min(times) / 1e12}
-
-
-def copy_bandwidth(mib: int = 512, repeats: int = 5) -> float:
-  """Bytes/s of the default device's memory: the best of `repeats` jitted x * 2 over a `mib` MiB
-  float32 array (each element read once and written once)."""
-  x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
-  nbytes = x.nbytes
-  double = jax.jit(lambda a: a * 2, donate_argnums=0)  # In place: no fresh output buffer to fault in.
-  x = jax.block_until_ready(double(x))
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    x = jax.block_until_ready(double(x))
-    best = min(best, time.perf_counter() - t0)
-  return 2 * nbytes / best
-
-
-def measured_chip(matmul_size: int = 2048, repeats: int = 5) -> roofline.Chip:
-  """This machine's default device as a roofline chip: its measured float32 matmul FLOP/s (best of
-  `repeats`) and copy bandwidth; no chip-to-chip links."""
-  matmul = time_matmul(matmul_size, repeats)
-  device = jax.devices()[0]
-  return roofline.custom_chip(f"{device.device_kind} (measured)", matmul["tflops_max"] * 1e12, copy_bandwidth())
 
 
 TRACED_STEPS = 3
@@ -296,7 +254,7 @@ def run(base: plan_lib.Settings, *, seq_len: int, steps: int, warmup: int, out: 
   load_start = os.getloadavg()
   started = datetime.datetime.now(datetime.timezone.utc)
 
-  matmul = time_matmul(matmul_size, matmul_repeats)
+  matmul = machine.time_matmul(matmul_size, matmul_repeats)
   print(f"matmul {matmul_size}^3 float32: {1e3 * matmul['median_s']:.1f} ms median, "
         f"{matmul['tflops_median']:.4f} TFLOP/s", flush=True)
   results = {}
@@ -306,7 +264,7 @@ def run(base: plan_lib.Settings, *, seq_len: int, steps: int, warmup: int, out: 
     print(f"{descriptions[name]}: compile {timing['compile_s']:.1f} s, median step "
           f"{1e3 * timing['median_s']:.0f} ms", flush=True)
   long = run_long(base, long_len, long_batch, steps, warmup) if long_len else {}
-  matmul_end = time_matmul(matmul_size, matmul_repeats)
+  matmul_end = machine.time_matmul(matmul_size, matmul_repeats)
   load_end = os.getloadavg()
 
   length = configs[REFERENCE].data.seq_len
