@@ -1,19 +1,8 @@
-"""crossbert_jax: pretrain CrossBERT (and flat BERT) text encoders in JAX/Flax.
+"""crossbert_jax: pretrain CrossBERT (and flat BERT) text encoders in JAX/Flax, evaluate them frozen,
+export them to Hugging Face.
 
-Layers, lowest first (a package imports only from packages above it in this list):
-  core        errors, config schema
-  data        sources, splits (per-host reads), tokenizer (+ hf_tokenizer, special_ids), shards, packing,
-              pipeline, elastic, prepare, workers, throughput, built-in corpus
-  model       layers, attention (+ chunked, kernels), encoder, reconstructor, models, inference
-  evaluation  embedder, tasks, generic, probes, retrieval, runner, pooler, mteb  |  hf  mapping, files, convert, import_config
-  training    what a step computes: masking, objectives, optimizer, sharding, program (the train
-              state, the jitted step and loss check), flops
-  perf | run  perf: how fast a step could and does run (aot, roofline, hlo_costs, benchmark, feed_bench);
-              run: what keeps a run alive around the step: trainer, state, hooks, recorder, checkpoint, resume,
-              elastic, lock, preemption, environment, warm_start, fork, metrics, compile_cache
-  scaling     plan, runner, collect, fit, plots, report (sweeps over runs)
-The top-level modules are the commands: train, tokenizer, prepare, evaluate, pooler, export,
-compile, bench, mteb_eval, sweep, report.
+The packages' layers and each module's concern: docs/layout.md (the ranks are checked by
+tests/test_layout.py); the path of the plan and of a batch: docs/architecture.md.
 """
 
 __version__ = "0.1.0"

@@ -12,7 +12,7 @@ from ml_collections import config_flags
 
 from crossbert_jax.core import config as config_lib, outputs, xla_flags
 from crossbert_jax.core import plan as plan_lib
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import UserError, exit_on_user_error, no_positional, parse_flags_or_exit
 from crossbert_jax.perf import benchmark, feed_bench
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/crossbert.py:small.",
@@ -37,8 +37,7 @@ _TRAIN_STEP_ONLY = ("config", "seq_len", "steps", "warmup", "cases", "long_len",
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
+  no_positional(argv, ": use --flag=value")
   outputs.check_output_file(_OUT.value, "--out", force=_FORCE.value)  # Before minutes of timing, not after.
   if _DATA.value:
     given = [f"--{name}" for name in _TRAIN_STEP_ONLY if flags.FLAGS[name].present]

@@ -21,7 +21,7 @@ from ml_collections import config_flags
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import outputs
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import UserError, exit_on_user_error, no_positional, parse_flags_or_exit
 from crossbert_jax.hf import import_config
 from crossbert_jax.run import fork
 from crossbert_jax.perf import aot, machine
@@ -39,8 +39,7 @@ _PARAMS = flags.DEFINE_bool("print_params", True, "Print the param sharding tabl
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {argv[1:]}: use --flag=value")
+  no_positional(argv, ": use --flag=value")
   # from_hf: the imported model's shape, a fork's through its source's train.init_from.
   c = plan_lib.build(import_config.resolve(fork.with_source_init(config_lib.from_flag(_CONFIG.value))))
   # Before the slow compile.

@@ -14,7 +14,7 @@ from absl import logging
 from etils import epath
 
 from crossbert_jax.core import outputs
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import UserError, exit_on_user_error, no_positional, parse_flags_or_exit
 from crossbert_jax.evaluation import embed_bench
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.model.encoder import EncoderSpec
@@ -34,8 +34,7 @@ def _define_flags() -> None:
 @exit_on_user_error
 def main(argv: Sequence[str]) -> None:
   """CLI entry point."""
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {' '.join(argv[1:])}; every option is a --flag")
+  no_positional(argv, "; every option is a --flag", joined=True)
   f = flags.FLAGS
   if not f.workdir or not f.hf:
     raise UserError("pass --workdir=RUN and --hf=DIR (that run exported by crossbert_jax.export)")

@@ -8,10 +8,8 @@ r"""Frozen evaluation: probe and retrieval scores of checkpoints or Hugging Face
 Library: crossbert_jax.evaluation.runner. Manual: docs/evaluation.md.
 """
 
-import hashlib
 import json
 import os
-import uuid
 from typing import Any, Sequence
 
 import numpy as np
@@ -21,8 +19,7 @@ from absl import logging
 from etils import epath
 
 from crossbert_jax.core import outputs
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
-from crossbert_jax.data import corpus
+from crossbert_jax.core.errors import UserError, exit_on_user_error, no_positional, parse_flags_or_exit
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation import generic
 from crossbert_jax.evaluation import glue
@@ -31,93 +28,12 @@ from crossbert_jax.evaluation import glue_run
 from crossbert_jax.evaluation import glue_table
 from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.evaluation import tasks as eval_tasks
-from crossbert_jax.evaluation import word_order
+from crossbert_jax.evaluation.columns import (absolute, check_distinct, column_label, run_cache_dir, with_poolers,
+                                              writable)
 from crossbert_jax.evaluation.runner import evaluate_model, flat_scores, markdown_table
 from crossbert_jax.hf.files import EVAL_RESULTS
-from crossbert_jax.model.encoder import EncoderSpec
+from crossbert_jax.evaluation import run_models
 from crossbert_jax.run import load
-
-def absolute(path: str) -> str:
-  """`path` made absolute (local paths); URLs such as gs://... are absolute already."""
-  return path if "://" in path else str(epath.Path(path).resolve())
-
-
-def user_cache_root() -> epath.Path:
-  """The per-user embedding cache: $XDG_CACHE_HOME (default ~/.cache)/crossbert_jax/eval_cache."""
-  root = os.environ.get("XDG_CACHE_HOME") or str(epath.Path("~/.cache").expanduser())
-  return epath.Path(root) / "crossbert_jax" / "eval_cache"
-
-
-def _writable(folder: epath.Path) -> OSError | None:
-  """None if a file can be created in `folder` (made if missing), else the error."""
-  try:
-    folder.mkdir(parents=True, exist_ok=True)
-    probe = folder / f".write-test-{uuid.uuid4().hex[:8]}"
-    probe.write_bytes(b"")
-    probe.unlink()
-  except OSError as e:
-    return e
-  return None
-
-
-def run_cache_dir(workdir: str) -> epath.Path:
-  """<workdir>/eval_cache, or the user cache when the run cannot be written (says so on stdout)."""
-  default = epath.Path(workdir) / "eval_cache"
-  error = _writable(default)
-  if error is None:
-    return default
-  # A read-only (e.g. shared or archived) run still evaluates; its embeddings are cached per user.
-  fallback = user_cache_root() / hashlib.sha256(absolute(workdir).encode()).hexdigest()[:16]
-  print(f"note: {default} is not writable ({error.strerror or error}); caching embeddings in {fallback}",
-        flush=True)
-  return fallback
-
-
-def _checkpoint(workdir: str, step: int | None, tokenizer_path: str):
-  """(config, params, its checked tokenizer, step, label: the run folder's name @ step) of a run's checkpoint."""
-  config, params, step = load.load_run(workdir, step)
-  tok = load.run_tokenizer(workdir, config, step, tokenizer_path)
-  return config, params, tok, step, f"{epath.Path(absolute(workdir)).name}@{step}"
-
-
-def jax_model(workdir: str, step: int | None, options: embedder_lib.Options, tokenizer_path: str = "",
-              progress: bool = True) -> tuple[embedder_lib.JaxEmbedder, str]:
-  """(embedder, label) for a training run's checkpoint."""
-  config, params, tok, step, label = _checkpoint(workdir, step, tokenizer_path)
-  spec = EncoderSpec.from_config(config.model)
-  identity = f"{absolute(workdir)}@{step}"
-  return embedder_lib.JaxEmbedder(spec, params["encoder"], tok, options, identity, progress), label
-
-
-def check_distinct(sources: Sequence[tuple[str, str]]) -> None:
-  """Refuses a --workdir or --hf given twice (two spellings of one folder): its columns would be copies."""
-  seen: dict[tuple[str, str], str] = {}
-  for kind, source in sources:
-    key = (kind, absolute(source))
-    if key in seen:
-      raise UserError(f"--{kind}={source} is --{kind}={seen[key]} again: give each model once")
-    seen[key] = source
-
-
-def column_label(label: str, source: str, taken: Sequence[str]) -> str:
-  """`label` (the run folder's name @ step), or `label (source)` when an earlier column has it: another
-  run whose folder has the same name."""
-  return label if label not in taken else f"{label} ({source})"
-
-
-def word_order_report(workdir: str, step: int | None = None, tokenizer_path: str = "", seed: int = 0) -> str:
-  """The built-in word-order probe (evaluation/word_order.py) of a run's checkpoint and of the same
-  encoder at its random init, on the same pairs, as printed lines."""
-  config, params, tok, _, label = _checkpoint(workdir, step, tokenizer_path)
-  spec = EncoderSpec.from_config(config.model)
-  options = embedder_lib.Options(max_length=config.data.seq_len)  # Sentences as long as it was trained on.
-  pairs = word_order.make_pairs(corpus.builtin_documents(), tok, options.max_length, seed=seed)
-  from_scratch = not (config.train.init_from or config.train.fork_from)
-  models = {label: params["encoder"],
-            "random init" + (" (its step 0)" if from_scratch else ""): load.init_params(config)["encoder"]}
-  accuracies = {label: word_order.score(embedder_lib.JaxEmbedder(spec, p, tok, options), pairs, seed)["accuracy"]
-                for label, p in models.items()}
-  return word_order.report(pairs, accuracies)
 
 
 def _define_flags() -> None:
@@ -188,17 +104,6 @@ def _own_tasks(f) -> list[eval_tasks.Task]:
   return [generic.read_generic(s) for s in specs]
 
 
-def _with_poolers(emb: embedder_lib.Embedder, label: str, poolers: list[pooler_lib.LoadedPooler],
-                  used: set[int]) -> list[tuple[str, embedder_lib.Embedder]]:
-  """(label, embedder) of the model, then one '+pooler' column per pooler trained on it."""
-  out = [(label, emb)]
-  for i, p in enumerate(poolers):
-    if p.meta.get("identity") == emb.identity:  # PoolerEmbedder refuses --layers/--pooling it was not trained on.
-      out.append((f"{label}+pooler{i or ''}", pooler_lib.PoolerEmbedder(emb, p)))
-      used.add(i)
-  return out
-
-
 def _retrieval_dirs(f) -> list[str]:
   out = []
   for r in f.retrieval:
@@ -210,14 +115,16 @@ def _retrieval_dirs(f) -> list[str]:
 
 
 def _word_order(f) -> None:
-  """--word_order: prints `word_order_report` for each --workdir; refuses the flags it would ignore."""
+  """--word_order: prints `run_models.word_order_report` for each --workdir; refuses the flags it would ignore."""
   ignored = [n for n in ("hf", "tasks", "retrieval", "generic_train", "task_file", "pooler", "output", "benchmark",
                          "layers", "pooling", "pair_mode", "max_length", "max_examples") if f[n].present]
   if ignored:
     raise UserError("--word_order scores each --workdir against its random init on built-in data only: "
                     f"drop --{ignored[0]}, or run it separately")
   for workdir in f.workdir:
-    print(word_order_report(workdir, f.step, f.tokenizer, f.seed), flush=True)
+    loaded = load.load_for_evaluation(workdir, f.step, f.tokenizer)
+    init_encoder = load.init_params(loaded[0])["encoder"]
+    print(run_models.word_order_report(workdir, loaded, init_encoder, f.seed), flush=True)
 
 
 def _check_output(f) -> epath.Path | None:
@@ -238,13 +145,14 @@ def _models(f, options: embedder_lib.Options) -> list[tuple[str, embedder_lib.Em
   sources = [("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf]
   for kind, source in sources:
     if kind == "workdir":
-      emb, label = jax_model(source, f.step, options, f.tokenizer, f.progress)
+      emb, label = run_models.jax_model(source, load.load_for_evaluation(source, f.step, f.tokenizer), options,
+                                        f.progress)
       cache_dir = (f.cache_dir or run_cache_dir(source)) if f.cache else None
     else:
       emb = embedder_lib.HFEmbedder(source, options, f.progress)
       label, cache_dir = f"hf:{epath.Path(source).name}", (f.cache_dir or None) if f.cache else None
     label = column_label(label, source, [m[0] for m in models])
-    models += [(l, m, cache_dir, kind, source) for l, m in _with_poolers(emb, label, poolers, used)]
+    models += [(l, m, cache_dir, kind, source) for l, m in with_poolers(emb, label, poolers, used)]
   unused = [i for i in range(len(poolers)) if i not in used]
   if unused:
     raise UserError(f"--pooler={f.pooler[unused[0]]} was trained on {poolers[unused[0]].meta.get('identity')}, "
@@ -304,8 +212,7 @@ def _glue(f, options: embedder_lib.Options) -> None:
 @exit_on_user_error
 def main(argv: Sequence[str]) -> None:
   """CLI entry point."""
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {' '.join(argv[1:])}; every option is a --flag")
+  no_positional(argv, "; every option is a --flag", joined=True)
   f = flags.FLAGS
   logging.set_verbosity(logging.WARNING)  # Orbax logs every restore step at INFO.
   if not f.workdir and not f.hf:
@@ -320,7 +227,7 @@ def main(argv: Sequence[str]) -> None:
     return
   out = _check_output(f)
   tasks, retrieval_dirs = _load_tasks(f), _retrieval_dirs(f)
-  if f.cache and f.cache_dir and (error := _writable(epath.Path(f.cache_dir))) is not None:
+  if f.cache and f.cache_dir and (error := writable(epath.Path(f.cache_dir))) is not None:
     raise UserError(f"--cache_dir {f.cache_dir} is not writable ({error.strerror or error}): choose another "
                     "folder, or leave it empty for the default")
   if not tasks and not retrieval_dirs:

@@ -15,10 +15,13 @@ from absl import logging
 from etils import epath
 
 from crossbert_jax.core import objectives, outputs
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import exit_on_user_error, parse_flags_or_exit, require, unexpected_arguments
 from crossbert_jax.hf import files as hf_files
 from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, export, import_hf
 from crossbert_jax.run import load, metrics
+
+_SEE_USAGE = " (see the usage in `python -m crossbert_jax.export --help`)"
+
 
 def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "",
                do_verify: bool = False, force: bool = False) -> dict | None:
@@ -52,12 +55,6 @@ def _define_flags() -> None:
   flags.DEFINE_bool("scan_layers", False, "import: write params in the scan-over-layers layout.")
 
 
-def _require(*names: str) -> None:
-  for name in names:
-    if not flags.FLAGS[name].value:
-      raise UserError(f"--{name} is required (see the usage in `python -m crossbert_jax.export --help`)")
-
-
 @exit_on_user_error
 def main(argv: Sequence[str]) -> None:
   """CLI: export (default) or `import`."""
@@ -65,13 +62,15 @@ def main(argv: Sequence[str]) -> None:
   logging.set_verbosity(logging.WARNING)  # Orbax restore chatter.
   command = argv[1] if len(argv) > 1 else "export"
   if len(argv) > 2 or command not in ("export", "import"):
-    raise UserError(f"unexpected arguments {argv[1:]}: use no command (export) or `import`")
+    raise unexpected_arguments(argv[1:], ": use no command (export) or `import`")
   if command == "import":
-    _require("hf", "output")
+    for name in ("hf", "output"):
+      require(name, advice=_SEE_USAGE)
     out = import_hf(f.hf, f.output, f.objective, f.scan_layers, f.force)
     print(f"imported {f.hf} -> {out}/{PARAMS_FILE} + config.json")
   else:
-    _require("workdir", "output")
+    for name in ("workdir", "output"):
+      require(name, advice=_SEE_USAGE)
     result = export_run(f.workdir, f.output, f.step, f.tokenizer, f.verify, f.force)
     print(f"exported {f.workdir} -> {f.output}")
     if result:

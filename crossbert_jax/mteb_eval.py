@@ -15,7 +15,8 @@ from absl import logging
 from etils import epath
 
 from crossbert_jax.core import outputs
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import UserError, exit_on_user_error, no_positional, parse_flags_or_exit
+from crossbert_jax.evaluation import columns
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation import mteb_run
 from crossbert_jax.evaluation import mteb_table
@@ -50,20 +51,22 @@ def _sources(f, options) -> list[tuple[str, MtebEncoder]]:
   mteb keys a result by model name and revision: the revision carries a digest of the model's identity (its
   absolute path, and step), so runs whose folders have the same name never share a result.
   """
-  from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
+  from crossbert_jax.evaluation import run_models  # Local: pulls in the checkpoint stack.
+  from crossbert_jax.run import load
 
   poolers, used, out = [pooler_lib.load_pooler(p) for p in f.pooler], set(), []
   for kind, source in [("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf]:
     if kind == "workdir":
-      emb, label = evaluate.jax_model(source, f.step, options, f.tokenizer, progress=False)
+      emb, label = run_models.jax_model(source, load.load_for_evaluation(source, f.step, f.tokenizer), options,
+                                        progress=False)
       name, revision = label.split("@")[0], f"step{label.split('@')[1]}"
     else:
       emb = embedder_lib.HFEmbedder(source, options, progress=False)
       name, revision = epath.Path(source.rstrip("/")).name, "hf"
       label = f"hf:{name}"
-    label = evaluate.column_label(label, source, [col for col, _ in out])
+    label = columns.column_label(label, source, [col for col, _ in out])
     revision += f"-{hashlib.sha256(emb.identity.encode()).hexdigest()[:8]}"
-    for col, model in evaluate._with_poolers(emb, label, poolers, used):  # pylint: disable=protected-access
+    for col, model in columns.with_poolers(emb, label, poolers, used):
       suffix = col[len(label):].lstrip("+")
       rev = revision + (f"-{suffix}-{model.pooler.digest[:8]}" if suffix else "")
       out.append((col, MtebEncoder(model, name=f"crossbert_jax/{name}", normalize=f.normalize, revision=rev)))
@@ -78,11 +81,9 @@ def _check_inputs(f) -> None:
   """Before any slow work: the models, --data_dir, and --output_dir, which mteb adds its results to (and
   resumes from), deleting nothing: it may not be, contain or sit inside an input, nor hold or sit inside a
   training run (core/outputs.py, as export and pooler)."""
-  from crossbert_jax import evaluate  # Local: pulls in the checkpoint stack.
-
   if not f.workdir and not f.hf:
     raise UserError("nothing to evaluate: pass --workdir=RUN and/or --hf=DIR")
-  evaluate.check_distinct([("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf])
+  columns.check_distinct([("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf])
   if f.data_dir and not epath.Path(f.data_dir).is_dir():
     raise UserError(f"--data_dir={f.data_dir} is not a folder: make one with tools/mteb_local_data.py")
   inputs = [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf] + \
@@ -107,8 +108,7 @@ def _task_plan(f) -> tuple[list, mteb_run.TaskPlan]:
 @exit_on_user_error
 def main(argv: Sequence[str]) -> None:
   """CLI entry point."""
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {' '.join(argv[1:])}; every option is a --flag")
+  no_positional(argv, "; every option is a --flag", joined=True)
   f = flags.FLAGS
   logging.set_verbosity(logging.WARNING)  # Orbax restore chatter (dozens of INFO lines before any error).
   _check_inputs(f)

@@ -17,7 +17,7 @@ from absl import flags
 from absl import logging
 
 from crossbert_jax.core import outputs
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import UserError, exit_on_user_error, no_positional, parse_flags_or_exit
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation import pooler as pooler_lib
 from crossbert_jax.hf import convert
@@ -114,8 +114,7 @@ def emb_path(emb) -> str:
 @exit_on_user_error
 def main(argv: Sequence[str]) -> None:
   """CLI entry point."""
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {' '.join(argv[1:])}; every option is a --flag")
+  no_positional(argv, "; every option is a --flag", joined=True)
   f = flags.FLAGS
   logging.set_verbosity(logging.WARNING)  # Orbax restore chatter.
   if not f.pairs:

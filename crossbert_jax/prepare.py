@@ -13,7 +13,7 @@ from absl import app
 from absl import flags
 
 from crossbert_jax.core import choices, formats
-from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import EXIT_STOPPED, exit_on_user_error, no_positional, parse_flags_or_exit, require
 from crossbert_jax.data import prepare
 from crossbert_jax.data import tokenizer as tokenizer_lib
 
@@ -40,11 +40,9 @@ def _define_flags() -> None:
 def main(argv: Sequence[str]) -> None:
   """CLI body: writes the shards and prints a summary line."""
   f = flags.FLAGS
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {argv[1:]}: pass everything as --flags")
+  no_positional(argv, ": pass everything as --flags")
   for name in ("input", "output", "shards"):
-    if f[name].value in (None, ""):
-      raise UserError(f"--{name} is required (e.g. --input=corpus/ --output=gs://bucket/corpus --shards=64)")
+    require(name, advice=" (e.g. --input=corpus/ --output=gs://bucket/corpus --shards=64)")
   tok = tokenizer_lib.Tokenizer.load(f.tokenizer) if f.tokenizer else None
   done_before = prepare.finished(f.output)
   try:

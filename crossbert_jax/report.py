@@ -10,7 +10,7 @@ import pathlib
 from absl import app, flags
 
 from crossbert_jax.core import outputs
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import exit_on_user_error, no_positional, parse_flags_or_exit, require
 from crossbert_jax.scaling import report
 
 REPORT_FILE = "report.md"  # What scaling.report.write_report writes next to its PNGs.
@@ -22,10 +22,8 @@ _FORCE = flags.DEFINE_bool("force", False, "Replace the report.md (and PNGs) alr
 
 @exit_on_user_error
 def main(argv):
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {argv[1:]}; use --root=... --output=...")
-  if not _ROOT.value or not _OUTPUT.value:
-    raise UserError("--root and --output are required, e.g. --root=runs/sweeps/x --output=docs/results/x")
+  no_positional(argv, "; use --root=... --output=...")
+  require("root", "output", advice=", e.g. --root=runs/sweeps/x --output=docs/results/x")
   root, output = pathlib.Path(_ROOT.value), pathlib.Path(_OUTPUT.value)
   # Written beside --output and moved in at the end: a failure leaves the folder as it was.
   with outputs.staged_files(output, _FORCE.value, marker=REPORT_FILE, inputs={"--root": root}) as tmp:

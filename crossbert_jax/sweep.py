@@ -17,7 +17,8 @@ import sys
 
 from absl import app, flags
 
-from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import (EXIT_STOPPED, UserError, exit_on_user_error, no_positional,
+                                      parse_flags_or_exit, require)
 from crossbert_jax.scaling import placement
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling import spec as spec_lib
@@ -36,10 +37,8 @@ _RAY_ADDRESS = flags.DEFINE_string("ray_address", "", "--executor=ray: the clust
 
 @exit_on_user_error
 def main(argv):
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {argv[1:]}; use --spec=... --root=...")
-  if not _SPEC.value or not _ROOT.value:
-    raise UserError("--spec and --root are required, e.g. --spec=experiments/gutenberg_cpu.py --root=runs/sweeps/x")
+  no_positional(argv, "; use --spec=... --root=...")
+  require("spec", "root", advice=", e.g. --spec=experiments/gutenberg_cpu.py --root=runs/sweeps/x")
   if not (_SCALE.value > 0 and math.isfinite(_SCALE.value)):
     raise UserError(f"--flops_scale={_SCALE.value}: must be a positive finite number (e.g. 0.01 for a smoke run)")
   root = pathlib.Path(_ROOT.value).absolute()

@@ -14,7 +14,7 @@ from absl import flags
 
 from crossbert_jax.core import choices, formats
 from crossbert_jax.core import outputs
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import exit_on_user_error, no_positional, parse_flags_or_exit, require
 from crossbert_jax.data import sources
 from crossbert_jax.data.tokenizer import Tokenizer, train_tokenizer
 
@@ -41,12 +41,9 @@ def _define_flags() -> None:
 def main(argv: Sequence[str]) -> None:
   """CLI body: trains a tokenizer from --input and prints the output path and vocab size."""
   f = flags.FLAGS
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {argv[1:]}: pass everything as --flags")
+  no_positional(argv, ": pass everything as --flags")
   for name in ("input", "vocab_size", "output"):
-    if f[name].value in (None, ""):
-      raise UserError(f"--{name} is required (e.g. --input=builtin --vocab_size=1024 "
-                      "--output=/tmp/tok.model)")
+    require(name, advice=" (e.g. --input=builtin --vocab_size=1024 --output=/tmp/tok.model)")
   outputs.check_output_file(f.output, "--output", force=f.force, suffix=".model")  # Before the slow training.
   docs = sources.iter_documents(f.input, fmt=f.format, text_field=f.text_field,
                              text_unit=f.text_unit)

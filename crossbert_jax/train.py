@@ -23,7 +23,8 @@ from ml_collections import config_flags
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import xla_flags
-from crossbert_jax.core.errors import EXIT_STOPPED, UserError, exit_on_user_error, parse_flags_or_exit
+from crossbert_jax.core.errors import (EXIT_STOPPED, UserError, exit_on_user_error, no_positional,
+                                      parse_flags_or_exit, require)
 from crossbert_jax.evaluation import runner
 from crossbert_jax.hf import import_config
 from crossbert_jax.run import compile_cache, fork, hooks as hooks_lib
@@ -75,10 +76,8 @@ def standard_hooks(c) -> list[hooks_lib.Hook]:
 
 @exit_on_user_error
 def main(argv):
-  if len(argv) > 1:
-    raise UserError(f"unexpected arguments {argv[1:]}; use --config=..., --workdir=..., --config.key=value")
-  if not _WORKDIR.value:
-    raise UserError("--workdir is required: the run directory for checkpoints and metrics")
+  no_positional(argv, "; use --config=..., --workdir=..., --config.key=value")
+  require("workdir", advice=": the run directory for checkpoints and metrics")
   xla_flags.set_cpu_flags()  # Before the first JAX computation (jax.distributed included).
   if _DISTRIBUTED.value:
     if jax.config.jax_platforms == "cpu" or _COORDINATOR.value:

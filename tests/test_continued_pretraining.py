@@ -163,10 +163,12 @@ def test_bert_continues_an_imported_modernbert(imported, tmp_path):
   config = _export_and_check(workdir, tmp_path / "export", hf)
   assert config["architectures"] == ["ModernBertForMaskedLM"]
   # The evaluation embedder (packed rows padded with the tokenizer's [PAD]) agrees with transformers.
-  from crossbert_jax import evaluate  # pylint: disable=g-import-not-at-top
   from crossbert_jax.evaluation import embedder  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.evaluation import run_models  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.run import load  # pylint: disable=g-import-not-at-top
   texts = corpus.builtin_documents()[:40] + TEXTS
-  ours, _ = evaluate.jax_model(str(workdir), None, embedder.Options(), progress=False)
+  ours, _ = run_models.jax_model(str(workdir), load.load_for_evaluation(str(workdir)), embedder.Options(),
+                                 progress=False)
   theirs = embedder.HFEmbedder(str(tmp_path / "export"), embedder.Options())
   np.testing.assert_allclose(ours.embed(texts), theirs.embed(texts), atol=1e-4)
 

@@ -52,7 +52,7 @@ def test_no_import_from_a_higher_or_sibling_layer():
       other_pkg, other_rank = _layer(imported)
       if other_pkg != pkg and (other_rank > rank or (other_rank == rank and rank != TOP)):
         bad.append(f"{name} imports {imported}")
-  assert not bad, "layering broken (see crossbert_jax/__init__.py):\n" + "\n".join(bad)
+  assert not bad, "layering broken (RANK above; docs/layout.md):\n" + "\n".join(bad)
 
 
 def test_the_run_imports_no_evaluation():
@@ -62,10 +62,17 @@ def test_the_run_imports_no_evaluation():
   assert not bad, "\n".join(bad)
 
 
-def test_commands_do_not_import_each_other_except_mteb_eval():
+def test_commands_do_not_import_each_other():
   bad = [f"{name} imports {imp}" for name, path in _modules() if _layer(name)[1] == TOP
-         for imp in _imports(path) if _layer(imp)[1] == TOP and name != "crossbert_jax.mteb_eval"]
+         for imp in _imports(path) if _layer(imp)[1] == TOP]
   assert not bad, "\n".join(bad)
+
+
+def test_commands_share_one_preamble():
+  """Positional arguments are refused by core/errors.py's no_positional (or unexpected_arguments), not by a
+  copy of its message in each command."""
+  copies = [name for name, path in _modules() if _layer(name)[1] == TOP and "unexpected arguments" in path.read_text()]
+  assert not copies, f"commands spelling out the positional-argument error: {copies}"
 
 
 def test_modules_stay_small():

@@ -8,23 +8,23 @@ import sys
 
 import pytest
 
-from crossbert_jax import evaluate
+from crossbert_jax.evaluation import columns
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 _READ_ONLY = r"""
 import pathlib, subprocess, sys
 sys.path.insert(0, sys.argv[2])
-from crossbert_jax import evaluate
+from crossbert_jax.evaluation import columns
 run = pathlib.Path(sys.argv[1]) / "run"
 run.mkdir()
 subprocess.run(["mount", "-o", "remount,ro", sys.argv[1]], check=True)
-print("cache:", evaluate.run_cache_dir(str(run)))
+print("cache:", columns.run_cache_dir(str(run)))
 """
 
 
 def test_writable_run_caches_in_its_workdir(tmp_path):
-  assert evaluate.run_cache_dir(str(tmp_path / "run")) == tmp_path / "run" / "eval_cache"
+  assert columns.run_cache_dir(str(tmp_path / "run")) == tmp_path / "run" / "eval_cache"
   assert not list((tmp_path / "run" / "eval_cache").iterdir()), "the write probe is removed"
 
 

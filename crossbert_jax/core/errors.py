@@ -3,7 +3,7 @@
 import os
 import re
 import sys
-from typing import Callable
+from typing import Callable, Sequence
 
 # Exit statuses of the commands, for schedulers and launch scripts.
 EXIT_OK = 0  # Finished (or nothing left to do).
@@ -64,6 +64,29 @@ def _quiet_stderr() -> None:
   devnull = os.open(os.devnull, os.O_WRONLY)
   os.dup2(devnull, 2)
   os.close(devnull)
+
+
+def unexpected_arguments(args: Sequence[str], advice: str, joined: bool = False) -> UserError:
+  """The error for a command's positional `args`: `unexpected arguments ['a', 'b']<advice>`, or with `joined`
+  `unexpected arguments a b<advice>`. `advice` follows verbatim, its separator included ("; use --x=...")."""
+  return UserError(f"unexpected arguments {' '.join(args) if joined else list(args)}{advice}")
+
+
+def no_positional(argv: Sequence[str], advice: str, joined: bool = False) -> None:
+  """The first check of a command's main(argv): refuses any argument after the program name (every
+  option is a --flag), with `unexpected_arguments`' line."""
+  if len(argv) > 1:
+    raise unexpected_arguments(argv[1:], advice, joined)
+
+
+def require(*names: str, advice: str) -> None:
+  """Refuses unless every absl flag in `names` is set (neither None nor ""), in one line naming them all:
+  `--a is required<advice>` or `--a and --b are required<advice>`; `advice` follows verbatim."""
+  from absl import flags  # Local: this module stays importable without absl.
+
+  if any(flags.FLAGS[name].value in (None, "") for name in names):
+    verb = "is" if len(names) == 1 else "are"
+    raise UserError(f"{' and '.join(f'--{n}' for n in names)} {verb} required{advice}")
 
 
 def parse_flags_or_exit(argv: list[str]) -> list[str]:

@@ -112,6 +112,14 @@ def run_tokenizer(workdir: str | epath.Path, config: plan_lib.Settings, step: in
   return tok
 
 
+def load_for_evaluation(workdir: str | epath.Path, step: int | None = None,
+                        tokenizer_path: str = "") -> tuple[plan_lib.Settings, Any, tokenizer_lib.AnyTokenizer, int]:
+  """(config, params, its checked tokenizer, step) of a run's checkpoint: what the evaluation commands
+  score (`evaluation/run_models.py`)."""
+  config, params, step = load_run(workdir, step)
+  return config, params, run_tokenizer(workdir, config, step, tokenizer_path), step
+
+
 def init_params(config: plan_lib.Settings) -> Any:
   """The params a fresh run of `config` starts from (its step 0, before any `train.init_from`).
 
