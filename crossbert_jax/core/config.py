@@ -211,7 +211,7 @@ def from_flag(value) -> ml_collections.ConfigDict:
   if missing:
     more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
     raise UserError(f"--config file lacks config key {missing[0]}{more}: build it with get_config(objective, "
-                    "variant) from crossbert_jax/core/config.py, which declares every key")
+                    "variant) from crossbert_jax/core/config.py (every key: core/sections.py)")
   return value
 
 

@@ -124,8 +124,8 @@ def _unknown_key(e: Exception, argv: list[str]) -> str:
   overridden = [a for a in argv if a.startswith("--config.") and f".{key}" in a.split("=")[0]]
   where = (f"in the override {overridden[0].split('=')[0]}" if overridden
            else "(set by the --config file)" if locked else "(the --config file lacks it)")
-  return (f"unknown config key {key!r} {where}; every key is declared in crossbert_jax/core/config.py "
-          "(a config file builds on its get_config)")
+  return (f"unknown config key {key!r} {where}; every key is declared in crossbert_jax/core/sections.py "
+          "(a config file builds on core/config.get_config)")
 
 
 def _no_get_config(e: AttributeError, argv: list[str]) -> str | None:
