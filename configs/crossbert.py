@@ -34,8 +34,9 @@ def base_recipe():
   c.train.batch_ramp.stages = 3  # 128, 256, 384 sequences, then 512.
   c.train.phases = (
       {"steps": 180_000, "data.seq_len": 1024, "model.rope_theta": 10_000.0},
-      {"data.seq_len": 8192, "train.batch_size": 128, "model.rope_theta": 160_000.0, "train.learning_rate": 3e-4,
-       "data.shuffle_seed": 1},
+      {
+          "data.seq_len": 8192, "train.batch_size": 128, "model.rope_theta": 160_000.0, "train.learning_rate": 3e-4,
+          "data.shuffle_seed": 1},
   )
   return c
 
@@ -59,8 +60,8 @@ def tiny_recipe():
   )
   # Two sources, 70:30 by documents, in both phases: the built-in corpus and the shared WikiText-2
   # (../shared/data, as the experiments/ specs; a fresh clone without it: drop the second source).
-  c.data.mixture = ({"path": "builtin", "weight": 0.7},
-                    {"path": "../shared/data/wikitext-2/valid.txt", "weight": 0.3, "name": "wikitext"})
+  c.data.mixture = ({"path": "builtin",
+                     "weight": 0.7}, {"path": "../shared/data/wikitext-2/valid.txt", "weight": 0.3, "name": "wikitext"})
   return c
 
 

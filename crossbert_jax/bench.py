@@ -23,16 +23,17 @@ _STEPS = flags.DEFINE_integer("steps", 5, "Timed steps per case.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps per case after compilation.")
 _MATMUL = flags.DEFINE_integer("matmul_size", 2048, "N of the N x N @ N x N float32 reference matmul.")
 _MATMUL_REPEATS = flags.DEFINE_integer("matmul_repeats", 10, "Timed runs of the reference matmul.")
-_CASES = flags.DEFINE_list("cases", [], "Subset of case names to run (default: all). The reference "
-                           "case bert_r0.15 is always run.")
+_CASES = flags.DEFINE_list(
+    "cases", [], "Subset of case names to run (default: all). The reference "
+    "case bert_r0.15 is always run.")
 _LONG_LEN = flags.DEFINE_integer("long_len", 2048, "Length of the dense-vs-chunked attention rows (0: skip).")
 _LONG_BATCH = flags.DEFINE_integer("long_batch", 2, "Batch of the dense-vs-chunked attention rows.")
 _PHASE = flags.DEFINE_integer("phase", 0, "Of a phased config: the phase whose batch, length, RoPE to time.")
 _DATA = flags.DEFINE_bool("data", False, "Run the input-pipeline benchmark instead (perf/feed_bench.py).")
 _FORCE = flags.DEFINE_bool("force", False, "Replace an existing --out file.")
 # The train-step flags `--data` has no use for: given with it, they are refused rather than ignored.
-_TRAIN_STEP_ONLY = ("config", "seq_len", "steps", "warmup", "cases", "long_len", "long_batch", "phase",
-                    "matmul_size", "matmul_repeats")
+_TRAIN_STEP_ONLY = ("config", "seq_len", "steps", "warmup", "cases", "long_len", "long_batch", "phase", "matmul_size",
+                    "matmul_repeats")
 
 
 @exit_on_user_error

@@ -28,12 +28,14 @@ from crossbert_jax.perf import aot, machine
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and variant, e.g. configs/crossbert.py:base.",
                                           lock_config=True)
-_TOPOLOGY = flags.DEFINE_string("topology", "", "TPU topology GENERATION:SHAPE, e.g. v5p:4x4x8 (v5p-256) or "
-                                "v5e:4x4; empty: the local devices.")
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", "", "TPU topology GENERATION:SHAPE, e.g. v5p:4x4x8 (v5p-256) or "
+    "v5e:4x4; empty: the local devices.")
 _OUT = flags.DEFINE_string("out", "", "Write the report as JSON here (any epath); an existing file only with --force.")
 _FORCE = flags.DEFINE_bool("force", False, "Replace an existing --out file.")
-_CHIP = flags.DEFINE_string("chip", "", "The roofline's chip: v4, v5e, v5p, v6e, h100, h200, or 'measured' (this "
-                            "machine's matmul FLOP/s and memory bandwidth); empty: the topology's or the device's.")
+_CHIP = flags.DEFINE_string(
+    "chip", "", "The roofline's chip: v4, v5e, v5p, v6e, h100, h200, or 'measured' (this "
+    "machine's matmul FLOP/s and memory bandwidth); empty: the topology's or the device's.")
 _PARAMS = flags.DEFINE_bool("print_params", True, "Print the param sharding table.")
 
 

@@ -40,26 +40,31 @@ def _define_flags() -> None:
   flags.DEFINE_multi_string("workdir", [], "Training run workdir(s); several give side-by-side columns.")
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest) for every --workdir.")
   flags.DEFINE_multi_string("hf", [], "Local Hugging Face encoder folder(s) (transformers, torch CPU).")
-  flags.DEFINE_string("tokenizer", "", "SentencePiece .model or HF tokenizer.json / folder for --workdir runs "
-                      "(default: the run's config).")
+  flags.DEFINE_string(
+      "tokenizer", "", "SentencePiece .model or HF tokenizer.json / folder for --workdir runs "
+      "(default: the run's config).")
   flags.DEFINE_string("data_dir", "", "Root of the task data (the folder holding SOURCES.md).")
-  flags.DEFINE_string("tasks", None, f"Comma-separated tasks ({','.join(eval_tasks.ALL_TASKS)}) or 'all' "
-                      "(default: all, or none when --generic_train, --task_file or --retrieval is given).")
+  flags.DEFINE_string(
+      "tasks", None, f"Comma-separated tasks ({','.join(eval_tasks.ALL_TASKS)}) or 'all' "
+      "(default: all, or none when --generic_train, --task_file or --retrieval is given).")
   flags.DEFINE_string("output", "", "JSON output path; the markdown table goes next to it as .md.")
   flags.DEFINE_bool("force", False, "Replace an existing --output (and its .md) instead of refusing.")
   flags.DEFINE_string("layers", "-1", "Layer(s) to pool: -1 final, 0 embeddings; several are averaged.")
   flags.DEFINE_enum("pooling", "mean", list(embedder_lib.POOLINGS), "Pooling over tokens.")
   flags.DEFINE_enum("pair_mode", "joint", list(embedder_lib.PAIR_MODES),
                     "joint: one sequence [CLS] a [SEP] b [SEP]; senteval: [u, v, |u-v|, u*v].")
-  flags.DEFINE_integer("max_length", 256, "Max tokens per sequence (pairs trim the longer side; SciFact "
-                       "abstracts are the only texts often longer).")
+  flags.DEFINE_integer(
+      "max_length", 256, "Max tokens per sequence (pairs trim the longer side; SciFact "
+      "abstracts are the only texts often longer).")
   flags.DEFINE_integer("max_examples", 0, "Per split, a seeded subset of this many rows (0: all).")
   flags.DEFINE_integer("seed", 0, "Seed of subsets, validation splits and folds.")
   flags.DEFINE_multi_string("retrieval", [], "BEIR folder(s), absolute or under --data_dir (e.g. beir/scifact).")
-  flags.DEFINE_integer("retrieval_max_docs", 0, "0: the whole corpus; N: the judged documents plus the first N "
-                       "others (smaller and easier: smoke tests only).")
-  flags.DEFINE_string("cache_dir", "", "Embedding cache (default: <workdir>/eval_cache, or "
-                      "~/.cache/crossbert_jax/eval_cache/... when the run is read-only; --hf: none).")
+  flags.DEFINE_integer(
+      "retrieval_max_docs", 0, "0: the whole corpus; N: the judged documents plus the first N "
+      "others (smaller and easier: smoke tests only).")
+  flags.DEFINE_string(
+      "cache_dir", "", "Embedding cache (default: <workdir>/eval_cache, or "
+      "~/.cache/crossbert_jax/eval_cache/... when the run is read-only; --hf: none).")
   flags.DEFINE_bool("cache", True, "Cache embeddings on disk (--nocache: off).")
   flags.DEFINE_bool("progress", True, "Progress bars on the terminal.")
   flags.DEFINE_string("generic_train", "", "Your own task: a .tsv (with header) or .jsonl file to fit on.")
@@ -70,15 +75,18 @@ def _define_flags() -> None:
   flags.DEFINE_string("generic_type", eval_tasks.CLASSIFICATION, f"One of {', '.join(generic.TYPES)}.")
   flags.DEFINE_string("generic_name", "generic", "Name of your task in the output.")
   flags.DEFINE_multi_string("task_file", [], "JSON (or YAML) file listing your own tasks (docs/evaluation.md).")
-  flags.DEFINE_bool("word_order", False, "Only the built-in word-order probe (no --data_dir): each --workdir "
-                    "against its random init (make demo's last step).")
-  flags.DEFINE_string("benchmark", "", "glue: frozen GLUE by name (the Hub, the datasets cache, a copy in the Hub's "
-                      "layout or the shared files in --data_dir), resumable per task, table in --output_dir.")
+  flags.DEFINE_bool(
+      "word_order", False, "Only the built-in word-order probe (no --data_dir): each --workdir "
+      "against its random init (make demo's last step).")
+  flags.DEFINE_string(
+      "benchmark", "", "glue: frozen GLUE by name (the Hub, the datasets cache, a copy in the Hub's "
+      "layout or the shared files in --data_dir), resumable per task, table in --output_dir.")
   flags.DEFINE_integer("probe_seeds", 3, "--benchmark: probe seeds (each its own validation slice): mean and spread.")
   flags.DEFINE_string("output_dir", "glue_results", "--benchmark: the table and each task's saved result (resume).")
   flags.DEFINE_bool("strict", False, "--benchmark: refuse to start when a task has no data (default: skip it).")
-  flags.DEFINE_multi_string("pooler", [], "Pooler folder(s) from crossbert_jax.pooler: adds a '+pooler' column "
-                            "next to the model it was trained on.")
+  flags.DEFINE_multi_string(
+      "pooler", [], "Pooler folder(s) from crossbert_jax.pooler: adds a '+pooler' column "
+      "next to the model it was trained on.")
 
 
 def _load_tasks(f) -> list[eval_tasks.Task]:
@@ -97,8 +105,9 @@ def _load_tasks(f) -> list[eval_tasks.Task]:
 
 def _own_tasks(f) -> list[eval_tasks.Task]:
   """--generic_* and --task_file tasks."""
-  specs = [generic.GenericSpec(f.generic_train, f.generic_eval, f.generic_text, f.generic_pair, f.generic_label,
-                               f.generic_type, f.generic_name)] if f.generic_train else []
+  specs = [
+      generic.GenericSpec(f.generic_train, f.generic_eval, f.generic_text, f.generic_pair, f.generic_label,
+                          f.generic_type, f.generic_name)] if f.generic_train else []
   for path in f.task_file:
     specs += generic.read_task_file(path)
   return [generic.read_generic(s) for s in specs]
@@ -116,8 +125,9 @@ def _retrieval_dirs(f) -> list[str]:
 
 def _word_order(f) -> None:
   """--word_order: prints `run_models.word_order_report` for each --workdir; refuses the flags it would ignore."""
-  ignored = [n for n in ("hf", "tasks", "retrieval", "generic_train", "task_file", "pooler", "output", "benchmark",
-                         "layers", "pooling", "pair_mode", "max_length", "max_examples") if f[n].present]
+  ignored = [
+      n for n in ("hf", "tasks", "retrieval", "generic_train", "task_file", "pooler", "output", "benchmark", "layers",
+                  "pooling", "pair_mode", "max_length", "max_examples") if f[n].present]
   if ignored:
     raise UserError("--word_order scores each --workdir against its random init on built-in data only: "
                     f"drop --{ignored[0]}, or run it separately")
@@ -183,10 +193,10 @@ def _glue(f, options: embedder_lib.Options) -> None:
   sources, skipped = _glue_plan(f)
   tasks = {n: glue_data.load(n, s, f.data_dir) for n, s in sources.items()}  # Bad files: refused before models.
   labels = {n: glue_data.source_label(s, f.data_dir) for n, s in sources.items()}
-  settings = {"benchmark": "glue", "hub_revision": glue.HUB_REVISION, "sources": labels,
-              "layers": list(options.layers), "pooling": options.pooling, "pair_mode": options.pair_mode,
-              "max_length": options.max_length, "max_examples": f.max_examples, "seed": f.seed,
-              "probe_seeds": f.probe_seeds}
+  settings = {
+      "benchmark": "glue", "hub_revision": glue.HUB_REVISION, "sources": labels, "layers": list(options.layers),
+      "pooling": options.pooling, "pair_mode": options.pair_mode, "max_length": options.max_length,
+      "max_examples": f.max_examples, "seed": f.seed, "probe_seeds": f.probe_seeds}
   digest, out_dir = glue_run.settings_digest(settings), epath.Path(f.output_dir)
   results, models = {}, _models(f, options)
   with outputs.removed_unless_written(f.output_dir):
@@ -242,11 +252,10 @@ def main(argv: Sequence[str]) -> None:
   table = markdown_table(results)
   print(table, flush=True)
   if out is not None:
-    settings = {"tasks": [t.name for t in tasks], "task_files": f.task_file, "poolers": f.pooler,
-                "retrieval": f.retrieval, "layers": list(options.layers),
-                "pooling": f.pooling, "pair_mode": f.pair_mode, "max_length": f.max_length,
-                "max_examples": f.max_examples, "seed": f.seed, "step": f.step,
-                "retrieval_max_docs": f.retrieval_max_docs}
+    settings = {
+        "tasks": [t.name for t in tasks], "task_files": f.task_file, "poolers": f.pooler, "retrieval": f.retrieval,
+        "layers": list(options.layers), "pooling": f.pooling, "pair_mode": f.pair_mode, "max_length": f.max_length,
+        "max_examples": f.max_examples, "seed": f.seed, "step": f.step, "retrieval_max_docs": f.retrieval_max_docs}
     try:
       out.parent.mkdir(parents=True, exist_ok=True)
       out.write_text(json.dumps({"settings": settings, "models": results}, indent=1, default=_json_default))
@@ -260,8 +269,8 @@ def main(argv: Sequence[str]) -> None:
         _record_in_workdir(source, model.identity, label, settings, results[label])
 
 
-def _record_in_workdir(workdir: str, identity: str, label: str, settings: dict[str, Any],
-                       result: dict[str, Any], merge: bool = False) -> None:
+def _record_in_workdir(workdir: str, identity: str, label: str, settings: dict[str, Any], result: dict[str, Any],
+                       merge: bool = False) -> None:
   """The run's own scores as <workdir>/eval_results.json, which export's model card reports.
 
   result: evaluate_model's result, or (merge) flat scores added to a record of the same step (--benchmark).
@@ -278,8 +287,9 @@ def _record_in_workdir(workdir: str, identity: str, label: str, settings: dict[s
       record = old
     path.write_text(json.dumps(record, indent=1))
   except (OSError, ValueError) as e:
-    print(f"warning: could not record the scores in {path} ({getattr(e, 'strerror', None) or e}); the model card "
-          "will not show them", flush=True)
+    print(
+        f"warning: could not record the scores in {path} ({getattr(e, 'strerror', None) or e}); the model card "
+        "will not show them", flush=True)
 
 
 def _json_default(value):

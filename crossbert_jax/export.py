@@ -23,20 +23,19 @@ from crossbert_jax.run import load, metrics
 _SEE_USAGE = " (see the usage in `python -m crossbert_jax.export --help`)"
 
 
-def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "",
-               do_verify: bool = False, force: bool = False) -> dict | None:
+def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "", do_verify: bool = False,
+               force: bool = False) -> dict | None:
   """Exports a training run's checkpoint (latest, or `step`) to the HF folder `output`."""
   outputs.check_output_dir(output, force, inputs={"--workdir": workdir})  # Before the slow restore.
   config, params, step = load.load_run(workdir, step)
   tok = load.run_tokenizer(workdir, config, step, tokenizer)
   rows = metrics.read_metrics(workdir) if metrics.metrics_files(workdir) else None
   info = hf_files.run_summary(epath.Path(workdir), config, step, rows)
-  return export(config, params, tok, output, do_verify=do_verify, force=force, info=info,
-                workdir=workdir)
-
+  return export(config, params, tok, output, do_verify=do_verify, force=force, info=info, workdir=workdir)
 
 
 # -- CLI -------------------------------------------------------------------------------------
+
 
 def _define_flags() -> None:
   """Defines the CLI flags (only when run as a program, so importers get no stray flags)."""
@@ -45,8 +44,9 @@ def _define_flags() -> None:
   flags.DEFINE_string("workdir", None, "export: the training run's workdir.")
   flags.DEFINE_integer("step", None, "export: checkpoint step (default: the latest).")
   flags.DEFINE_string("output", None, "export: HF folder to write; import: params folder to write.")
-  flags.DEFINE_string("tokenizer", "", "export: SentencePiece model or HF tokenizer.json / folder (default: the "
-                      "run's data.tokenizer).")
+  flags.DEFINE_string(
+      "tokenizer", "", "export: SentencePiece model or HF tokenizer.json / folder (default: the "
+      "run's data.tokenizer).")
   flags.DEFINE_bool("verify", False, "export: check the folder against transformers and sentence-transformers.")
   flags.DEFINE_bool("force", False, "Overwrite a non-empty --output.")
   flags.DEFINE_string("hf", None, "import: a ModernBERT folder (config.json + model.safetensors).")

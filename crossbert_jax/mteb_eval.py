@@ -30,10 +30,12 @@ def _define_flags() -> None:
   flags.DEFINE_multi_string("workdir", [], "Training run workdir(s); several give side-by-side columns.")
   flags.DEFINE_integer("step", None, "Checkpoint step (default: latest) for every --workdir.")
   flags.DEFINE_multi_string("hf", [], "Local Hugging Face encoder folder(s).")
-  flags.DEFINE_multi_string("pooler", [], "Pooler folder(s) from crossbert_jax.pooler: a '+pooler' column for the "
-                            "--workdir / --hf it was trained on (the paper's frozen encoder + pooler).")
-  flags.DEFINE_string("tokenizer", "", "SentencePiece .model or HF tokenizer.json / folder for --workdir "
-                      "(default: the run's config).")
+  flags.DEFINE_multi_string(
+      "pooler", [], "Pooler folder(s) from crossbert_jax.pooler: a '+pooler' column for the "
+      "--workdir / --hf it was trained on (the paper's frozen encoder + pooler).")
+  flags.DEFINE_string(
+      "tokenizer", "", "SentencePiece .model or HF tokenizer.json / folder for --workdir "
+      "(default: the run's config).")
   flags.DEFINE_string("benchmark", "", "An mteb benchmark name, e.g. 'MTEB(eng, v2)'.")
   flags.DEFINE_string("tasks", "", "Comma-separated MTEB task names (narrows --benchmark when both are given).")
   flags.DEFINE_string("layers", "-1", "Layer(s) to pool (as crossbert_jax.evaluate).")
@@ -129,8 +131,9 @@ def main(argv: Sequence[str]) -> None:
   mteb_table.write(epath.Path(f.output_dir) / TABLE_FILE, table, types)
   print(mteb_table.markdown(table, types), flush=True)
   if failed:
-    print(f"{len(failed)} task(s) failed to load from the Hub cache: {', '.join(failed)} (see docs/evaluation.md, "
-          "offline recipe)", flush=True)
+    print(
+        f"{len(failed)} task(s) failed to load from the Hub cache: {', '.join(failed)} (see docs/evaluation.md, "
+        "offline recipe)", flush=True)
 
 
 if __name__ == "__main__":

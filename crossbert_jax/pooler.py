@@ -30,14 +30,17 @@ def _define_flags() -> None:
   flags.DEFINE_string("workdir", "", "Training run workdir (its encoder stays frozen).")
   flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
   flags.DEFINE_string("hf", "", "A local Hugging Face encoder folder instead of --workdir (mean pooler only).")
-  flags.DEFINE_string("tokenizer", "", "SentencePiece .model or HF tokenizer.json / folder for --workdir "
-                      "(default: the run's config).")
-  flags.DEFINE_string("pairs", "", "Training pairs: a SentEval NLI folder (e.g. .../senteval/downstream/SNLI: "
-                      "entailments as positives, contradictions as hard negatives) or a .tsv/.jsonl file.")
+  flags.DEFINE_string(
+      "tokenizer", "", "SentencePiece .model or HF tokenizer.json / folder for --workdir "
+      "(default: the run's config).")
+  flags.DEFINE_string(
+      "pairs", "", "Training pairs: a SentEval NLI folder (e.g. .../senteval/downstream/SNLI: "
+      "entailments as positives, contradictions as hard negatives) or a .tsv/.jsonl file.")
   flags.DEFINE_string("pairs_split", "dev", "Split of a SentEval NLI folder (SNLI here: dev; keep test for scoring).")
   flags.DEFINE_list("pairs_columns", ["anchor", "positive", "negative"], "Columns of a pairs file (2 or 3).")
-  flags.DEFINE_enum("kind", "mean", list(pooler_lib.KINDS), "mean: mean pooling + linear map; attention: a "
-                    "learned-query attention pooling + linear map (no sentence-transformers export).")
+  flags.DEFINE_enum(
+      "kind", "mean", list(pooler_lib.KINDS), "mean: mean pooling + linear map; attention: a "
+      "learned-query attention pooling + linear map (no sentence-transformers export).")
   flags.DEFINE_integer("out_dim", 0, "Pooler output width (0: the encoder's width).")
   flags.DEFINE_integer("steps", 300, "Training steps.")
   flags.DEFINE_integer("batch_size", 64, "Pairs per step (in-batch negatives).")
@@ -96,11 +99,12 @@ def export_sentence_transformers(output: str, emb, pooler: pooler_lib.LoadedPool
     st = SentenceTransformer(str(tmp), device="cpu")
     # Compared at the folder's own truncation (the run's sequence length), which may be below --max_length.
     same = embedder_lib.Options(max_length=min(st.max_seq_length or seq_len, emb.options.max_length))
-    ours = (embedder_lib.JaxEmbedder(emb.spec, emb.params, emb.tok, same, emb.identity) if run is not None
-            else embedder_lib.HFEmbedder(emb_path(emb), same))
+    ours = (embedder_lib.JaxEmbedder(emb.spec, emb.params, emb.tok, same, emb.identity)
+            if run is not None else embedder_lib.HFEmbedder(emb_path(emb), same))
     st.max_seq_length = same.max_length
-    diff = float(np.abs(st.encode(sentences, convert_to_numpy=True) -
-                        pooler_lib.PoolerEmbedder(ours, pooler).embed(sentences)).max())
+    diff = float(
+        np.abs(st.encode(sentences, convert_to_numpy=True) -
+               pooler_lib.PoolerEmbedder(ours, pooler).embed(sentences)).max())
     if not diff <= convert.TOLERANCE:
       raise UserError(f"--export: SentenceTransformer differs from the JAX pooler by {diff:.2e} "
                       f"(> {convert.TOLERANCE:g}); the export does not match")
@@ -132,8 +136,8 @@ def main(argv: Sequence[str]) -> None:
     outputs.check_output_dir(f.export, f.force, flag="--export", inputs=export_inputs)
     if f.kind != "mean":
       raise UserError("--export: sentence-transformers has no attention-pooling module; use --kind=mean")
-  opts = pooler_lib.TrainOptions(f.kind, f.out_dim, f.steps, f.batch_size, f.learning_rate, f.scale,
-                                 f.hard_negatives, f.seed)
+  opts = pooler_lib.TrainOptions(f.kind, f.out_dim, f.steps, f.batch_size, f.learning_rate, f.scale, f.hard_negatives,
+                                 f.seed)
   opts.check()
   if f.max_length < 2:
     raise UserError(f"--max_length={f.max_length}: sentences need at least 2 tokens (e.g. --max_length=128)")
@@ -142,24 +146,28 @@ def main(argv: Sequence[str]) -> None:
   texts, triples = pooler_lib.triples_from(anchors, positives, negatives if f.hard_negatives else None)
   start = time.perf_counter()
   features = pooler_lib.frozen_features(emb, f.kind, texts)
-  print(f"embedded {len(texts)} sentences ({len(triples)} training rows) with the frozen encoder in "
-        f"{time.perf_counter() - start:.1f}s", flush=True)
+  print(
+      f"embedded {len(texts)} sentences ({len(triples)} training rows) with the frozen encoder in "
+      f"{time.perf_counter() - start:.1f}s", flush=True)
   start = time.perf_counter()
   params, losses = pooler_lib.train_pooler(features, triples, opts)
   seconds = time.perf_counter() - start
-  meta = {"kind": f.kind, "identity": emb.identity, "source": source, "max_length": f.max_length,
-          "in_dim": int(features.hidden_NxLxD.shape[-1]), "out_dim": int(params["dense"]["kernel"].shape[-1]),
-          "train": {**opts.__dict__, "pairs": os.path.abspath(f.pairs), "pairs_split": f.pairs_split,
-                    "rows": len(triples), "sentences": len(texts)},
-          "loss_first": losses[0], "loss_last_10": float(np.mean(losses[-10:])), "train_seconds": seconds}
+  meta = {
+      "kind": f.kind, "identity": emb.identity, "source": source, "max_length": f.max_length,
+      "in_dim": int(features.hidden_NxLxD.shape[-1]), "out_dim": int(params["dense"]["kernel"].shape[-1]), "train": {
+          **opts.__dict__, "pairs": os.path.abspath(f.pairs), "pairs_split": f.pairs_split, "rows": len(triples),
+          "sentences": len(texts)}, "loss_first": losses[0], "loss_last_10": float(np.mean(losses[-10:])),
+      "train_seconds": seconds}
   with outputs.staged_output_dir(output, f.force, **pooler_dir) as tmp:
     pooler_lib.save_pooler(str(tmp), params, meta)
-  print(f"trained the pooler in {seconds:.1f}s: loss {losses[0]:.4f} -> {meta['loss_last_10']:.4f} "
-        f"(mean of the last 10 steps); wrote {output}", flush=True)
+  print(
+      f"trained the pooler in {seconds:.1f}s: loss {losses[0]:.4f} -> {meta['loss_last_10']:.4f} "
+      f"(mean of the last 10 steps); wrote {output}", flush=True)
   if f.export:
     diff = export_sentence_transformers(f.export, emb, pooler_lib.load_pooler(output), run, f.force, export_inputs)
-    print(f"exported {f.export} (sentence-transformers: Transformer, Pooling, Dense); "
-          f"max abs diff vs JAX {diff:.2e} (tolerance {convert.TOLERANCE:g}): verified", flush=True)
+    print(
+        f"exported {f.export} (sentence-transformers: Transformer, Pooling, Dense); "
+        f"max abs diff vs JAX {diff:.2e} (tolerance {convert.TOLERANCE:g}): verified", flush=True)
 
 
 if __name__ == "__main__":

@@ -25,15 +25,15 @@ def _define_flags() -> None:
   flags.DEFINE_string("input", None, "File / dir / glob, comma-separated (a path holding commas is taken whole).")
   flags.DEFINE_string("output", None, "Folder for the shards (local or gs://).")
   flags.DEFINE_integer("shards", None, "Number of ArrayRecord shards (e.g. the number of hosts, or a multiple).")
-  flags.DEFINE_enum("format", "auto", list(formats.choices()),
-                    "Input format; auto picks by file extension.")
+  flags.DEFINE_enum("format", "auto", list(formats.choices()), "Input format; auto picks by file extension.")
   flags.DEFINE_string("text_field", "text", "Field with the text (jsonl/parquet/arrayrecord input).")
   flags.DEFINE_enum("text_unit", choices.TextUnit.PARAGRAPH.value, choices.values(choices.TextUnit),
                     "How plain-text files split into documents.")
   flags.DEFINE_integer("workers", 0, "Parallel worker processes (0: min(shards, CPUs)).")
   flags.DEFINE_bool("progress", True, "Progress bar.")
-  flags.DEFINE_string("tokenizer", "", "SentencePiece .model, or HF tokenizer.json / folder: write token ids "
-                      "(pre-tokenized shards), not text.")
+  flags.DEFINE_string(
+      "tokenizer", "", "SentencePiece .model, or HF tokenizer.json / folder: write token ids "
+      "(pre-tokenized shards), not text.")
 
 
 @exit_on_user_error
@@ -46,11 +46,12 @@ def main(argv: Sequence[str]) -> None:
   tok = tokenizer_lib.Tokenizer.load(f.tokenizer) if f.tokenizer else None
   done_before = prepare.finished(f.output)
   try:
-    counts = prepare.prepare(f.input, f.output, f.shards, fmt=f.format, text_field=f.text_field,
-                             text_unit=f.text_unit, workers=f.workers, progress=f.progress, tokenizer=tok)
+    counts = prepare.prepare(f.input, f.output, f.shards, fmt=f.format, text_field=f.text_field, text_unit=f.text_unit,
+                             workers=f.workers, progress=f.progress, tokenizer=tok)
   except prepare.Stopped as e:
-    print(f"stopped by {e}: finished shards are kept in {f.output}; rerun the same command to write the rest "
-          f"(exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
+    print(
+        f"stopped by {e}: finished shards are kept in {f.output}; rerun the same command to write the rest "
+        f"(exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
     sys.exit(EXIT_STOPPED)
   also = f" --config.data.tokenizer={f.tokenizer}" if f.tokenizer else ""
   did = "already holds" if done_before else "wrote"

@@ -17,8 +17,8 @@ import sys
 
 from absl import app, flags
 
-from crossbert_jax.core.errors import (EXIT_STOPPED, UserError, exit_on_user_error, no_positional,
-                                      parse_flags_or_exit, require)
+from crossbert_jax.core.errors import (EXIT_STOPPED, UserError, exit_on_user_error, no_positional, parse_flags_or_exit,
+                                       require)
 from crossbert_jax.scaling import placement
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling import spec as spec_lib
@@ -29,10 +29,12 @@ _ROOT = flags.DEFINE_string("root", None, "Sweep directory: plan.json, tokenizer
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Plan and print the runs (steps, FLOPs, tokens); train nothing.")
 _PRINT = flags.DEFINE_bool("print_commands", False, "Print the tokenizer and per-run train commands; run nothing.")
 _SCALE = flags.DEFINE_float("flops_scale", 1.0, "Multiply every size's FLOPs budget (e.g. 0.01 for a smoke run).")
-_EXECUTOR = flags.DEFINE_string("executor", "local", "local: one run after another here; ray: every run on a Ray "
-                                "cluster, runs at once; slurm: every run as a batch job (docs/scaling_sweeps.md).")
-_RAY_ADDRESS = flags.DEFINE_string("ray_address", "", "--executor=ray: the cluster (host:port); default RAY_ADDRESS, "
-                                   "else the cluster this machine is part of ('auto').")
+_EXECUTOR = flags.DEFINE_string(
+    "executor", "local", "local: one run after another here; ray: every run on a Ray "
+    "cluster, runs at once; slurm: every run as a batch job (docs/scaling_sweeps.md).")
+_RAY_ADDRESS = flags.DEFINE_string(
+    "ray_address", "", "--executor=ray: the cluster (host:port); default RAY_ADDRESS, "
+    "else the cluster this machine is part of ('auto').")
 
 
 @exit_on_user_error
@@ -103,8 +105,9 @@ def _run_on_cluster(executor: str, spec: dict, runs: list, places: list, root: p
     _save(root, spec, runs)
     runner.ensure_tokenizer(spec, root)
     failed = slurm_executor.submit(places, spec, root, os.getcwd(), sys.executable)
-    _end(failed, f"sweep submitted: {len(runs)} runs in {root}; rerun the same command to see which are done "
-                 "and to resubmit stopped ones")
+    _end(
+        failed, f"sweep submitted: {len(runs)} runs in {root}; rerun the same command to see which are done "
+        "and to resubmit stopped ones")
     return
   from crossbert_jax.scaling import ray_executor  # pylint: disable=g-import-not-at-top
   address = _RAY_ADDRESS.value or os.environ.get("RAY_ADDRESS") or "auto"
@@ -127,7 +130,7 @@ def _run_on_cluster(executor: str, spec: dict, runs: list, places: list, root: p
     print(f"stopped: {e} (exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
     sys.exit(EXIT_STOPPED)
   _end(failed, f"sweep done: {len(runs)} runs in {root}; report: python -m crossbert_jax.report --root={root} "
-               "--output=DIR")
+       "--output=DIR")
 
 
 def _save(root: pathlib.Path, spec: dict, runs: list) -> None:

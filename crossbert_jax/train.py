@@ -23,8 +23,8 @@ from ml_collections import config_flags
 from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import xla_flags
-from crossbert_jax.core.errors import (EXIT_STOPPED, UserError, exit_on_user_error, no_positional,
-                                      parse_flags_or_exit, require)
+from crossbert_jax.core.errors import (EXIT_STOPPED, UserError, exit_on_user_error, no_positional, parse_flags_or_exit,
+                                       require)
 from crossbert_jax.evaluation import runner
 from crossbert_jax.hf import import_config
 from crossbert_jax.run import compile_cache, fork, hooks as hooks_lib
@@ -92,12 +92,14 @@ def main(argv):
   good = f"; {last['goodput_line']}" if "goodput_line" in last else ""
   if last["status"] == "stopped":
     if jax.process_index() == 0:
-      print(f"stopped: step {last.get('step')} saved in {_WORKDIR.value}; rerun the same command to resume "
-            f"(exit {EXIT_STOPPED}){good}", file=sys.stderr, flush=True)
+      print(
+          f"stopped: step {last.get('step')} saved in {_WORKDIR.value}; rerun the same command to resume "
+          f"(exit {EXIT_STOPPED}){good}", file=sys.stderr, flush=True)
     sys.exit(EXIT_STOPPED)
   if last["status"] == "finished" and "loss" in last and jax.process_index() == 0:
-    print(f"done: step {last['step']}, loss {last['first_loss']:.4f} (first step of this run) -> "
-          f"{last['loss']:.4f}, accuracy {last['accuracy']:.4f} ({_WORKDIR.value}){good}", flush=True)
+    print(
+        f"done: step {last['step']}, loss {last['first_loss']:.4f} (first step of this run) -> "
+        f"{last['loss']:.4f}, accuracy {last['accuracy']:.4f} ({_WORKDIR.value}){good}", flush=True)
 
 
 if __name__ == "__main__":

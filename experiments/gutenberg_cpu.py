@@ -28,8 +28,7 @@ OBJECTIVES = {
     "cb_r50_k1": dict(objective="crossbert", ratio=0.5, views=1),
     "cb_r50_k2": dict(objective="crossbert", ratio=0.5, views=2),
     "cb_r75_k1": dict(objective="crossbert", ratio=0.75, views=1),
-    "cb_r50_k1_half": dict(objective="crossbert", ratio=0.5, views=1, reconstructor_width=0.5),
-}
+    "cb_r50_k1_half": dict(objective="crossbert", ratio=0.5, views=1, reconstructor_width=0.5),}
 
 # Encoder shapes (head dim 16 or 32, even for RoPE) and a FLOPs budget each. A data token costs
 # about 1 : 2.6 : 5.6 training MFLOPs across the rungs (BERT r=0.15: 0.93, 2.46, 5.20); budgets
@@ -37,8 +36,7 @@ OBJECTIVES = {
 SIZES = {
     "xs": dict(embed_dim=64, num_heads=4, num_layers=2, mlp_dim=128, flops=1.2e12, seeds=[0, 1, 2]),
     "s": dict(embed_dim=96, num_heads=6, num_layers=3, mlp_dim=192, flops=4.4e12),
-    "m": dict(embed_dim=128, num_heads=4, num_layers=4, mlp_dim=256, flops=1.3e13),
-}
+    "m": dict(embed_dim=128, num_heads=4, num_layers=4, mlp_dim=256, flops=1.3e13),}
 
 
 def get_spec():
@@ -54,8 +52,7 @@ def get_spec():
           "train.learning_rate": 2e-3,
           "checkpoint.every_steps": 200,  # Interrupted runs lose at most 200 steps.
           "metrics.log_every": 5,
-          "metrics.tensorboard": False,
-      },
+          "metrics.tensorboard": False,},
       sizes=SIZES,
       objectives=OBJECTIVES,
       seeds=[0],

@@ -39,8 +39,7 @@ OBJECTIVES = {
     "bert_r15": dict(objective="mlm", ratio=0.15, views=1),
     "bert_r30": dict(objective="mlm", ratio=0.30, views=1),
     "cb_r50_k1": dict(objective="crossbert", ratio=0.5, views=1),
-    "cb_r50_k2": dict(objective="crossbert", ratio=0.5, views=2),
-}
+    "cb_r50_k2": dict(objective="crossbert", ratio=0.5, views=2),}
 
 # Budgets (training FLOPs, ascending) grow about 3x per step within a size and with the size, so the
 # larger models also see more tokens. The smallest K=2 branch still runs 89 steps.

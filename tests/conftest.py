@@ -55,10 +55,11 @@ def tiny_run(tmp_path_factory, spm_model) -> pathlib.Path:
   from tests.helpers import cpu_env, run_module  # pylint: disable=g-import-not-at-top
 
   workdir = tmp_path_factory.mktemp("tiny_run") / "run"
-  proc = run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-                     f"--config.data.tokenizer={spm_model}", "--config.model.vocab_size=512", "--config.train.steps=5",
-                     "--config.metrics.progress_bar=False", "--config.profile.start_step=3", "--config.profile.steps=2",
-                     "--config.metrics.wandb=True"], env=cpu_env(WANDB_MODE="offline", WANDB_SILENT="true"))
+  proc = run_module([
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+      f"--config.data.tokenizer={spm_model}", "--config.model.vocab_size=512", "--config.train.steps=5",
+      "--config.metrics.progress_bar=False", "--config.profile.start_step=3", "--config.profile.steps=2",
+      "--config.metrics.wandb=True"], env=cpu_env(WANDB_MODE="offline", WANDB_SILENT="true"))
   (workdir.parent / "train.out").write_text(proc.stdout + proc.stderr)
   return workdir
 
@@ -74,15 +75,15 @@ def two_processes(tmp_path):
   root = pathlib.Path(__file__).resolve().parents[1]
   spm = tmp_path / "spm.model"
   tokenizer.train_tokenizer(corpus.builtin_documents()[:2000], 400, spm)
-  env = {**os.environ, "PYTHONPATH": str(root), "DEVICES_PER_PROCESS": "2", "PATH":
-         f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}"}
+  env = {
+      **os.environ, "PYTHONPATH": str(root), "DEVICES_PER_PROCESS": "2",
+      "PATH": f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}"}
 
   def run(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", "launch/local_multiprocess.sh", "2", "--config=configs/crossbert.py:tiny",
-         f"--workdir={tmp_path / 'run'}", f"--config.data.tokenizer={spm}",
-         "--config.metrics.progress_bar=False", *overrides],
-        cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([
+        "bash", "launch/local_multiprocess.sh", "2", "--config=configs/crossbert.py:tiny",
+        f"--workdir={tmp_path / 'run'}", f"--config.data.tokenizer={spm}", "--config.metrics.progress_bar=False",
+        *overrides], cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
 
   return run
 

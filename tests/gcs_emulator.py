@@ -69,8 +69,10 @@ def insert(request, response, storage, *args, **kwargs):
 
 def _precondition_failed(response) -> None:
   response.status = http.HTTPStatus.PRECONDITION_FAILED
-  response.json({"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
-                           "errors": [{"reason": "conditionNotMet", "message": "Precondition Failed"}]}})
+  response.json({
+      "error": {
+          "code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
+          "errors": [{"reason": "conditionNotMet", "message": "Precondition Failed"}]}})
 
 
 def delete(request, response, storage, *args, **kwargs):

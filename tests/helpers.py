@@ -15,8 +15,7 @@ def cpu_env(**extra: str) -> dict[str, str]:
   return {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), **extra}
 
 
-def run_module(args, *, env: dict[str, str] | None = None, check: bool = True, wait: bool = True,
-               timeout: int = 600):
+def run_module(args, *, env: dict[str, str] | None = None, check: bool = True, wait: bool = True, timeout: int = 600):
   """`python -m <args>` from the repo root: its CompletedProcess (a Popen if not `wait`).
 
   `check` fails the test with the command's stderr tail when it exits non-zero.

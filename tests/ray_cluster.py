@@ -16,7 +16,6 @@ import time
 
 from tests.helpers import ROOT
 
-
 # A test cluster and its drivers: CPU JAX with one device per process, no RAY_ADDRESS from outside,
 # no token authentication (a local ray.init would otherwise write ~/.ray/auth_token, which the
 # next `ray start` and driver on this machine pick up).
@@ -50,18 +49,17 @@ def processes_under(needle: str) -> list[int]:
 
 class LocalCluster:
   """One head node with `num_cpus` CPUs; `address` is host:port for --ray_address."""
-
   def __init__(self, tmp: pathlib.Path, num_cpus: int = 2, env: dict[str, str] | None = None):
     self.temp_dir = short_temp_dir()
     port = free_port()
     self.address = f"127.0.0.1:{port}"
     ray_bin = str(pathlib.Path(sys.executable).parent / "ray")
     ports = [free_port() for _ in range(4)]
-    cmd = [ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-           f"--num-cpus={num_cpus}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
-           "--disable-usage-stats", f"--node-manager-port={ports[0]}", f"--object-manager-port={ports[1]}",
-           f"--min-worker-port={ports[2]}", f"--max-worker-port={ports[2] + 200}",
-           f"--ray-client-server-port={ports[3]}"]
+    cmd = [
+        ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
+        f"--num-cpus={num_cpus}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false", "--disable-usage-stats",
+        f"--node-manager-port={ports[0]}", f"--object-manager-port={ports[1]}", f"--min-worker-port={ports[2]}",
+        f"--max-worker-port={ports[2] + 200}", f"--ray-client-server-port={ports[3]}"]
     env = {**ENV, "PYTHONPATH": str(ROOT), **(env or {})}
     self.log = open(tmp / "ray_head.log", "w")  # pylint: disable=consider-using-with
     self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,

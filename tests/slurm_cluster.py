@@ -36,7 +36,6 @@ def _free_port() -> int:
 
 class OneNode:
   """munged + slurmctld + slurmd for node `hostname -s` with `cpus` CPUs, partition `debug`."""
-
   def __init__(self, tmp: pathlib.Path, cpus: int = 2):
     self.dir = tmp / "slurm"
     for sub in ("state", "spool"):
@@ -54,8 +53,9 @@ class OneNode:
         "MpiDefault=none", "MinJobAge=600", f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
         "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP", ""]))
     self.env = {**os.environ, "SLURM_CONF": str(conf)}
-    subprocess.run(["munged", f"--socket={d}/munge.sock", f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log",
-                    f"--seed-file={d}/munge.seed", "--force"], check=True, timeout=30)
+    subprocess.run([
+        "munged", f"--socket={d}/munge.sock", f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log",
+        f"--seed-file={d}/munge.seed", "--force"], check=True, timeout=30)
     subprocess.run(["slurmctld", "-f", str(conf)], env=self.env, check=True, timeout=30)
     subprocess.run(["slurmd", "-f", str(conf)], env=self.env, check=True, timeout=30)
     deadline = time.time() + 60

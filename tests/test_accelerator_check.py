@@ -19,15 +19,16 @@ from tests import helpers
 def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   env = {**os.environ, "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu", "CROSSBERT_DATA": str(shared_data)}
   env.pop("OUT", None)
-  proc = subprocess.run(["bash", "tools/accelerator_check.sh", str(tmp_path / "out"), "--dry_run"], cwd=helpers.ROOT,
-                        env=env, capture_output=True, text=True, timeout=900)
+  proc = subprocess.run(["bash", "tools/accelerator_check.sh",
+                         str(tmp_path / "out"), "--dry_run"], cwd=helpers.ROOT, env=env, capture_output=True, text=True,
+                        timeout=900)
   log = (tmp_path / "out" / "accelerator_check.log").read_text()
   assert proc.returncode == 0, log[-4000:]
   assert "== versions found" in log and "  jax " in log
   report = json.loads((tmp_path / "out" / "accelerator_check.json").read_text())
   steps = report["steps"]
-  assert report["dry_run"] and list(steps) == ["versions", "attention", "attention_speed", "bench", "resume", "export",
-                                                   "tests"]
+  assert report["dry_run"] and list(steps) == [
+      "versions", "attention", "attention_speed", "bench", "resume", "export", "tests"]
   assert all(r.get("passed", True) for r in steps.values()), json.dumps(steps)[:3000]
   assert set(steps["attention"]["backends"]) == {"chunked", "gpu_flash"}
   assert all(r["median_ms"] > 0 for r in steps["attention_speed"]["backends"].values())
@@ -39,8 +40,9 @@ def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   resumed = steps["resume"]
   assert resumed["killed_before_it_finished"] and resumed["final_steps"] == [12, 12] and resumed["bitwise"]
   assert "verified" in steps["export"]["verify_lines"][0]
-  assert sorted(os.listdir(tmp_path / "out")) == ["accelerator_check.json", "accelerator_check.log",
-                                                  "profile_bert_r0.15.xplane.pb.gz", "profile_cb_r0.5_k1.xplane.pb.gz"]
+  assert sorted(os.listdir(tmp_path / "out")) == [
+      "accelerator_check.json", "accelerator_check.log", "profile_bert_r0.15.xplane.pb.gz",
+      "profile_cb_r0.5_k1.xplane.pb.gz"]
 
 
 def _wrapper(*args: str, tmp_path, out_env: str | None = None, wait: bool = True):
@@ -61,11 +63,12 @@ def test_refusals_are_one_line_before_anything_is_written(tmp_path):
   a_file = tmp_path / "a_file"
   a_file.write_text("mine")
   out = tmp_path / "out"
-  for args, line in (([str(a_file), "--dry_run"], f"error: OUT {a_file} is a file: give a folder for the JSON and the log"),
+  for args, line in (([str(a_file),
+                       "--dry_run"], f"error: OUT {a_file} is a file: give a folder for the JSON and the log"),
                      ([str(out), "--dry-run"], "error: unknown option --dry-run: use bash tools/accelerator_check.sh "
-                                               "[OUT] [--dry_run] [--steps=a,b]"),
+                      "[OUT] [--dry_run] [--steps=a,b]"),
                      ([str(out)], "error: no GPU found (jax's backend: cpu): run this on the lent GPU machine, or pass "
-                                  "--dry_run for the tiny shapes on the CPU")):
+                      "--dry_run for the tiny shapes on the CPU")):
     proc = _wrapper(*args, tmp_path=tmp_path)
     assert (proc.returncode, proc.stdout, proc.stderr.splitlines()) == (2, "", [line]), proc.stderr
   assert a_file.read_text() == "mine" and not out.exists() and not any((tmp_path / "tmp").iterdir())

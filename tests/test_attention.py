@@ -47,8 +47,8 @@ def _self_case(gathered: bool):
 
 def _qkv(t, s, seed=0):
   kq, kk, kv, kd = jax.random.split(jax.random.key(seed), 4)
-  return (jax.random.normal(kq, (2, t, H, K)), jax.random.normal(kk, (2, s, H, K)),
-          jax.random.normal(kv, (2, s, H, K)), jax.random.normal(kd, (2, t, H, K)))
+  return (jax.random.normal(kq, (2, t, H, K)), jax.random.normal(kk, (2, s, H, K)), jax.random.normal(kv, (2, s, H, K)),
+          jax.random.normal(kd, (2, t, H, K)))
 
 
 def _run(fn, q, k, v, dout):
@@ -100,8 +100,11 @@ def test_local_window_on_gathered_positions_matches_dense(backend):
 def test_cross_attention_matches_dense(backend):
   """T=24 queries, S=40 keys; row 0 has a query segment with no key and pad queries."""
   kv_seg, _ = _self_case(gathered=False)
-  q_seg = jnp.asarray([[1] * 8 + [2] * 6 + [3] * 4 + [0] * 6,   # Segment 3 has no key: masked rows.
-                       [3] * 10 + [1] * 10 + [0] * 4], jnp.int32)
+  q_seg = jnp.asarray(
+      [
+          [1] * 8 + [2] * 6 + [3] * 4 + [0] * 6,  # Segment 3 has no key: masked rows.
+          [3] * 10 + [1] * 10 + [0] * 4],
+      jnp.int32)
   q, k, v, dout = _qkv(24, 40, seed=2)
   ref = lambda q, k, v: attn.dense(q, k, v, attn.mask(q_seg, kv_seg))
   fn = lambda q, k, v: attn.attention(q, k, v, q_seg, kv_seg, spec=_spec(backend))
@@ -197,8 +200,9 @@ def test_model_loss_and_grads_chunked_match_xla(objective):
   rng = np.random.default_rng(0)
   seg = np.stack([_packed([20, 18], 48)[0], _packed([30, 12], 48)[0]])
   pos = np.stack([_packed([20, 18], 48)[1], _packed([30, 12], 48)[1]])
-  batch = {"tokens": jnp.asarray(np.where(seg > 0, rng.integers(5, 1024, seg.shape), 0), jnp.int32),
-           "segment_ids": jnp.asarray(seg), "positions": jnp.asarray(pos)}
+  batch = {
+      "tokens": jnp.asarray(np.where(seg > 0, rng.integers(5, 1024, seg.shape), 0), jnp.int32),
+      "segment_ids": jnp.asarray(seg), "positions": jnp.asarray(pos)}
   out = {}
   for backend, c in configs.items():
     loss_fn = objectives.make_loss_fn(c)

@@ -38,10 +38,11 @@ def _tiny(**overrides):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-  return subprocess.run([sys.executable, "-m", "crossbert_jax.compile", *args], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
+  env = {
+      **os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
+      "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  return subprocess.run([sys.executable, "-m", "crossbert_jax.compile", *args], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=300)
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -52,8 +53,8 @@ def _check_memory(report, num_devices):
   m = report["memory"]
   for key in ("argument_bytes", "temp_bytes", "output_bytes", "total_bytes"):
     assert isinstance(m[key], int) and m[key] >= 0, key
-  assert m["total_bytes"] == (m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
-                              + m["generated_code_bytes"])
+  assert m["total_bytes"] == (m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"] +
+                              m["generated_code_bytes"])
   # The donated state comes back in place: every output byte but the metrics aliases an argument
   # (TPU pads each scalar metric to a tile).
   assert 0 <= m["output_bytes"] - m["alias_bytes"] < 64 * 1024
@@ -103,23 +104,25 @@ def test_an_existing_out_file_is_replaced_only_with_force(tmp_path):
   out.write_text("earlier results")
   r = _cli("--config=configs/crossbert.py:tiny", f"--out={out}")
   assert r.returncode == 2, r.stderr[-2000:]
-  assert _error_lines(r.stderr) == [f"error: --out {out}: {out} exists (earlier results): choose a new path, "
-                                    "or pass --force to replace it"]
+  assert _error_lines(r.stderr) == [
+      f"error: --out {out}: {out} exists (earlier results): choose a new path, "
+      "or pass --force to replace it"]
   assert out.read_text() == "earlier results" and "compiled in" not in r.stdout
 
 
 def test_an_unknown_generation_is_named_with_libtpu_or_without():
-  with pytest.raises(UserError, match=r"^--topology=v9:2x2: unknown TPU generation 'v9'; use one of v2, v3, v4, "
-                     r"v5e, v5p, v5, v6e, tpu7x, e\.g\. v5p:4x4x8"):
+  with pytest.raises(
+      UserError, match=r"^--topology=v9:2x2: unknown TPU generation 'v9'; use one of v2, v3, v4, "
+      r"v5e, v5p, v5, v6e, tpu7x, e\.g\. v5p:4x4x8"):
     aot.topology_devices("v9:2x2")
 
 
 def test_config_files_that_fail_are_one_line_naming_the_file(tmp_path):
   """A --config file with no get_config, one that adds a key the schema lacks, one whose code fails."""
-  files = {"none.py": "x = 1\n",
-           "adds.py": "from crossbert_jax.core import config\ndef get_config(v='tiny'):\n"
-                      "  c = config.get_config('crossbert', v)\n  c.model.nope = 1\n  return c\n",
-           "fails.py": "import os\ndef get_config(v='tiny'):\n  return os.get_config()\n"}
+  files = {
+      "none.py": "x = 1\n", "adds.py": "from crossbert_jax.core import config\ndef get_config(v='tiny'):\n"
+                                       "  c = config.get_config('crossbert', v)\n  c.model.nope = 1\n  return c\n",
+      "fails.py": "import os\ndef get_config(v='tiny'):\n  return os.get_config()\n"}
   lines = {}
   for name, text in files.items():
     (tmp_path / name).write_text(text)
@@ -130,7 +133,8 @@ def test_config_files_that_fail_are_one_line_naming_the_file(tmp_path):
                               "get_config(variant)` returning crossbert_jax.core.config.get_config(objective, "
                               "variant), as configs/crossbert.py does")
   assert lines["adds.py"].startswith("error: unknown config key 'nope' (set by the --config file); ")
-  assert lines["fails.py"] == "error: could not load --config: AttributeError: module 'os' has no attribute 'get_config'"
+  assert lines[
+      "fails.py"] == "error: could not load --config: AttributeError: module 'os' has no attribute 'get_config'"
 
 
 @pytest.mark.skipif(HAS_LIBTPU, reason="checks the message when libtpu is absent")
@@ -231,6 +235,7 @@ def test_a_phase_whose_batch_does_not_shard_is_refused_before_any_compile(monkey
 
   monkeypatch.setattr(aot, "_compile_one", compiled)
   assert len(jax.devices()) == 8
-  with pytest.raises(UserError, match=r"must be divisible by mesh data\*fsdp = 8 \(in phase 2 \(steps 161-200, "
-                     r"batch 4 x L=128\)\)"):
+  with pytest.raises(
+      UserError, match=r"must be divisible by mesh data\*fsdp = 8 \(in phase 2 \(steps 161-200, "
+      r"batch 4 x L=128\)\)"):
     aot.compile_train_step(plan_lib.build(c))

@@ -59,8 +59,8 @@ INVALID = [
     ("crossbert", {"model.dtype": "float16"}, "model.dtype"),
     ("crossbert", {"mesh.data": -1, "mesh.fsdp": -1}, "mesh"),
     ("crossbert", {"mesh.tensor": 0}, "mesh.tensor"),
-    ("crossbert", {"reconstructor.tie_head": True, "reconstructor.embed_dim": 32, "reconstructor.num_heads": 2},
-     "reconstructor.tie_head"),
+    ("crossbert", {"reconstructor.tie_head": True, "reconstructor.embed_dim": 32,
+                   "reconstructor.num_heads": 2}, "reconstructor.tie_head"),
     ("crossbert", {"reconstructor.num_heads": 3}, "reconstructor.num_heads"),
     ("crossbert", {"model.local_window": 5}, "model.local_window"),
     ("crossbert", {"model.global_every": 0}, "model.global_every"),
@@ -70,8 +70,7 @@ INVALID = [
     ("crossbert", {"data.format": "csv"}, "data.format"),
     ("crossbert", {"train.learning_rate": 0.0}, "train.learning_rate"),
     ("crossbert", {"train.final_lr_ratio": 1.5}, "train.final_lr_ratio"),
-    ("crossbert", {"checkpoint.keep": 0}, "checkpoint.keep"),
-]
+    ("crossbert", {"checkpoint.keep": 0}, "checkpoint.keep"),]
 
 
 @pytest.mark.parametrize("objective,overrides,key", INVALID,
@@ -95,8 +94,9 @@ TRAIN_PY = ROOT / "crossbert_jax" / "train.py"
 @pytest.mark.skipif(not TRAIN_PY.exists(), reason="crossbert_jax/train.py does not exist yet")
 def test_cli_bad_config_exits_2_with_one_line(tmp_path):
   env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-  cmd = [sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny",
-         f"--workdir={tmp_path / 'run'}", "--config.masking.ratio=1.5"]
+  cmd = [
+      sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny",
+      f"--workdir={tmp_path / 'run'}", "--config.masking.ratio=1.5"]
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   assert proc.returncode == 2, f"a bad config must exit with status 2, got {proc.returncode}; stderr:\n{proc.stderr[-2000:]}"

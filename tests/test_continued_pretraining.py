@@ -18,12 +18,14 @@ from tests import hf_models
 from tests.helpers import ROOT, run_module
 
 # The tiny model's numerics on CPU: float32, no remat; a short schedule.
-RUN = ["--config.train.batch_size=4", "--config.data.seq_len=64", "--config.model.dtype=float32",
-       "--config.model.remat=none", "--config.train.warmup_steps=2", "--config.train.steps=20",
-       "--config.checkpoint.every_steps=10", "--config.metrics.progress_bar=False",
-       "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False"]
-TEXTS = ["The quick brown fox jumps over the lazy dog.", "[MASK] and [CLS] spelled in text, <|endoftext|> too.",
-         "She ordered a café crème. 😀", "  leading spaces\tand tabs\n\nand blank lines  ", ""]
+RUN = [
+    "--config.train.batch_size=4", "--config.data.seq_len=64", "--config.model.dtype=float32",
+    "--config.model.remat=none", "--config.train.warmup_steps=2", "--config.train.steps=20",
+    "--config.checkpoint.every_steps=10", "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
+    "--config.checkpoint.async_save=False"]
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.", "[MASK] and [CLS] spelled in text, <|endoftext|> too.",
+    "She ordered a café crème. 😀", "  leading spaces\tand tabs\n\nand blank lines  ", ""]
 
 
 def _from_hf(path: str, variant: str = "from_hf"):
@@ -60,14 +62,14 @@ def test_from_hf_takes_the_imported_shape_and_tokenizer(imported):
   from crossbert_jax.hf import import_config  # pylint: disable=g-import-not-at-top
 
   hf, imp = imported
-  assert sorted(p.name for p in imp.iterdir()) == ["config.json", "params.safetensors", "special_tokens_map.json",
-                                                   "tokenizer.json", "tokenizer_config.json"]
+  assert sorted(p.name for p in imp.iterdir(
+  )) == ["config.json", "params.safetensors", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
   c = _from_hf("configs/bert.py")
   with c.unlocked():
     c.train.init_from = str(imp)
   r = import_config.resolve(c)
-  assert (r.model.vocab_size, r.model.embed_dim, r.model.num_layers, r.model.num_heads, r.model.mlp_dim) == (
-      640, 64, 3, 4, 96)
+  assert (r.model.vocab_size, r.model.embed_dim, r.model.num_layers, r.model.num_heads, r.model.mlp_dim) == (640, 64, 3,
+                                                                                                             4, 96)
   assert (r.model.global_every, r.model.local_window, r.model.rope_theta) == (2, 16, 160_000.0)
   assert r.data.tokenizer == str(imp)
   assert (r.reconstructor.embed_dim, r.reconstructor.num_heads, r.reconstructor.mlp_dim) == (64, 4, 96)
@@ -134,8 +136,9 @@ def test_crossbert_continues_an_imported_modernbert_through_a_kill(imported, tmp
   resumes), exported and verified in transformers and sentence-transformers."""
   hf, imp = imported
   workdir = tmp_path / "run"
-  cmd = ["crossbert_jax.train", "--config=configs/crossbert.py:from_hf", f"--workdir={workdir}",
-         f"--config.train.init_from={imp}", *RUN]
+  cmd = [
+      "crossbert_jax.train", "--config=configs/crossbert.py:from_hf", f"--workdir={workdir}",
+      f"--config.train.init_from={imp}", *RUN]
   first = run_module(cmd, wait=False)
   try:
     _wait_for_checkpoint(first, workdir, 10)
@@ -157,8 +160,9 @@ def test_bert_continues_an_imported_modernbert(imported, tmp_path):
   """20 BERT steps from the import (its MLM head kept), exported as ModernBertForMaskedLM and verified."""
   hf, imp = imported
   workdir = tmp_path / "run"
-  proc = run_module(["crossbert_jax.train", "--config=configs/bert.py:from_hf", f"--workdir={workdir}",
-                     f"--config.train.init_from={imp}", *RUN])
+  proc = run_module([
+      "crossbert_jax.train", "--config=configs/bert.py:from_hf", f"--workdir={workdir}",
+      f"--config.train.init_from={imp}", *RUN])
   assert "done: step 20" in proc.stdout, proc.stdout
   config = _export_and_check(workdir, tmp_path / "export", hf)
   assert config["architectures"] == ["ModernBertForMaskedLM"]
@@ -186,9 +190,11 @@ def test_a_tokenizer_other_than_the_imports_is_refused(imported, tmp_path):
   _, imp = imported
   spm = tokenizer.train_tokenizer(corpus.builtin_documents()[:60], 340, tmp_path / "spm.model", num_threads=1)
   workdir = tmp_path / "run"
-  _refused(run_module(["crossbert_jax.train", "--config=configs/crossbert.py:from_hf", f"--workdir={workdir}",
-                       f"--config.train.init_from={imp}", f"--config.data.tokenizer={spm}", *RUN], check=False),
-           f"config train.init_from={imp} was trained with the tokenizer {imp}")
+  _refused(
+      run_module([
+          "crossbert_jax.train", "--config=configs/crossbert.py:from_hf", f"--workdir={workdir}",
+          f"--config.train.init_from={imp}", f"--config.data.tokenizer={spm}", *RUN], check=False),
+      f"config train.init_from={imp} was trained with the tokenizer {imp}")
   assert not workdir.exists()
   bare = tmp_path / "bare"  # An import of a folder without tokenizer files.
   bare.mkdir()
@@ -208,11 +214,14 @@ def test_bert_over_an_import_without_mlm_head_is_refused(tmp_path):
   hf = hf_models.tiny_modernbert(tmp_path / "hf", with_head=False)
   imp = tmp_path / "imp"
   run_module(["crossbert_jax.export", "import", f"--hf={hf}", f"--output={imp}"])
-  _refused(run_module(["crossbert_jax.export", "import", f"--hf={hf}", f"--output={tmp_path / 'mlm'}",
-                       "--objective=mlm"], check=False), "holds no MLM head")
+  _refused(
+      run_module(["crossbert_jax.export", "import", f"--hf={hf}", f"--output={tmp_path / 'mlm'}", "--objective=mlm"],
+                 check=False), "holds no MLM head")
   workdir = tmp_path / "run"
-  _refused(run_module(["crossbert_jax.train", "--config=configs/bert.py:from_hf", f"--workdir={workdir}",
-                       f"--config.train.init_from={imp}", *RUN], check=False), f"train.init_from={imp} holds no MLM head")
+  _refused(
+      run_module([
+          "crossbert_jax.train", "--config=configs/bert.py:from_hf", f"--workdir={workdir}",
+          f"--config.train.init_from={imp}", *RUN], check=False), f"train.init_from={imp} holds no MLM head")
   assert not workdir.exists()
 
 
@@ -228,8 +237,9 @@ def test_a_fork_takes_its_sources_init_from_and_refuses_another(imported, tmp_pa
   c = _from_hf("configs/crossbert.py")
   with c.unlocked():
     c.train.fork_from = f"{source}:4"
-  with pytest.raises(UserError, match=r"config\.json is missing or unreadable, so the fork cannot take its source's "
-                     r"train\.init_from \(its shape\); pass the source's --config\.train\.init_from=IMP"):
+  with pytest.raises(
+      UserError, match=r"config\.json is missing or unreadable, so the fork cannot take its source's "
+      r"train\.init_from \(its shape\); pass the source's --config\.train\.init_from=IMP"):
     fork.with_source_init(c)
   (source / "config.json").write_text(json.dumps({"train": {"init_from": str(imp)}}))
   r = import_config.resolve(fork.with_source_init(c))
@@ -240,8 +250,9 @@ def test_a_fork_takes_its_sources_init_from_and_refuses_another(imported, tmp_pa
   with r.unlocked():
     r.train.init_from = str(tmp_path / "elsewhere")
   assert fork.with_source_init(r) is r
-  with pytest.raises(UserError, match=f"the fork gives train.init_from={tmp_path}/elsewhere, but the source "
-                     f"started from train.init_from={imp}; a fork's params come from its source's checkpoint"):
+  with pytest.raises(
+      UserError, match=f"the fork gives train.init_from={tmp_path}/elsewhere, but the source "
+      f"started from train.init_from={imp}; a fork's params come from its source's checkpoint"):
     fork._check_init_from("key", str(source), saved, r)  # pylint: disable=protected-access
 
 
@@ -256,13 +267,15 @@ def test_a_fork_of_a_from_hf_run_trains_on_from_the_sources_step(imported, tmp_p
   other = tmp_path / "imp_copy"
   shutil.copytree(imp, other)
   source = tmp_path / "source"
-  train = ["crossbert_jax.train", "--config=configs/crossbert.py:from_hf", *RUN, "--config.train.steps=6",
-           "--config.checkpoint.every_steps=2", "--config.metrics.log_every=1"]
+  train = [
+      "crossbert_jax.train", "--config=configs/crossbert.py:from_hf", *RUN, "--config.train.steps=6",
+      "--config.checkpoint.every_steps=2", "--config.metrics.log_every=1"]
   run_module([*train, f"--workdir={source}", f"--config.train.init_from={imp}", "--config.train.stop_at_step=4"])
   fork = f"--config.train.fork_from={source}"
-  procs = {"given": [*train, f"--workdir={tmp_path / 'given'}", f"--config.train.init_from={imp}", fork],
-           "left_out": [*train, f"--workdir={tmp_path / 'left_out'}", fork],
-           "another": [*train, f"--workdir={tmp_path / 'another'}", f"--config.train.init_from={other}", fork]}
+  procs = {
+      "given": [*train, f"--workdir={tmp_path / 'given'}", f"--config.train.init_from={imp}",
+                fork], "left_out": [*train, f"--workdir={tmp_path / 'left_out'}", fork],
+      "another": [*train, f"--workdir={tmp_path / 'another'}", f"--config.train.init_from={other}", fork]}
   procs = {name: run_module(args, wait=False) for name, args in procs.items()}
   done = {name: (p.wait(timeout=600), *p.communicate()) for name, p in procs.items()}
   run_module([*train, f"--workdir={source}", f"--config.train.init_from={imp}"])  # The source resumed to step 6.

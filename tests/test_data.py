@@ -34,8 +34,7 @@ def sentences(n: int, seed: int = 0) -> list[str]:
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
   path = tmp_path_factory.mktemp("tok") / "tok.model"
-  tokenizer_lib.train_tokenizer(sentences(2000) + [" ".join(_WORDS).upper()], 300, path,
-                                num_threads=1)
+  tokenizer_lib.train_tokenizer(sentences(2000) + [" ".join(_WORDS).upper()], 300, path, num_threads=1)
   return tokenizer_lib.Tokenizer.load(path)
 
 
@@ -234,8 +233,8 @@ def test_resolve_paths(tmp_path):
   assert names(sources.resolve_paths(str(tmp_path / "f.txt"))) == ["f.txt"]
   assert names(sources.resolve_paths(str(tmp_path / "d"))) == ["d/a.txt", "d/b.txt", "d/sub/c.txt"]
   assert names(sources.resolve_paths(str(tmp_path / "d" / "*.txt"))) == ["d/a.txt", "d/b.txt"]
-  assert names(sources.resolve_paths(f"{tmp_path}/f.txt, {tmp_path}/*.jsonl,{tmp_path}/d/sub")) == [
-      "f.txt", "e.jsonl", "d/sub/c.txt"]
+  assert names(sources.resolve_paths(
+      f"{tmp_path}/f.txt, {tmp_path}/*.jsonl,{tmp_path}/d/sub")) == ["f.txt", "e.jsonl", "d/sub/c.txt"]
   missing = str(tmp_path / "nope.txt")
   with pytest.raises(UserError, match=missing):
     sources.resolve_paths(f"{tmp_path}/f.txt,{missing}")
@@ -257,8 +256,7 @@ def test_text_units(tmp_path):
 
 def test_jsonl_parquet_arrayrecord(tmp_path, tok):
   docs = sentences(20)
-  (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d, "id": i}) + "\n"
-                                            for i, d in enumerate(docs[:5])))
+  (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs[:5])))
   pq.write_table(pa.table({"body": docs[5:10], "n": list(range(5))}), tmp_path / "b.parquet")
   writer = array_record_module.ArrayRecordWriter(str(tmp_path / "c.arrayrecord"), "group_size:1")
   for d in docs[10:15]:
@@ -277,8 +275,8 @@ def test_jsonl_parquet_arrayrecord(tmp_path, tok):
   records = sources.document_source(data_cfg(spec, text_field="body"))
   assert [records[i] for i in range(len(records))] == docs[10:]
   # All formats in one pipeline (text_field differs, so jsonl gets its own run).
-  batch = next(pipeline.make_iterator(data_cfg(f"{tmp_path}/b.parquet,{spec}", text_field="body"),
-                                  tok, batch_size=2, seed=0))
+  batch = next(
+      pipeline.make_iterator(data_cfg(f"{tmp_path}/b.parquet,{spec}", text_field="body"), tok, batch_size=2, seed=0))
   assert batch["tokens"].shape == (2, 32)
   with pytest.raises(UserError, match="text_field"):
     sources.document_source(data_cfg(tmp_path / "a.jsonl", text_field="body"))
@@ -319,7 +317,7 @@ def test_user_errors_name_the_input(tmp_path, tok):
   with pytest.raises(UserError, match="data.format"):
     sources.document_source(data_cfg(odd))
 
-  for err in (UserError, ):
+  for err in (UserError,):
     try:
       sources.document_source(data_cfg(latin1))
     except err as e:

@@ -8,8 +8,9 @@ from tests.helpers import run_module
 
 
 def _embed_bench(workdir, hf, *flags):
-  return run_module(["crossbert_jax.embed_bench", f"--workdir={workdir}", f"--hf={hf}", "--texts=40",
-                     "--max_length=64", *flags], check=False)
+  return run_module([
+      "crossbert_jax.embed_bench", f"--workdir={workdir}", f"--hf={hf}", "--texts=40", "--max_length=64", *flags],
+                    check=False)
 
 
 def _refused(proc, line: str) -> None:
@@ -24,9 +25,10 @@ def test_bad_options_and_an_earlier_out_are_one_line_before_any_work(tmp_path):
   earlier.write_text("earlier results")
   _refused(_embed_bench(run_dir, tmp_path, "--st_batch_size=0"), "error: --st_batch_size=0: give at least 1")
   _refused(_embed_bench(run_dir, tmp_path, "--texts=-3"), "error: --texts=-3: give at least 1")
-  _refused(_embed_bench(run_dir, tmp_path, f"--out={earlier}"),
-           f"error: --out {earlier}: {earlier} exists (earlier results): choose a new path, or pass --force to "
-           "replace it")
+  _refused(
+      _embed_bench(run_dir, tmp_path, f"--out={earlier}"),
+      f"error: --out {earlier}: {earlier} exists (earlier results): choose a new path, or pass --force to "
+      "replace it")
   proc = _embed_bench(run_dir, tmp_path, f"--out={tmp_path}")
   assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --out"), proc.stderr[-2000:]
   assert earlier.read_text() == "earlier results"

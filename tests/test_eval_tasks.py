@@ -17,8 +17,7 @@ COUNTS = {
     "stsb": {"train": 5749, "dev": 1500, "test": 1379},
     "qnli": {"dev": 5463},
     "rte": {"train": 2490, "dev": 277},
-    "snli": {"dev": 9842, "test": 9824},
-}
+    "snli": {"dev": 9842, "test": 9824},}
 CLASSES = {"cola": 2, "sst2": 2, "sst5": 5, "mrpc": 2, "qnli": 2, "rte": 2, "snli": 3}
 
 
@@ -54,8 +53,8 @@ def test_protocol_notes(shared_data):
 
 def test_generic_reader(tmp_path):
   tsv = tmp_path / "d.tsv"
-  tsv.write_text("sentence\tother\tlabel\n" + "".join(f"Row {i} \"quoted\".\tx\t{'pos' if i % 2 else 'neg'}\n"
-                                                     for i in range(10)))
+  tsv.write_text("sentence\tother\tlabel\n" +
+                 "".join(f"Row {i} \"quoted\".\tx\t{'pos' if i % 2 else 'neg'}\n" for i in range(10)))
   task = generic.read_generic(generic.GenericSpec(str(tsv), text="sentence", label="label"))
   assert task.splits["train"].texts[2] == 'Row 2 "quoted".'
   assert task.splits["train"].labels.tolist() == [0, 1] * 5 and task.scored == () and task.cosine_splits == ()
@@ -95,8 +94,7 @@ ROWS = "".join(f"text {i}\t{i % 2}\n" for i in range(10))
     ("t\ty\n" + ROWS + "empty label\t\n", "line 12: the label 'y' is empty"),
     ("t\ty\n" + "".join(f"text {i}\tsame\n" for i in range(10)), "one class \\('same'\\)"),
     ("t\ty\n" + "".join(f"text {i}\t{min(i, 1)}\n" for i in range(10)), "class '0' has 1 rows.*at least 5"),
-    (b"t\ty\nna\xefve\t1\n", "not UTF-8 \\(line 2, byte 6"),
-])
+    (b"t\ty\nna\xefve\t1\n", "not UTF-8 \\(line 2, byte 6"),])
 def test_generic_bad_tsv_is_one_clear_error(tmp_path, body, match):
   """Each bad file is a UserError naming the file (and line), never a traceback or a wrong class."""
   path = _tsv(tmp_path, body)
@@ -128,8 +126,10 @@ def test_generic_labels_and_separators(tmp_path):
   train = task.splits["train"]
   assert len(train) == 25 and train.texts[3] == "line\u20283 sep\u0085x"
   assert train.labels[:5].tolist() == [1, 1, 0, 2, 3]  # Classes 0 < 1 < 2 < 10, "1" == "1.0".
-  jsonl = _tsv(tmp_path, "\n".join(json.dumps({"t": f"a\u2028b{i}", "y": [1, "1.0"][i % 2] if i < 6 else 0},
-                                               ensure_ascii=False) for i in range(12)), "u.jsonl")
+  jsonl = _tsv(
+      tmp_path, "\n".join(
+          json.dumps({"t": f"a\u2028b{i}", "y": [1, "1.0"][i % 2] if i < 6 else 0}, ensure_ascii=False)
+          for i in range(12)), "u.jsonl")
   task = generic.read_generic(_spec(jsonl))
   assert len(task.splits["train"]) == 12 and task.metrics == ("accuracy", "f1")
   assert task.splits["train"].labels.tolist() == [1] * 6 + [0] * 6
@@ -147,21 +147,22 @@ def test_shared_readers_split_rows_on_newlines_only(tmp_path):
 def test_task_file(tmp_path):
   (tmp_path / "data").mkdir()
   for name in ("a", "b"):
-    (tmp_path / "data" / f"{name}.jsonl").write_text(
-        "\n".join(json.dumps({"s1": f"x{i}", "s2": f"y{i}", "score": i / 4, "cls": i % 2}) for i in range(12)))
-  doc = {"tasks": [
-      {"name": "sts", "type": "regression", "train": "data/a.jsonl", "eval": {"dev": "data/b.jsonl", "test": "data/b.jsonl"},
-       "columns": {"text": "s1", "pair": "s2", "label": "score"}},
-      {"name": "para", "type": "pair_classification", "train": "data/a.jsonl",
-       "columns": {"text": "s1", "pair": "s2", "label": "cls"}},
-      {"name": "single", "type": "classification", "train": "data/a.jsonl", "eval": "data/b.jsonl",
-       "columns": {"text": "s1", "label": "cls"}}]}
+    (tmp_path / "data" / f"{name}.jsonl"
+    ).write_text("\n".join(json.dumps({"s1": f"x{i}", "s2": f"y{i}", "score": i / 4, "cls": i % 2}) for i in range(12)))
+  doc = {
+      "tasks": [{
+          "name": "sts", "type": "regression", "train": "data/a.jsonl",
+          "eval": {"dev": "data/b.jsonl",
+                   "test": "data/b.jsonl"}, "columns": {"text": "s1", "pair": "s2", "label": "score"}}, {
+                       "name": "para", "type": "pair_classification", "train": "data/a.jsonl",
+                       "columns": {"text": "s1", "pair": "s2", "label": "cls"}}, {
+                           "name": "single", "type": "classification", "train": "data/a.jsonl", "eval": "data/b.jsonl",
+                           "columns": {"text": "s1", "label": "cls"}}]}
   path = tmp_path / "tasks.json"
   path.write_text(json.dumps(doc))
   tasks = [generic.read_generic(s) for s in generic.read_task_file(str(path))]
   assert [(t.name, t.kind, t.scored, t.cosine_splits) for t in tasks] == [
-      ("sts", "regression", ("dev", "test"), ("dev", "test")),
-      ("para", "pair_classification", (), ("train",)),
+      ("sts", "regression", ("dev", "test"), ("dev", "test")), ("para", "pair_classification", (), ("train",)),
       ("single", "classification", ("eval",), ())]
   yaml = pytest.importorskip("yaml")
   ypath = tmp_path / "tasks.yaml"

@@ -28,9 +28,10 @@ def run_dir(tmp_path_factory) -> pathlib.Path:
   spm = base / "spm.model"
   tokenizer.train_tokenizer(corpus.builtin_documents()[:4000], 512, spm)
   workdir = base / "run"
-  cmd = [sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-         f"--config.data.tokenizer={spm}", "--config.model.vocab_size=512", "--config.train.steps=5",
-         "--config.metrics.progress_bar=False"]
+  cmd = [
+      sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+      f"--config.data.tokenizer={spm}", "--config.model.vocab_size=512", "--config.train.steps=5",
+      "--config.metrics.progress_bar=False"]
   proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
   if proc.returncode != 0:
     pytest.fail(f"training failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -49,16 +50,15 @@ def hf_dir(tmp_path_factory) -> pathlib.Path:
   tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
   tok.normalizer = tokenizers.normalizers.Lowercase()
   tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-  tok.post_processor = tokenizers.processors.TemplateProcessing(
-      single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-  fast = transformers.PreTrainedTokenizerFast(
-      tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
-      mask_token="[MASK]", model_input_names=["input_ids", "attention_mask"])
+  tok.post_processor = tokenizers.processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+                                                                special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+  fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
+                                              cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+                                              model_input_names=["input_ids", "attention_mask"])
   fast.save_pretrained(path)
-  config = transformers.ModernBertConfig(
-      vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-      max_position_embeddings=256, pad_token_id=0, cls_token_id=2, sep_token_id=3, bos_token_id=2,
-      eos_token_id=3)
+  config = transformers.ModernBertConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=256,
+                                         pad_token_id=0, cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3)
   transformers.ModernBertModel(config).save_pretrained(path)
   return path
 
@@ -66,10 +66,11 @@ def hf_dir(tmp_path_factory) -> pathlib.Path:
 def test_cli_end_to_end(run_dir, hf_dir, shared_data, tmp_path):
   """Two tasks + SciFact retrieval for the run and the HF model side by side; every key in the JSON."""
   out = tmp_path / "results.json"
-  cmd = [sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={run_dir}", f"--hf={hf_dir}",
-         f"--data_dir={shared_data}", "--tasks=sst2,stsb", "--retrieval=beir/scifact", "--max_examples=300",
-         "--max_length=64", "--retrieval_max_docs=500", f"--output={out}", "--noprogress",
-         f"--cache_dir={tmp_path / 'cache'}"]
+  cmd = [
+      sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={run_dir}", f"--hf={hf_dir}",
+      f"--data_dir={shared_data}", "--tasks=sst2,stsb", "--retrieval=beir/scifact", "--max_examples=300",
+      "--max_length=64", "--retrieval_max_docs=500", f"--output={out}", "--noprogress",
+      f"--cache_dir={tmp_path / 'cache'}"]
   proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = json.loads(out.read_text())["models"]
@@ -78,8 +79,9 @@ def test_cli_end_to_end(run_dir, hf_dir, shared_data, tmp_path):
   for label, r in results.items():
     assert set(r["tasks"]["sst2"]["scores"]) == expected, label
     stsb = r["tasks"]["stsb"]["scores"]
-    assert set(stsb) == ({f"{p}/{s}/{m}" for p in ("linear", "knn") for s in ("dev", "test")
-                          for m in ("spearman", "pearson")} | {"cosine/dev/spearman", "cosine/test/spearman"})
+    assert set(stsb) == ({
+        f"{p}/{s}/{m}" for p in ("linear", "knn") for s in ("dev", "test") for m in ("spearman", "pearson")} |
+                         {"cosine/dev/spearman", "cosine/test/spearman"})
     assert r["tasks"]["stsb"]["sizes"] == {"train": 300, "dev": 300, "test": 300}
     scifact = r["retrieval"]["scifact"]
     assert 500 < scifact["documents"] < 5183 and scifact["queries"] == 300
@@ -92,9 +94,9 @@ def test_cli_end_to_end(run_dir, hf_dir, shared_data, tmp_path):
 
 
 def test_cli_user_errors(tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={tmp_path}",
-                         "--data_dir=/nonexistent", "--tasks=sst2"], cwd=ROOT, env=ENV, capture_output=True,
-                        text=True, timeout=120)
+  proc = subprocess.run([
+      sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={tmp_path}", "--data_dir=/nonexistent", "--tasks=sst2"
+  ], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2
   lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
   assert len(lines) == 1 and "--data_dir" in lines[0], proc.stderr[-2000:]
@@ -102,9 +104,9 @@ def test_cli_user_errors(tmp_path):
 
 def test_a_model_given_twice_is_refused(tmp_path):
   """Two spellings of one --workdir would be two identical columns: one line, before anything is read."""
-  proc = subprocess.run([sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={tmp_path}",
-                         f"--workdir={tmp_path}/.", "--tasks=sst2"], cwd=ROOT, env=ENV, capture_output=True,
-                        text=True, timeout=120)
+  proc = subprocess.run([
+      sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={tmp_path}", f"--workdir={tmp_path}/.", "--tasks=sst2"
+  ], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
       f"error: --workdir={tmp_path}/. is --workdir={tmp_path} again: give each model once"], proc.stderr[-2000:]
 
@@ -119,8 +121,9 @@ def test_probe_scores_cache_and_mteb_wrapper(run_dir, shared_data, tmp_path):
   config = plan_lib.with_keys(config, {"eval.data_dir": str(shared_data), "eval.max_examples": 200})
   tok = tokenizer.Tokenizer.load(config.data.tokenizer)
   scores = runner.probe_scores(config, params["encoder"], tok)
-  assert set(scores) == {"probe/sst2/linear", "probe/sst2/knn", "probe/stsb/linear", "probe/stsb/knn",
-                         "probe/stsb/cosine_spearman"}
+  assert set(
+      scores
+  ) == {"probe/sst2/linear", "probe/sst2/knn", "probe/stsb/linear", "probe/stsb/knn", "probe/stsb/cosine_spearman"}
   assert all(math.isfinite(v) for v in scores.values()), scores
   assert runner.probe_scores(config, params["encoder"], tok) == scores
   # The embedding cache: a second pass embeds nothing and scores the same.
@@ -141,6 +144,7 @@ def test_probe_scores_cache_and_mteb_wrapper(run_dir, shared_data, tmp_path):
 
 
 # ----------------------------------------------------------------------------- Evaluation II
+
 
 def _tsv(path: pathlib.Path, header: list[str], rows) -> str:
   path.write_text("\t".join(header) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows))
@@ -173,26 +177,30 @@ def test_generic_pair_regression_and_task_file_cli(run_dir, shared_data, tmp_pat
   sst = eval_tasks.load_task("sst2", shared_data)
   for split, n in (("train", 200), ("dev", 100)):
     sp = sst.splits[split].subset(n, 0)
-    (tmp_path / f"sst_{split}.jsonl").write_text("\n".join(
-        json.dumps({"review": t, "stars": ["neg", "pos"][int(y)]}) for t, y in zip(sp.texts, sp.labels)))
+    (tmp_path / f"sst_{split}.jsonl"
+    ).write_text("\n".
+                 join(json.dumps({"review": t, "stars": ["neg", "pos"][int(y)]}) for t, y in zip(sp.texts, sp.labels)))
   mrpc = eval_tasks.load_task("mrpc", shared_data).splits["train"].subset(200, 0)
   _tsv(tmp_path / "mrpc.tsv", ["a", "b", "paraphrase"], zip(mrpc.texts, mrpc.pairs, mrpc.labels))
   snli = eval_tasks.load_task("snli", shared_data).splits["dev"].subset(150, 0)
   (tmp_path / "data").mkdir()
   _tsv(tmp_path / "data" / "snli.tsv", ["premise", "hypothesis", "label"], zip(snli.texts, snli.pairs, snli.labels))
   task_file = tmp_path / "tasks.json"
-  task_file.write_text(json.dumps({"tasks": [
-      {"name": "sst", "type": "classification", "train": str(tmp_path / "sst_train.jsonl"),
-       "eval": {"dev": str(tmp_path / "sst_dev.jsonl")}, "columns": {"text": "review", "label": "stars"}},
-      {"name": "para", "type": "pair_classification", "train": "mrpc.tsv",
-       "columns": {"text": "a", "pair": "b", "label": "paraphrase"}},
-      {"name": "nli", "type": "pair_classification", "train": "data/snli.tsv",
-       "columns": {"text": "premise", "pair": "hypothesis", "label": "label"}}]}))
+  task_file.write_text(
+      json.dumps({
+          "tasks": [{
+              "name": "sst", "type": "classification", "train": str(tmp_path / "sst_train.jsonl"),
+              "eval": {"dev": str(tmp_path / "sst_dev.jsonl")}, "columns": {"text": "review", "label": "stars"}}, {
+                  "name": "para", "type": "pair_classification", "train": "mrpc.tsv",
+                  "columns": {"text": "a", "pair": "b", "label": "paraphrase"}}, {
+                      "name": "nli", "type": "pair_classification", "train": "data/snli.tsv",
+                      "columns": {"text": "premise", "pair": "hypothesis", "label": "label"}}]}))
   out, cache = tmp_path / "results.json", tmp_path / "cache"
-  cmd = [sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={run_dir}", f"--generic_train={train}",
-         f"--generic_eval={test}", "--generic_text=sentence1", "--generic_pair=sentence2", "--generic_label=score",
-         "--generic_type=regression", "--generic_name=sts_pairs", f"--task_file={task_file}", "--max_length=64",
-         f"--output={out}", "--noprogress", f"--cache_dir={cache}"]
+  cmd = [
+      sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={run_dir}", f"--generic_train={train}",
+      f"--generic_eval={test}", "--generic_text=sentence1", "--generic_pair=sentence2", "--generic_label=score",
+      "--generic_type=regression", "--generic_name=sts_pairs", f"--task_file={task_file}", "--max_length=64",
+      f"--output={out}", "--noprogress", f"--cache_dir={cache}"]
   proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(out.read_text())["models"]["run@5"]["tasks"]
@@ -240,8 +248,9 @@ def test_pooler_training_leaves_the_encoder_untouched(run_dir, shared_data):
   assert len(anchors) == len(negatives) > 2000
   texts, triples = pooler.triples_from(anchors[:160], positives[:160], negatives[:160])
   features = pooler.frozen_features(emb, "attention", texts)
-  trained, losses = pooler.train_pooler(features, triples, pooler.TrainOptions("attention", steps=30, batch_size=32,
-                                                                               learning_rate=3e-3), log=None)
+  trained, losses = pooler.train_pooler(features, triples,
+                                        pooler.TrainOptions("attention", steps=30, batch_size=32, learning_rate=3e-3),
+                                        log=None)
   assert np.mean(losses[-5:]) < np.mean(losses[:5]), losses
   same = jax.tree.map(lambda a, b: a.dtype == b.dtype and np.array_equal(a, np.asarray(b)), before, params["encoder"])
   # The embedder holds the encoder replicated over the local devices: a copy, bitwise the same.
@@ -251,8 +260,8 @@ def test_pooler_training_leaves_the_encoder_untouched(run_dir, shared_data):
   grads = jax.grad(pooler.pooler_loss, argnums=1)(model, trained, features.hidden_NxLxD[triples.T[:, :32]],
                                                   features.mask_NxL[triples.T[:, :32]], 20.0)
   assert jax.tree.structure(grads) == jax.tree.structure(trained)
-  assert sorted(jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(grads)) == [
-      "['dense']['bias']", "['dense']['kernel']", "['query']"]
+  assert sorted(jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(grads)
+               ) == ["['dense']['bias']", "['dense']['kernel']", "['query']"]
   init = model.init(jax.random.key(0), features.hidden_NxLxD[:1], features.mask_NxL[:1])["params"]
   at_init = pooler.PoolerEmbedder(emb, pooler.LoadedPooler("attention", jax.device_get(init), {}, "init"))
   np.testing.assert_allclose(at_init.embed(texts[:50]), emb.embed(texts[:50]), atol=1e-5)
@@ -260,8 +269,10 @@ def test_pooler_training_leaves_the_encoder_untouched(run_dir, shared_data):
 
 def _digest(folder: pathlib.Path) -> dict[str, str]:
   import hashlib
-  return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted(folder.rglob("*")) if p.is_file()}
+  return {
+      str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+      for p in sorted(folder.rglob("*"))
+      if p.is_file()}
 
 
 @pytest.mark.slow
@@ -273,9 +284,10 @@ def test_pooler_cli_export_and_side_by_side(run_dir, shared_data, tmp_path):
 
   ckpt_before = _digest(run_dir / "checkpoints")
   out, st_dir = tmp_path / "pooler", tmp_path / "st"
-  cmd = [sys.executable, "-m", "crossbert_jax.pooler", f"--workdir={run_dir}",
-         f"--pairs={shared_data / 'senteval/downstream/SNLI'}", "--steps=40", "--batch_size=32", "--max_length=64",
-         f"--output={out}", f"--export={st_dir}"]
+  cmd = [
+      sys.executable, "-m", "crossbert_jax.pooler", f"--workdir={run_dir}",
+      f"--pairs={shared_data / 'senteval/downstream/SNLI'}", "--steps=40", "--batch_size=32", "--max_length=64",
+      f"--output={out}", f"--export={st_dir}"]
   proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "verified" in proc.stdout and _digest(run_dir / "checkpoints") == ckpt_before
@@ -286,9 +298,10 @@ def test_pooler_cli_export_and_side_by_side(run_dir, shared_data, tmp_path):
   ours = pooler.PoolerEmbedder(emb, pooler.load_pooler(str(out))).embed(sts.texts)
   np.testing.assert_allclose(st.encode(sts.texts, convert_to_numpy=True), ours, atol=1e-4)
   res = tmp_path / "results.json"
-  cmd = [sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={run_dir}", f"--pooler={out}",
-         f"--data_dir={shared_data}", "--tasks=stsb", "--max_examples=200", "--max_length=64", "--noprogress",
-         f"--output={res}", "--nocache"]
+  cmd = [
+      sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={run_dir}", f"--pooler={out}",
+      f"--data_dir={shared_data}", "--tasks=stsb", "--max_examples=200", "--max_length=64", "--noprogress",
+      f"--output={res}", "--nocache"]
   proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   models = json.loads(res.read_text())["models"]
@@ -305,8 +318,9 @@ def test_mteb_offline_matches_our_stsb(run_dir, shared_data, tmp_path):
   proc = subprocess.run([sys.executable, "tools/mteb_local_data.py", f"--data_dir={shared_data}", f"--out={local}"],
                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  cmd = [sys.executable, "-m", "crossbert_jax.mteb_eval", f"--workdir={run_dir}", "--tasks=STSBenchmark",
-         f"--data_dir={local}", "--max_length=64", f"--output_dir={tmp_path / 'mteb'}"]
+  cmd = [
+      sys.executable, "-m", "crossbert_jax.mteb_eval", f"--workdir={run_dir}", "--tasks=STSBenchmark",
+      f"--data_dir={local}", "--max_length=64", f"--output_dir={tmp_path / 'mteb'}"]
   proc = subprocess.run(cmd, cwd=ROOT, env={**ENV, "HF_DATASETS_OFFLINE": "1"}, capture_output=True, text=True,
                         timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -322,15 +336,14 @@ def test_pooler_and_task_file_user_errors(tmp_path):
   bad_tsv = tmp_path / "bad.tsv"
   bad_tsv.write_text("a\tb\nonly one field\n")
   task_file = tmp_path / "tasks.json"
-  task_file.write_text(json.dumps([{"name": "t", "type": "regression", "train": "bad.tsv",
-                                    "columns": {"text": "a", "label": "b"}}]))
-  cases = [(["crossbert_jax.pooler", f"--workdir={tmp_path}", f"--pairs={bad_tsv}", "--pairs_columns=a,b"],
-            "line 2 has 1 tab-separated fields"),
-           (["crossbert_jax.evaluate", f"--workdir={tmp_path}", f"--task_file={task_file}"],
-            "line 2 has 1 tab-separated fields")]
+  task_file.write_text(
+      json.dumps([{"name": "t", "type": "regression", "train": "bad.tsv", "columns": {"text": "a", "label": "b"}}]))
+  cases = [(["crossbert_jax.pooler", f"--workdir={tmp_path}", f"--pairs={bad_tsv}",
+             "--pairs_columns=a,b"], "line 2 has 1 tab-separated fields"),
+           (["crossbert_jax.evaluate", f"--workdir={tmp_path}",
+             f"--task_file={task_file}"], "line 2 has 1 tab-separated fields")]
   for args, message in cases:
-    proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -361,4 +374,5 @@ def test_load_run_restores_only_the_params(run_dir, monkeypatch):
   assert restored == param_bytes, f"{restored} bytes on the device after load_run, the params are {param_bytes}"
   abstract = program.abstract_params(config)
   assert jax.tree.structure(params) == jax.tree.structure(abstract)
-  assert all(p.shape == a.shape and p.dtype == a.dtype for p, a in zip(jax.tree.leaves(params), jax.tree.leaves(abstract)))
+  assert all(p.shape == a.shape and p.dtype == a.dtype
+             for p, a in zip(jax.tree.leaves(params), jax.tree.leaves(abstract)))

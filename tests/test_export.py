@@ -45,11 +45,12 @@ def real_run(tok_path, tmp_path_factory):
   export exercises the MLM head too), started in the background at module setup so its compile
   overlaps the in-process tests; the CLI test waits for it."""
   workdir = tmp_path_factory.mktemp("real") / "run"
-  proc = _cli(["crossbert_jax.train", "--config=configs/bert.py:tiny", f"--workdir={workdir}",
-               f"--config.data.tokenizer={tok_path}", f"--config.model.vocab_size={VOCAB}",
-               "--config.model.global_every=2", "--config.model.local_window=16", "--config.train.steps=2",
-               "--config.checkpoint.every_steps=2", "--config.metrics.progress_bar=False",
-               "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False"], wait=False)
+  proc = _cli([
+      "crossbert_jax.train", "--config=configs/bert.py:tiny", f"--workdir={workdir}",
+      f"--config.data.tokenizer={tok_path}", f"--config.model.vocab_size={VOCAB}", "--config.model.global_every=2",
+      "--config.model.local_window=16", "--config.train.steps=2", "--config.checkpoint.every_steps=2",
+      "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
+      "--config.checkpoint.async_save=False"], wait=False)
   yield workdir, proc
   if proc.poll() is None:
     proc.kill()
@@ -176,19 +177,29 @@ def test_transformers_and_sentence_transformers_parity(tmp_path, tok, objective,
     ids = inference.tokenize(tok, convert.VERIFY_SENTENCES, max_length=c.data.seq_len)
     assert len({len(x) for x in ids}) > 1, "the verify batch must need padding"
     b = inference.pad_batch(ids, max(map(len, ids)))
-    run = lambda spec: np.asarray(inference.make_encode_fn(spec)(
-        params["encoder"], b["tokens"], b["positions"], b["segment_ids"]))
+    run = lambda spec: np.asarray(
+        inference.make_encode_fn(spec)(params["encoder"], b["tokens"], b["positions"], b["segment_ids"]))
     spec = convert.inference_spec(c.model)
     all_global = EncoderSpec(**{**spec.__dict__, "global_every": 1})
     assert np.abs(run(spec) - run(all_global)).max() > 1e-2, "local window too wide to matter"
 
 
 UNUSUAL = [
-    "  leading,   inner   and trailing spaces  ", "tabs\tand\nnewlines\r\nmixed", "\u00a0non-breaking\u00a0space",
-    "\u3000ideographic space", "zero\u200bwidth joiner\u200d", "café naïve résumé Ångström façade", "e\u0301 combining",
-    "Ελληνικά, русский, 中文, 日本語, العربية", "emoji 😀🎉👍🏽 👨‍👩‍👧 flags 🇫🇷", "ﬁ ligature ① ＡＢＣ full-width",
-    "", " ", "\t", "a" * 300, "1,234.56 $ € £ ¥ % @ # & * ( ) [ ] { } < > / \\ | ~ `",
-]
+    "  leading,   inner   and trailing spaces  ",
+    "tabs\tand\nnewlines\r\nmixed",
+    "\u00a0non-breaking\u00a0space",
+    "\u3000ideographic space",
+    "zero\u200bwidth joiner\u200d",
+    "café naïve résumé Ångström façade",
+    "e\u0301 combining",
+    "Ελληνικά, русский, 中文, 日本語, العربية",
+    "emoji 😀🎉👍🏽 👨‍👩‍👧 flags 🇫🇷",
+    "ﬁ ligature ① ＡＢＣ full-width",
+    "",
+    " ",
+    "\t",
+    "a" * 300,
+    "1,234.56 $ € £ ¥ % @ # & * ( ) [ ] { } < > / \\ | ~ `",]
 
 
 def test_tokenizer_parity(tok, shared_data):
@@ -288,8 +299,7 @@ def test_cli_real_run_exports_verifies_and_imports(tmp_path, real_run):
   assert json.loads((out / "config.json").read_text())["layer_types"] == hf_mapping.layer_types(2, 2)
   with pytest.raises(UserError, match="--output .* not empty"):
     export.export_run(str(run), str(out))
-  _cli(["crossbert_jax.export", "import", f"--hf={out}", f"--output={tmp_path / 'imported'}",
-        "--objective=mlm"])
+  _cli(["crossbert_jax.export", "import", f"--hf={out}", f"--output={tmp_path / 'imported'}", "--objective=mlm"])
   from crossbert_jax.run import load  # pylint: disable=g-import-not-at-top
   _, params, _ = load.load_run(run)
   _, imported = convert.load_imported(tmp_path / "imported")

@@ -63,21 +63,21 @@ def test_crossbert_two_views():
   assert crossbert.crossbert_shapes(c) == (2, 4, 4)  # K, visible, reconstructed
   # Per view: encoder on 4 visible tokens, two layers.
   encoder = 2 * (
-    2 * 4 * 8 * 24  # QKV: 1536
-    + 2 * 4 * 4 * 8  # scores: 256
-    + 2 * 4 * 4 * 8  # weighted sum: 256
-    + 2 * 4 * 8 * 8  # out: 512
-    + 2 * 4 * 8 * 32  # Wi: 2048
-    + 2 * 4 * 16 * 8  # Wo: 1024
+      2 * 4 * 8 * 24  # QKV: 1536
+      + 2 * 4 * 4 * 8  # scores: 256
+      + 2 * 4 * 4 * 8  # weighted sum: 256
+      + 2 * 4 * 8 * 8  # out: 512
+      + 2 * 4 * 8 * 32  # Wi: 2048
+      + 2 * 4 * 16 * 8  # Wo: 1024
   )  # = 2 * 5632 = 11264
   # Per view: one reconstructor block, R'=4 queries, 4 memory tokens.
   reconstructor = (
-    2 * 4 * 8 * 8  # query proj dr -> dr: 512
-    + 2 * 4 * 8 * 16  # K and V proj d -> dr each: 1024
-    + 4 * 4 * 4 * 8  # cross-attn scores + weighted sum: 512
-    + 2 * 4 * 8 * 8  # out proj: 512
-    + 2 * 4 * 8 * 32  # Wi dr -> 2Ir: 2048
-    + 2 * 4 * 16 * 8  # Wo Ir -> dr: 1024
+      2 * 4 * 8 * 8  # query proj dr -> dr: 512
+      + 2 * 4 * 8 * 16  # K and V proj d -> dr each: 1024
+      + 4 * 4 * 4 * 8  # cross-attn scores + weighted sum: 512
+      + 2 * 4 * 8 * 8  # out proj: 512
+      + 2 * 4 * 8 * 32  # Wi dr -> 2Ir: 2048
+      + 2 * 4 * 16 * 8  # Wo Ir -> dr: 1024
   )  # = 5632
   head = 2 * 4 * 8 * 32  # dr -> V on 4 slots: 2048
   expected = {"encoder": 2 * encoder, "reconstructor": 2 * reconstructor, "head": 2 * head}
@@ -97,34 +97,33 @@ def test_crossbert_one_view_quarter_ratio():
   c = _tiny("crossbert", masking__views=1, masking__ratio=0.25)
   assert crossbert.crossbert_shapes(c) == (1, 6, 2)  # round(0.25 * 8) = 2 masked, 6 visible
   encoder = 2 * (
-    2 * 6 * 8 * 24  # QKV: 2304
-    + 4 * 6 * 6 * 8  # scores + weighted sum: 1152
-    + 2 * 6 * 8 * 8  # out: 768
-    + 2 * 6 * 8 * 32  # Wi: 3072
-    + 2 * 6 * 16 * 8  # Wo: 1536
+      2 * 6 * 8 * 24  # QKV: 2304
+      + 4 * 6 * 6 * 8  # scores + weighted sum: 1152
+      + 2 * 6 * 8 * 8  # out: 768
+      + 2 * 6 * 8 * 32  # Wi: 3072
+      + 2 * 6 * 16 * 8  # Wo: 1536
   )  # = 2 * 8832
   reconstructor = (
-    2 * 2 * 8 * 8  # query proj on 2 slots: 256
-    + 2 * 6 * 8 * 16  # K, V proj on 6 memory tokens: 1536
-    + 4 * 2 * 6 * 8  # cross-attn: 384
-    + 2 * 2 * 8 * 8  # out proj: 256
-    + 2 * 2 * (8 * 32 + 16 * 8)  # GeGLU: 1536
+      2 * 2 * 8 * 8  # query proj on 2 slots: 256
+      + 2 * 6 * 8 * 16  # K, V proj on 6 memory tokens: 1536
+      + 4 * 2 * 6 * 8  # cross-attn: 384
+      + 2 * 2 * 8 * 8  # out proj: 256
+      + 2 * 2 * (8 * 32 + 16 * 8)  # GeGLU: 1536
   )  # = 3968
   head = 2 * 2 * 8 * 32  # 1024
   assert (encoder, reconstructor, head) == (17664, 3968, 1024)
-  assert flops.forward_flops_breakdown(c) == {"encoder": encoder, "reconstructor": reconstructor,
-                                             "head": head}
+  assert flops.forward_flops_breakdown(c) == {"encoder": encoder, "reconstructor": reconstructor, "head": head}
 
 
 def test_reconstruct_ratio():
   c = _tiny("crossbert", masking__reconstruct_ratio=0.5)
   assert crossbert.crossbert_shapes(c) == (2, 4, 2)  # R' = round(0.5 * 4) = 2
   reconstructor = (
-    2 * 2 * 8 * 8  # query proj on R'=2: 256
-    + 2 * 4 * 8 * 16  # K, V proj on all 4 visible tokens: 1024
-    + 4 * 2 * 4 * 8  # cross-attn: 256
-    + 2 * 2 * 8 * 8  # out proj: 256
-    + 2 * 2 * (8 * 32 + 16 * 8)  # GeGLU: 1536
+      2 * 2 * 8 * 8  # query proj on R'=2: 256
+      + 2 * 4 * 8 * 16  # K, V proj on all 4 visible tokens: 1024
+      + 4 * 2 * 4 * 8  # cross-attn: 256
+      + 2 * 2 * 8 * 8  # out proj: 256
+      + 2 * 2 * (8 * 32 + 16 * 8)  # GeGLU: 1536
   )  # = 3328
   got = flops.forward_flops_breakdown(c)
   assert got["encoder"] == 22528  # Unchanged: the encoder still sees every visible token.
@@ -138,9 +137,9 @@ def test_reconstruct_ratio():
 def test_self_attention_and_feature_mixing():
   base = flops.forward_flops_breakdown(_tiny("crossbert"))["reconstructor"]
   self_attention = (
-    2 * 4 * 8 * 24  # fused QKV dr -> 3dr on 4 queries: 1536
-    + 4 * 4 * 4 * 8  # scores + weighted sum among queries: 512
-    + 2 * 4 * 8 * 8  # out proj: 512
+      2 * 4 * 8 * 24  # fused QKV dr -> 3dr on 4 queries: 1536
+      + 4 * 4 * 4 * 8  # scores + weighted sum among queries: 512
+      + 2 * 4 * 8 * 8  # out proj: 512
   )  # = 2560 per view
   got = flops.forward_flops_breakdown(_tiny("crossbert", reconstructor__self_attention=True))
   assert got["reconstructor"] == base + 2 * self_attention == 16384
@@ -152,11 +151,11 @@ def test_self_attention_and_feature_mixing():
 def test_reconstructor_wider_than_encoder():
   c = _tiny("crossbert", reconstructor__embed_dim=16, reconstructor__mlp_dim=32)
   reconstructor = (
-    2 * 4 * 16 * 16  # query proj dr -> dr: 2048
-    + 2 * 4 * 8 * (2 * 16)  # K, V proj d=8 -> dr=16: 2048
-    + 4 * 4 * 4 * 16  # cross-attn at width dr: 1024
-    + 2 * 4 * 16 * 16  # out proj: 2048
-    + 2 * 4 * (16 * 64 + 32 * 16)  # GeGLU dr -> 2Ir, Ir -> dr: 12288
+      2 * 4 * 16 * 16  # query proj dr -> dr: 2048
+      + 2 * 4 * 8 * (2 * 16)  # K, V proj d=8 -> dr=16: 2048
+      + 4 * 4 * 4 * 16  # cross-attn at width dr: 1024
+      + 2 * 4 * 16 * 16  # out proj: 2048
+      + 2 * 4 * (16 * 64 + 32 * 16)  # GeGLU dr -> 2Ir, Ir -> dr: 12288
   )  # = 19456
   got = flops.forward_flops_breakdown(c)
   assert got == {"encoder": 22528, "reconstructor": 2 * reconstructor, "head": 2 * (2 * 4 * 16 * 32)}
@@ -165,11 +164,11 @@ def test_reconstructor_wider_than_encoder():
 def test_mlm():
   c = _tiny("mlm", masking__ratio=0.25)
   encoder = 2 * (
-    2 * 8 * 8 * 24  # QKV: 3072
-    + 4 * 8 * 8 * 8  # scores + weighted sum on all 8 tokens: 2048
-    + 2 * 8 * 8 * 8  # out: 1024
-    + 2 * 8 * 8 * 32  # Wi: 4096
-    + 2 * 8 * 16 * 8  # Wo: 2048
+      2 * 8 * 8 * 24  # QKV: 3072
+      + 4 * 8 * 8 * 8  # scores + weighted sum on all 8 tokens: 2048
+      + 2 * 8 * 8 * 8  # out: 1024
+      + 2 * 8 * 8 * 32  # Wi: 4096
+      + 2 * 8 * 16 * 8  # Wo: 2048
   )  # = 2 * 12288
   head = 2 * 2 * 8 * 8 + 2 * 2 * 8 * 32  # dense + decoder on round(0.25 * 8) = 2 positions
   assert (encoder, head) == (24576, 1280)
@@ -180,13 +179,11 @@ def test_mlm():
 def test_param_counts():
   sds = jax.ShapeDtypeStruct
   params = {
-    "token_embed": {"embedding": nn.LogicallyPartitioned(sds((32, 8), jnp.float32), ("vocab", "embed"))},
-    "layer_0": {
-      "qkv": {"kernel": nn.Partitioned(sds((8, 24), jnp.float32), (None, "tensor"))},
-      "norm": {"scale": sds((8,), jnp.float32)},
-    },
-    "head": {"kernel": jnp.zeros((8, 32)), "bias": jnp.zeros((32,))},
-  }
+      "token_embed": {"embedding": nn.LogicallyPartitioned(sds((32, 8), jnp.float32), ("vocab", "embed"))},
+      "layer_0": {
+          "qkv": {"kernel": nn.Partitioned(sds((8, 24), jnp.float32), (None, "tensor"))},
+          "norm": {"scale": sds((8,), jnp.float32)},},
+      "head": {"kernel": jnp.zeros((8, 32)), "bias": jnp.zeros((32,))},}
   # 32*8 embedding + 8*24 + 8 + 8*32 + 32.
   assert flops.param_counts(params) == {"total": 256 + 192 + 8 + 256 + 32, "non_embedding": 488}
 

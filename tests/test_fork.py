@@ -16,13 +16,15 @@ from crossbert_jax.run import metrics
 from tests.helpers import run_module
 from tests.test_pod_gcs import BUCKET, GS, gcs  # noqa: F401 - the module-scoped GCS emulator fixture.
 
-WSD = ["--config.train.decay=wsd", "--config.train.decay_fraction=0.2", "--config.train.warmup_steps=2",
-       "--config.checkpoint.every_steps=100", "--config.metrics.tensorboard=False"]
+WSD = [
+    "--config.train.decay=wsd", "--config.train.decay_fraction=0.2", "--config.train.warmup_steps=2",
+    "--config.checkpoint.every_steps=100", "--config.metrics.tensorboard=False"]
 
 
 def _train(workdir, *overrides, env=None, check=True):
-  return run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-                     "--config.metrics.progress_bar=False", *overrides], env=env, check=check)
+  return run_module([
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+      "--config.metrics.progress_bar=False", *overrides], env=env, check=check)
 
 
 def _snapshot(root: pathlib.Path) -> dict[str, tuple]:
@@ -46,6 +48,7 @@ def _params(workdir, step) -> dict[str, np.ndarray]:
         walk(v, f"{prefix}/{k}")
     else:
       leaves[prefix] = np.asarray(tree)
+
   walk(state["params"])
   return leaves
 
@@ -62,8 +65,8 @@ def test_wsd_branch_equals_a_straight_run_and_leaves_its_source_untouched(tmp_pa
   # Stable: the 20-step schedule stopped at its own decay start (16); it keeps step 8, budget 10's fork point,
   # although checkpoint.keep=1 would garbage-collect it.
   stable = tmp_path / "stable"
-  _train(stable, tok, *WSD, "--config.train.steps=20", "--config.train.stop_at_step=16",
-         "--config.checkpoint.keep=1", "--config.checkpoint.keep_steps=(8,)")
+  _train(stable, tok, *WSD, "--config.train.steps=20", "--config.train.stop_at_step=16", "--config.checkpoint.keep=1",
+         "--config.checkpoint.keep_steps=(8,)")
   assert sorted(int(p.name) for p in (stable / "checkpoints").iterdir() if p.name.isdigit()) == [8, 16]
   before = _snapshot(stable)
 
@@ -115,27 +118,31 @@ def test_fork_into_its_source_or_a_workdir_with_other_checkpoints_is_refused_and
   every checkpoint in place: it used to resume the source and delete its fork points."""
   tok = f"--config.data.tokenizer={spm_model}"
   src, plain = tmp_path / "src", tmp_path / "plain"
-  keep = ["--config.train.steps=4", "--config.checkpoint.every_steps=2", "--config.checkpoint.keep_steps=(2,)",
-          "--config.metrics.tensorboard=False"]
+  keep = [
+      "--config.train.steps=4", "--config.checkpoint.every_steps=2", "--config.checkpoint.keep_steps=(2,)",
+      "--config.metrics.tensorboard=False"]
   _train(src, tok, *keep)
   _train(plain, tok, *keep)
+
   # The refusal inside `plain` comes after its lock was taken (lock.json comes and goes): its checkpoints,
   # config and metrics must not change; `src` is refused before anything is opened.
   def state():
-    return _snapshot(src), _snapshot(plain / "checkpoints"), [(plain / f).read_bytes() for f in
-                                                              ("config.json", "metrics.jsonl")]
+    return _snapshot(src), _snapshot(plain / "checkpoints"), [
+        (plain / f).read_bytes() for f in ("config.json", "metrics.jsonl")]
 
   before = state()
-  longer = [tok, "--config.train.steps=8", "--config.checkpoint.keep=1", "--config.checkpoint.keep_steps=()",
-            "--config.metrics.tensorboard=False"]
+  longer = [
+      tok, "--config.train.steps=8", "--config.checkpoint.keep=1", "--config.checkpoint.keep_steps=()",
+      "--config.metrics.tensorboard=False"]
   _refused(_train(src, *longer, f"--config.train.fork_from={src}:2", check=False), "the source itself")
   _refused(_train(src / "checkpoints" / "branch", *longer, f"--config.train.fork_from={src}:2", check=False),
            "inside the source")
   _refused(_train(plain, *longer, f"--config.train.fork_from={src}:2", check=False), "a run that was not forked")
   assert state() == before, "a refused fork wrote to a workdir"
   # stop_at_step at the fork step: refused, said of the source's step (the fork would train nothing).
-  _refused(_train(tmp_path / "fork", *longer, f"--config.train.fork_from={src}:2", "--config.train.stop_at_step=2",
-                  check=False), "step 2 is not before train.stop_at_step=2, so the fork would train nothing")
+  _refused(
+      _train(tmp_path / "fork", *longer, f"--config.train.fork_from={src}:2", "--config.train.stop_at_step=2",
+             check=False), "step 2 is not before train.stop_at_step=2, so the fork would train nothing")
   assert not (tmp_path / "fork").exists(), "a refused fork left its workdir behind"
 
 
@@ -155,7 +162,8 @@ def test_fork_records_decide_a_resume(tmp_path):
   recorded = {"train": {"fork_from": f"{src}:20"}}
   fork.check_resumed(given(f"{src}:20"), tmp_path / "b", 30, recorded)
   bare = given(str(src))
-  assert fork.check_resumed(bare, tmp_path / "b", 30, recorded).train.fork_from == f"{src}:20", "a rerun without the step records the resolved SOURCE:STEP"
+  assert fork.check_resumed(bare, tmp_path / "b", 30, recorded
+                           ).train.fork_from == f"{src}:20", "a rerun without the step records the resolved SOURCE:STEP"
   for other in (f"{src}:10", str(tmp_path / "other")):
     with pytest.raises(UserError, match=f"of a fork from {src}:20"):
       fork.check_resumed(given(other), tmp_path / "b", 30, recorded)

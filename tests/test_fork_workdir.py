@@ -30,13 +30,15 @@ WSD = ["--config.train.decay=wsd", "--config.train.warmup_steps=2", "--config.me
 
 
 def _args(workdir, spm, *overrides) -> list[str]:
-  return ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-          f"--config.data.tokenizer={spm}", "--config.metrics.progress_bar=False", *WSD, *overrides]
+  return [
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+      f"--config.data.tokenizer={spm}", "--config.metrics.progress_bar=False", *WSD, *overrides]
 
 
 def _snapshot(root: pathlib.Path) -> dict[str, str]:
-  return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-          for p in sorted(root.rglob("*"))}
+  return {
+      str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+      for p in sorted(root.rglob("*"))}
 
 
 def _run_all(cases: dict[str, list[str]], env: dict[str, str] | None = None) -> dict[str, tuple[int, str]]:
@@ -86,8 +88,7 @@ def test_refused_starts_are_one_line_and_leave_nothing(tmp_path, source, spm_mod
       "damaged": _args(tmp_path / "from_damaged", spm_model, "--config.train.steps=8",
                        f"--config.train.fork_from={damaged}:2"),
       "empty_phase": _args(tmp_path / "empty_phase", spm_model, "--config.train.steps=4",
-                           f"--config.train.phases=({{'steps': 2}}, {{'data.path': '{empty}'}})"),
-  }
+                           f"--config.train.phases=({{'steps': 2}}, {{'data.path': '{empty}'}})"),}
   # No shared compilation cache: a refused start must not leave WORKDIR/compilation_cache behind either.
   env = {k: v for k, v in cpu_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
   results = _run_all(cases, env=env)
@@ -113,8 +114,7 @@ def test_a_workdir_resumes_only_as_the_run_it_holds(tmp_path, source, spm_model)
   run_module(_args(branch, spm_model, "--config.train.steps=6", "--config.train.stop_at_step=3", fork_at_2))
   results = _run_all({
       "plain": _args(plain, spm_model, "--config.train.steps=6", fork_at_2),
-      "other": _args(branch, spm_model, "--config.train.steps=6", f"--config.train.fork_from={source}:4"),
-  })
+      "other": _args(branch, spm_model, "--config.train.steps=6", f"--config.train.fork_from={source}:4"),})
   _one_error_line(results["plain"], "of a run that was not forked", "drop train.fork_from to resume it")
   _one_error_line(results["other"], f"of a fork from {source}:2", f"give train.fork_from={source}:2")
   again = run_module(_args(branch, spm_model, "--config.train.steps=6", fork_at_2))
@@ -131,9 +131,10 @@ def test_a_phase_boundary_save_never_reads_the_next_phases_data(tmp_path, spm_mo
   later = tmp_path / "later.txt"
   later.write_text("A later phase's text, readable when the run starts.\n" * 200)
   workdir = tmp_path / "run"
-  proc = run_module(_args(workdir, spm_model, "--config.train.steps=32", "--config.checkpoint.every_steps=30",
-                          "--config.metrics.log_every=1",
-                          f"--config.train.phases=({{'steps': 30}}, {{'data.path': '{later}'}})"), wait=False)
+  proc = run_module(
+      _args(workdir, spm_model, "--config.train.steps=32", "--config.checkpoint.every_steps=30",
+            "--config.metrics.log_every=1", f"--config.train.phases=({{'steps': 30}}, {{'data.path': '{later}'}})"),
+      wait=False)
   deadline = time.monotonic() + 300
   while _metrics_rows(workdir) < 1 and proc.poll() is None and time.monotonic() < deadline:
     time.sleep(0.05)
@@ -163,6 +164,7 @@ def test_a_source_step_removed_while_it_is_read(tmp_path, source, spm_model):
         shutil.rmtree(src / "checkpoints" / str(step))
         removed.append(step)
       return feed.enter(phases_lib.phase_at(phases_lib.expand(c), step))
+
     return iterator_of, removed
 
   newest = tmp_path / "newest"
@@ -186,8 +188,8 @@ def test_a_source_step_removed_while_it_is_read(tmp_path, source, spm_model):
 def test_checkpoint_meta_reads_what_older_runs_wrote():
   tok = {"path": "t.model", "sha256": "0" * 64, "vocab_size": 512}
   oldest = checkpoint.CheckpointMeta.from_json(None)  # Written before the meta item existed.
-  assert oldest == checkpoint.CheckpointMeta() and oldest.tokens_at(10, {"train": {"batch_size": 4},
-                                                                         "data": {"seq_len": 8}}) == 320
+  assert oldest == checkpoint.CheckpointMeta() and oldest.tokens_at(
+      10, {"train": {"batch_size": 4}, "data": {"seq_len": 8}}) == 320
   older = checkpoint.CheckpointMeta.from_json({"tokenizer": tok, "tokens_seen": 99})  # Before process_count.
   assert (older.tokenizer, older.tokens_seen, older.process_count, older.source_tokens_before) == (tok, 99, None, {})
   now = {"tokenizer": tok, "tokens_seen": 99, "process_count": 2, "source_tokens_before": {"a": 5.0}}

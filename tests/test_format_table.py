@@ -75,12 +75,15 @@ def test_added_format_reaches_the_tokenizer_and_prepare_commands(shared_data, ts
   rte, sts = shared_data / "glue" / "RTE" / "dev.tsv", shared_data / "glue" / "STS-B" / "dev.tsv"
   env = helpers.cpu_env(PYTHONPATH=f"{tsv_format[1]}:{helpers.ROOT}")
   spm = tmp_path / "spm.model"
-  helpers.run_module(["crossbert_jax.tokenizer", f"--input={rte}", "--format=tsv", "--text_field=sentence1",
-                      "--vocab_size=600", f"--output={spm}"], env=env)
+  helpers.run_module([
+      "crossbert_jax.tokenizer", f"--input={rte}", "--format=tsv", "--text_field=sentence1", "--vocab_size=600",
+      f"--output={spm}"], env=env)
   assert spm.stat().st_size > 0
-  out = helpers.run_module(["crossbert_jax.prepare", f"--input={rte},{sts}", "--format=tsv", "--text_field=sentence2",
-                            f"--output={tmp_path / 'shards'}", "--shards=2", "--workers=2", "--noprogress"], env=env)
+  out = helpers.run_module([
+      "crossbert_jax.prepare", f"--input={rte},{sts}", "--format=tsv", "--text_field=sentence2",
+      f"--output={tmp_path / 'shards'}", "--shards=2", "--workers=2", "--noprogress"], env=env)
   assert "wrote 2 shards, 1777 documents (277-1500 per shard)" in out.stdout  # Each file whole, in its shard.
-  refused = helpers.run_module(["crossbert_jax.prepare", f"--input={rte}", "--format=tsv", "--shards=2",
-                                f"--output={tmp_path / 'other'}"], check=False)  # Without the plugin.
+  refused = helpers.run_module([
+      "crossbert_jax.prepare", f"--input={rte}", "--format=tsv", "--shards=2", f"--output={tmp_path / 'other'}"],
+                               check=False)  # Without the plugin.
   assert refused.returncode != 0 and "tsv" in refused.stderr

@@ -18,10 +18,12 @@ from tests.helpers import cpu_env, run_module
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 # GLUE config -> (today's reader, {Hub split: reader split}): what the shared data holds.
-COPIED = {"cola": ("cola", {"train": "train", "validation": "dev"}), "sst2": ("sst2", {"train": "train",
-          "validation": "dev"}), "mrpc": ("mrpc", {"train": "train", "validation": "test"}),
-          "stsb": ("stsb", {"train": "train", "validation": "dev"}), "qnli": ("qnli", {"validation": "dev"}),
-          "rte": ("rte", {"train": "train", "validation": "dev"})}
+COPIED = {
+    "cola": ("cola", {"train": "train", "validation": "dev"}), "sst2": ("sst2", {"train": "train",
+                                                                                 "validation": "dev"}),
+    "mrpc": ("mrpc", {"train": "train",
+                      "validation": "test"}), "stsb": ("stsb", {"train": "train", "validation": "dev"}),
+    "qnli": ("qnli", {"validation": "dev"}), "rte": ("rte", {"train": "train", "validation": "dev"})}
 
 
 def write_hub_copy(shared_data, out, configs=tuple(COPIED), label_of=None) -> None:
@@ -37,9 +39,10 @@ def write_hub_copy(shared_data, out, configs=tuple(COPIED), label_of=None) -> No
     for hub_split, ours in splits.items():
       sp = task.splits[ours]
       labels = sp.labels if label_of is None else label_of(sp.labels)
-      cols = {spec.columns[0]: sp.texts, **({spec.columns[1]: sp.pairs} if spec.is_pair else {}),
-              "label": pa.array(labels, pa.int64() if spec.num_classes else pa.float32()),
-              "idx": pa.array(np.arange(len(sp), dtype=np.int32))}
+      cols = {
+          spec.columns[0]: sp.texts, **({spec.columns[1]: sp.pairs} if spec.is_pair else {}), "label": pa.array(
+              labels,
+              pa.int64() if spec.num_classes else pa.float32()), "idx": pa.array(np.arange(len(sp), dtype=np.int32))}
       pq.write_table(pa.table(cols), out / config / f"{hub_split}-00000-of-00001.parquet")
 
 
@@ -64,9 +67,10 @@ def test_registry_metrics_and_glue_average():
       "cola": ("matthews",), "sst2": ("accuracy",), "mrpc": ("f1", "accuracy"), "stsb": ("pearson", "spearman"),
       "qqp": ("f1", "accuracy"), "mnli": ("accuracy",), "qnli": ("accuracy",), "rte": ("accuracy",)}
   # Hand-checked: two-metric rows give their mean (MRPC .75, STS-B .70, QQP .70); 6.5 / 9 rows.
-  rows = {"cola": .5, "sst2": .9, "mrpc": glue.row_score({"f1": .8, "accuracy": .7}),
-          "stsb": glue.row_score({"pearson": .8, "spearman": .6}), "qqp": glue.row_score({"f1": .6, "accuracy": .8}),
-          "mnli-m": .8, "mnli-mm": .7, "qnli": .85, "rte": .6}
+  rows = {
+      "cola": .5, "sst2": .9, "mrpc": glue.row_score({"f1": .8, "accuracy": .7}),
+      "stsb": glue.row_score({"pearson": .8, "spearman": .6}), "qqp": glue.row_score({"f1": .6, "accuracy": .8}),
+      "mnli-m": .8, "mnli-mm": .7, "qnli": .85, "rte": .6}
   assert glue.glue_average(rows) == pytest.approx(6.5 / 9)
   assert glue.glue_average({**rows, "qqp": None}) is None
   assert glue.partial_average({**rows, "qqp": None, "mnli-m": None}) == (pytest.approx(5.0 / 7), 7)
@@ -77,12 +81,14 @@ def test_registry_metrics_and_glue_average():
 
 def test_table_average_over_seeds_and_the_markdown():
   """The table's GLUE average is the per-seed average of the nine rows, then its mean and spread."""
-  rows = {"cola": [.5, .3], "sst2": [.9, .9], "mrpc": [.75, .75], "stsb": [.7, .7], "qqp": [.7, .7],
-          "mnli-m": [.8, .8], "mnli-mm": [.7, .7], "qnli": [.85, .85], "rte": [.6, .6]}
+  rows = {
+      "cola": [.5, .3], "sst2": [.9, .9], "mrpc": [.75, .75], "stsb": [.7, .7], "qqp": [.7, .7], "mnli-m": [.8, .8],
+      "mnli-mm": [.7, .7], "qnli": [.85, .85], "rte": [.6, .6]}
   results = {}
   for name, task in glue.TASKS.items():
-    results[name] = {"rows": {r: {p: {m: rows[r] for m in task.metrics} for p in ("linear", "knn")}
-                              for r, _ in task.rows}, "note": "", "sizes": {}}
+    results[name] = {
+        "rows": {r: {p: {m: rows[r] for m in task.metrics} for p in ("linear", "knn")} for r, _ in task.rows}, "note": "",
+        "sizes": {}}
   table = glue_table.summary({"m": results}, {}, {}, {"probe_seeds": 2})
   avg = table["average"]["m"]["linear"]["glue"]
   assert avg["mean"] == pytest.approx(100 * (6.5 + 6.3) / 18) and avg["std"] == pytest.approx(100 * .1 / 9)
@@ -143,8 +149,8 @@ def _fill_datasets_cache(copy, cache, config) -> None:
   for f in src.iterdir():
     (dst / f.name.replace("parquet-", "glue-")).write_bytes(f.read_bytes())
   info = json.loads((dst / "dataset_info.json").read_text())
-  (dst / "dataset_info.json").write_text(json.dumps({**info, "config_name": config, "dataset_name": "glue",
-                                                     "builder_name": "glue"}))
+  (dst / "dataset_info.json"
+  ).write_text(json.dumps({**info, "config_name": config, "dataset_name": "glue", "builder_name": "glue"}))
 
 
 def test_offline_from_the_datasets_cache(hub_copy, tmp_path):
@@ -188,8 +194,9 @@ def test_scores_equal_todays_tasks_path(tiny_run, hub_copy, shared_data):
 
 
 def _glue_cli(run_dir, data_dir, out, *flags, wait=True, check=True):
-  args = ["crossbert_jax.evaluate", "--benchmark=glue", f"--workdir={run_dir}", f"--data_dir={data_dir}",
-          "--max_length=64", "--noprogress", f"--output_dir={out}", *flags]
+  args = [
+      "crossbert_jax.evaluate", "--benchmark=glue", f"--workdir={run_dir}", f"--data_dir={data_dir}", "--max_length=64",
+      "--noprogress", f"--output_dir={out}", *flags]
   return run_module(args, env=cpu_env(**OFFLINE, HF_DATASETS_CACHE=str(out) + "-hf"), wait=wait, check=check)
 
 

@@ -44,8 +44,9 @@ def test_missing_mask_role_is_refused_in_one_line(tmp_path, bpe_folder):
   (tmp_path / "tokenizer.json").write_text(json.dumps(data))
   with pytest.raises(UserError, match="has no mask token"):
     hf_tokenizer.HfTokenizer.load(tmp_path)
-  proc = run_module(["crossbert_jax.prepare", "--input=builtin", f"--output={tmp_path / 'out'}", "--shards=1",
-                     f"--tokenizer={tmp_path / 'tokenizer.json'}"], check=False)
+  proc = run_module([
+      "crossbert_jax.prepare", "--input=builtin", f"--output={tmp_path / 'out'}", "--shards=1",
+      f"--tokenizer={tmp_path / 'tokenizer.json'}"], check=False)
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 1 and "no mask token" in lines[0], proc.stderr[-2000:]
 
@@ -84,10 +85,11 @@ def test_wordpiece_tokenizer_trains_from_scratch(tmp_path):
   wp = hf_models.wordpiece_tokenizer(tmp_path / "wp" / "tokenizer.json")
   tok = tokenizer.Tokenizer.load(wp)
   assert tok.special_ids == special_ids.SpecialIds.of(0, 1, 2, 3, 4)
-  proc = run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
-                     f"--config.data.tokenizer={wp}", "--config.model.vocab_size=768", "--config.train.steps=4",
-                     "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
-                     "--config.checkpoint.async_save=False"])
+  proc = run_module([
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
+      f"--config.data.tokenizer={wp}", "--config.model.vocab_size=768", "--config.train.steps=4",
+      "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
+      "--config.checkpoint.async_save=False"])
   assert "done: step 4" in proc.stdout, proc.stdout
 
 
@@ -107,6 +109,7 @@ def test_resume_identity_hashes_the_folders_tokenizer_json(bpe_folder, tmp_path)
   older = {k: v for k, v in ident.items() if k != "special_ids"}
   assert resume.tokenizer_change(older, ident, "data.tokenizer") is None
 
+
 def _one_error_line(proc, words: str) -> None:
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
@@ -114,10 +117,10 @@ def _one_error_line(proc, words: str) -> None:
 
 def _train(tmp_path, tok, *overrides: str):
   """A tiny CrossBERT run with `tok` (2 steps): its CompletedProcess."""
-  return run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
-                     f"--config.data.tokenizer={tok}", "--config.train.steps=2", "--config.metrics.progress_bar=False",
-                     "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False", *overrides],
-                    check=False)
+  return run_module([
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
+      f"--config.data.tokenizer={tok}", "--config.train.steps=2", "--config.metrics.progress_bar=False",
+      "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False", *overrides], check=False)
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +138,10 @@ def test_tokenizer_that_cannot_encode_is_refused_before_any_work(tmp_path, text_
   with pytest.raises(UserError, match="cannot encode arbitrary text"):
     tokenizer.Tokenizer.load(bad)
   out = tmp_path / "shards"
-  _one_error_line(run_module(["crossbert_jax.prepare", f"--input={text_input}", f"--output={out}", "--shards=1",
-                              "--progress=false", f"--tokenizer={bad}"], check=False), "cannot encode")
+  _one_error_line(
+      run_module([
+          "crossbert_jax.prepare", f"--input={text_input}", f"--output={out}", "--shards=1", "--progress=false",
+          f"--tokenizer={bad}"], check=False), "cannot encode")
   _one_error_line(_train(tmp_path, bad), "cannot encode")
   assert sorted(p.name for p in tmp_path.iterdir()) == ["nounk"]
 
@@ -162,8 +167,9 @@ def test_ids_past_the_token_count_set_the_vocab_size(tmp_path, text_input):
   big = hf_models.wordlevel_tokenizer(tmp_path / "gap" / "tokenizer.json", ["the", "a"], ids={"zebra": 70_000})
   tok = tokenizer.Tokenizer.load(big)
   assert tok.vocab_size == 70_001 and tok.encode("a zebra") == [6, 70_000]
-  run_module(["crossbert_jax.prepare", f"--input={text_input}", f"--output={tmp_path / 'shards'}", "--shards=1",
-              "--progress=false", f"--tokenizer={big}"])
+  run_module([
+      "crossbert_jax.prepare", f"--input={text_input}", f"--output={tmp_path / 'shards'}", "--shards=1",
+      "--progress=false", f"--tokenizer={big}"])
   assert shards.read_manifest(tmp_path / "shards")["dtype"] == "uint32"
   _one_error_line(_train(tmp_path, big, "--config.model.vocab_size=2048"), "model.vocab_size=2048 is smaller")
   assert not (tmp_path / "run").exists()
@@ -173,8 +179,7 @@ def test_ids_past_the_token_count_set_the_vocab_size(tmp_path, text_input):
     ({"mask_token": "[PAD]"}, "pad and mask tokens are both '[PAD]'"),
     ({"mask_token": "[CLS]"}, "cls and mask tokens are both '[CLS]'"),
     ({"cls_token": "[SEP]"}, "cls and sep tokens are both '[SEP]'"),
-    ({"mask_token": "[MSK]"}, "mask_token '[MSK]' (special_tokens_map.json / tokenizer_config.json) is not in its"),
-])
+    ({"mask_token": "[MSK]"}, "mask_token '[MSK]' (special_tokens_map.json / tokenizer_config.json) is not in its"),])
 def test_roles_on_one_id_or_missing_are_refused(tmp_path, bpe_folder, roles, words):
   """Two roles on one token, or a named token the vocabulary lacks (no silent fall-back to the usual name)."""
   folder = hf_models.write_tokenizer_folder(hf_models.bpe_tokenizer(), tmp_path, {**hf_models.ROLE_TOKENS, **roles})
@@ -190,6 +195,7 @@ def test_resume_refuses_the_same_tokenizer_json_with_other_special_ids(tmp_path,
     (folder / name).write_bytes((bpe_folder / name).read_bytes())
   first = _train(tmp_path, folder)
   assert first.returncode == 0 and "done: step 2" in first.stdout, first.stderr[-2000:]
-  (folder / "special_tokens_map.json").write_text(json.dumps(
-      {**hf_models.ROLE_TOKENS, "cls_token": "[SEP]", "sep_token": "[CLS]"}))
-  _one_error_line(_train(tmp_path, folder, "--config.train.steps=4"), "other special ids (cls 601 -> 602, sep 602 -> 601")
+  (folder / "special_tokens_map.json"
+  ).write_text(json.dumps({**hf_models.ROLE_TOKENS, "cls_token": "[SEP]", "sep_token": "[CLS]"}))
+  _one_error_line(_train(tmp_path, folder, "--config.train.steps=4"),
+                  "other special ids (cls 601 -> 602, sep 602 -> 601")

@@ -11,15 +11,16 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TPU_ENV = {"TPU": "cb-v5p-64", "ZONE": "us-east5-a", "ACCELERATOR": "v5p-64"}
-TRAIN_FLAGS = ["--config=configs/crossbert.py:base", "--workdir=gs://bkt/runs/cb base",
-               "--config.data.path=gs://bkt/corpus/*.arrayrecord", "--config.model.dtype=float32"]
+TRAIN_FLAGS = [
+    "--config=configs/crossbert.py:base", "--workdir=gs://bkt/runs/cb base",
+    "--config.data.path=gs://bkt/corpus/*.arrayrecord", "--config.model.dtype=float32"]
 
 
 def _sh(script: str, *args: str, env: dict | None = None, cwd=ROOT) -> subprocess.CompletedProcess:
   full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TPU", "ZONE", "SPOT"))}
   full_env.update(env or {})
-  return subprocess.run(["bash", str(ROOT / script), *args], cwd=cwd, env=full_env, capture_output=True,
-                        text=True, timeout=60)
+  return subprocess.run(["bash", str(ROOT / script), *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+                        timeout=60)
 
 
 def _commands(r: subprocess.CompletedProcess) -> list[list[str]]:
@@ -39,8 +40,9 @@ def _ssh_command(argv: list[str]) -> str:
 
 def test_tpu_create_on_demand_and_queued_spot():
   (create,) = _tpu("create")
-  assert create == ["gcloud", "compute", "tpus", "tpu-vm", "create", "cb-v5p-64", "--zone=us-east5-a",
-                    "--accelerator-type=v5p-64", "--version=v2-alpha-tpuv5"]
+  assert create == [
+      "gcloud", "compute", "tpus", "tpu-vm", "create", "cb-v5p-64", "--zone=us-east5-a", "--accelerator-type=v5p-64",
+      "--version=v2-alpha-tpuv5"]
   queued, describe = _tpu("create", SPOT="1", PROJECT="proj")
   assert queued[:6] == ["gcloud", "compute", "tpus", "queued-resources", "create", "cb-v5p-64"]
   assert {"--spot", "--node-id=cb-v5p-64", "--runtime-version=v2-alpha-tpuv5", "--project=proj"} <= set(queued)
@@ -48,8 +50,8 @@ def test_tpu_create_on_demand_and_queued_spot():
 
 
 def test_tpu_setup_copies_the_checkout_to_every_worker_and_installs_jax_tpu(tmp_path):
-  tar_line, scp, ssh = _sh("launch/tpu.sh", "--dry-run", "setup", env={**TPU_ENV, "TMPDIR": str(tmp_path)}
-                           ).stdout.strip().splitlines()
+  tar_line, scp, ssh = _sh("launch/tpu.sh", "--dry-run", "setup",
+                           env={**TPU_ENV, "TMPDIR": str(tmp_path)}).stdout.strip().splitlines()
   assert scp.startswith("gcloud compute tpus tpu-vm scp ") and "--worker=all" in scp
   # The archive step itself is local and harmless: run it and look inside.
   subprocess.run(tar_line, shell=True, check=True, cwd=ROOT)
@@ -57,8 +59,9 @@ def test_tpu_setup_copies_the_checkout_to_every_worker_and_installs_jax_tpu(tmp_
   assert str(archive) in scp
   with tarfile.open(archive) as tar:
     names = set(tar.getnames())
-  assert {"requirements.txt", "requirements-tpu.txt", "launch/tpu_worker.sh", "crossbert_jax/train.py",
-          "configs/crossbert.py"} <= names
+  assert {
+      "requirements.txt", "requirements-tpu.txt", "launch/tpu_worker.sh", "crossbert_jax/train.py",
+      "configs/crossbert.py"} <= names
   assert not any(n.startswith((".venv", "runs/")) for n in names)
   argv = shlex.split(ssh)
   assert "--worker=all" in argv
@@ -102,8 +105,7 @@ def test_tpu_worker_reruns_the_trainer_while_it_exits_75(tmp_path):
                     'n=$(wc -l < calls.txt); if [ "$n" -le 2 ]; then exit 75; fi; exit 3\n')
   python.chmod(0o755)
   r = subprocess.run(["bash", "launch/tpu_worker.sh", "--config=configs/crossbert.py:tiny", "--workdir=w"],
-                     cwd=tmp_path, env={**os.environ, "RESTART_DELAY": "0"}, capture_output=True, text=True,
-                     timeout=60)
+                     cwd=tmp_path, env={**os.environ, "RESTART_DELAY": "0"}, capture_output=True, text=True, timeout=60)
   assert r.returncode == 3, r.stdout + r.stderr
   calls = (tmp_path / "calls.txt").read_text().splitlines()
   assert calls == ["-m crossbert_jax.train --jax_distributed --config=configs/crossbert.py:tiny --workdir=w"] * 3
@@ -121,8 +123,10 @@ def _slurm(*args: str, **env: str) -> list[list[str]]:
 
 
 def test_slurm_one_process_per_gpu_install_then_requeue_on_75():
-  header = [line.split()[1] for line in (ROOT / "launch/slurm_gpu.sbatch").read_text().splitlines()
-            if line.startswith("#SBATCH")]
+  header = [
+      line.split()[1]
+      for line in (ROOT / "launch/slurm_gpu.sbatch").read_text().splitlines()
+      if line.startswith("#SBATCH")]
   assert {"--ntasks-per-node=8", "--gpus-per-node=8", "--requeue"} <= set(header)
   assert not any(h.startswith("--gpus-per-task") for h in header)  # Would hide the other GPUs from a task.
   mkdir, make, srun, requeue = _slurm(*TRAIN_FLAGS)
@@ -155,7 +159,7 @@ def test_slurm_trainer_flags_parse_in_the_trainer():
   assert r.stdout.split() == ["float32", "gs://bkt/runs/cb", "base", "True"]
 
 
-@pytest.mark.parametrize("script", ["launch/tpu.sh", "launch/tpu_worker.sh", "launch/slurm_gpu.sbatch",
-                                    "launch/local_multiprocess.sh"])
+@pytest.mark.parametrize("script", [
+    "launch/tpu.sh", "launch/tpu_worker.sh", "launch/slurm_gpu.sbatch", "launch/local_multiprocess.sh"])
 def test_launchers_are_valid_bash(script):
   assert subprocess.run(["bash", "-n", str(ROOT / script)]).returncode == 0

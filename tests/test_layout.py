@@ -57,14 +57,16 @@ def test_no_import_from_a_higher_or_sibling_layer():
 
 def test_the_run_imports_no_evaluation():
   """run/ (the loop) knows no evaluation code: the train command adds the probe hook (train.standard_hooks)."""
-  bad = [f"{name} imports {imp}" for name, path in _modules() if name.startswith("crossbert_jax.run.")
-         for imp in _imports(path) if imp.startswith("crossbert_jax.evaluation")]
+  bad = [
+      f"{name} imports {imp}" for name, path in _modules() if name.startswith("crossbert_jax.run.")
+      for imp in _imports(path) if imp.startswith("crossbert_jax.evaluation")]
   assert not bad, "\n".join(bad)
 
 
 def test_commands_do_not_import_each_other():
-  bad = [f"{name} imports {imp}" for name, path in _modules() if _layer(name)[1] == TOP
-         for imp in _imports(path) if _layer(imp)[1] == TOP]
+  bad = [
+      f"{name} imports {imp}" for name, path in _modules() if _layer(name)[1] == TOP for imp in _imports(path)
+      if _layer(imp)[1] == TOP]
   assert not bad, "\n".join(bad)
 
 
@@ -93,9 +95,10 @@ def test_functions_stay_short():
 
 def test_only_the_registry_branches_on_the_objective():
   """Everything that depends on the objective asks core/objectives.py's registry."""
-  branching = [f"{name}:{i + 1}" for name, path in _modules() if name != "crossbert_jax.core.objectives"
-               for i, line in enumerate(path.read_text().splitlines())
-               if "objective ==" in line or "objective !=" in line or "objective in (" in line]
+  branching = [
+      f"{name}:{i + 1}" for name, path in _modules() if name != "crossbert_jax.core.objectives"
+      for i, line in enumerate(path.read_text().splitlines())
+      if "objective ==" in line or "objective !=" in line or "objective in (" in line]
   assert not branching, f"objective tested outside the registry: {branching}"
 
 

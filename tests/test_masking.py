@@ -41,8 +41,8 @@ def _np(masks):
 # One compile per static (ratio, views, reconstruct_ratio) and shape; eager dispatch is slower on CPU.
 _crossbert_masks = jax.jit(masking.crossbert_masks, static_argnums=(2, 3, 4))
 _mlm_masks = jax.jit(masking.mlm_masks, static_argnums=(2,))
-_corrupt = jax.jit(masking.corrupt, static_argnames=("mask_prob", "random_prob", "mask_id", "first_regular_id",
-                                                     "vocab_size"))
+_corrupt = jax.jit(masking.corrupt,
+                   static_argnames=("mask_prob", "random_prob", "mask_id", "first_regular_id", "vocab_size"))
 
 
 def _masks(seg, ratio, views, reconstruct_ratio=1.0, seed=0):
@@ -89,9 +89,9 @@ def test_two_complementary_views_partition_real_tokens():
     assert v0 | v1 == real, f"row {b}: the views' visible sets do not cover the real tokens; missing {sorted(real - v0 - v1)}"
     assert abs(len(v0) - len(v1)) <= 1, f"row {b}: unbalanced views {len(v0)} vs {len(v1)}"
     counts = collections.Counter(sorted(r0) + sorted(r1))
-    assert set(counts) == real and set(counts.values()) <= {1}, (
-        f"row {b}: every real token must be reconstructed exactly once across the 2 views; counts {dict(counts)}, "
-        f"real {sorted(real)}")
+    assert set(counts) == real and set(counts.values()) <= {
+        1}, (f"row {b}: every real token must be reconstructed exactly once across the 2 views; counts {dict(counts)}, "
+             f"real {sorted(real)}")
     assert r0 == v1 and r1 == v0, f"row {b}: view 0 must reconstruct exactly what view 1 shows (and vice versa)"
   all_pad = seg.shape[0] - 1
   assert not m.vis_valid_KxBxT[:, all_pad].any() and not m.rec_valid_KxBxQ[:, all_pad].any(), (
@@ -109,9 +109,12 @@ def test_random_masking_exact_counts(ratio):
     n_real = int((seg[b] > 0).sum())
     vis, rec = _view_sets(m, seg, 0, b)
     n_rec = round(ratio * n_real)
-    assert len(rec) == n_rec, f"ratio {ratio}, row {b} (n_real={n_real}): {len(rec)} reconstructed, expected round(r*n_real)={n_rec}"
+    assert len(
+        rec
+    ) == n_rec, f"ratio {ratio}, row {b} (n_real={n_real}): {len(rec)} reconstructed, expected round(r*n_real)={n_rec}"
     assert len(vis) == n_real - n_rec, f"ratio {ratio}, row {b}: {len(vis)} visible, expected {n_real - n_rec}"
-    assert vis | rec == set(np.flatnonzero(seg[b] > 0).tolist()), f"row {b}: visible + reconstructed must cover the real tokens"
+    assert vis | rec == set(np.flatnonzero(
+        seg[b] > 0).tolist()), f"row {b}: visible + reconstructed must cover the real tokens"
     if n_real == L:
       assert m.vis_valid_KxBxT[0, b].all() and m.rec_valid_KxBxQ[0, b].all(), (
           f"ratio {ratio}: a full row must fill every visible and reconstruction slot")
@@ -127,11 +130,12 @@ def test_k_complementary_views_partition(views):
     real = set(np.flatnonzero(seg[b] > 0).tolist())
     sets = [_view_sets(m, seg, k, b) for k in range(views)]
     shown = collections.Counter(p for v, _ in sets for p in v)
-    assert set(shown) == real and set(shown.values()) <= {1}, (
-        f"K={views}, row {b}: each real token must be shown by exactly one view; counts {dict(shown)}")
+    assert set(shown) == real and set(shown.values()) <= {
+        1}, (f"K={views}, row {b}: each real token must be shown by exactly one view; counts {dict(shown)}")
     for k, (v, r) in enumerate(sets):
       assert r == real - v, f"K={views}, view {k}, row {b}: must reconstruct every real token it hides"
-      assert len(v) in (len(real) // views, -(-len(real) // views)), f"K={views}: view {k} shows {len(v)} of {len(real)}"
+      assert len(v) in (len(real) // views,
+                        -(-len(real) // views)), f"K={views}: view {k} shows {len(v)} of {len(real)}"
 
 
 @pytest.mark.parametrize("ratio,views,reconstruct_ratio", [(0.75, 1, 0.5), (0.5, 2, 0.5), (0.75, 4, 0.3)])
@@ -143,7 +147,8 @@ def test_partial_reconstruction_is_a_subset_of_the_masked_tokens(ratio, views, r
   q_full, q_part = full.rec_idx_KxBxQ.shape[-1], part.rec_idx_KxBxQ.shape[-1]
   assert q_part == max(1, round(reconstruct_ratio * q_full)) < q_full, (
       f"reconstruct_ratio={reconstruct_ratio}: {q_part} slots, expected round(rr * {q_full})")
-  np.testing.assert_array_equal(part.vis_idx_KxBxT, full.vis_idx_KxBxT, "partial reconstruction changed the visible set")
+  np.testing.assert_array_equal(part.vis_idx_KxBxT, full.vis_idx_KxBxT,
+                                "partial reconstruction changed the visible set")
   for k in range(views):
     for b in range(seg.shape[0]):
       vis, rec = _view_sets(part, seg, k, b)
@@ -177,11 +182,13 @@ def _masks_from_key(key, seg):
 def test_mlm_masks_select_round_ratio_real_tokens(ratio):
   seg = _segments(ALL_ROWS)
   m = _np(_mlm_masks(jax.random.key(5), jnp.asarray(seg), ratio))
-  assert m.mask_idx_BxM.shape == (seg.shape[0], round(ratio * L)), f"mlm slots {m.mask_idx_BxM.shape}, expected M=round(r*L)"
+  assert m.mask_idx_BxM.shape == (seg.shape[0],
+                                  round(ratio * L)), f"mlm slots {m.mask_idx_BxM.shape}, expected M=round(r*L)"
   for b in range(seg.shape[0]):
     n_real = int((seg[b] > 0).sum())
     sel = m.mask_idx_BxM[b][m.mask_valid_BxM[b]]
-    assert len(sel) == round(ratio * n_real), f"row {b} (n_real={n_real}): {len(sel)} selected, expected round(r*n_real)"
+    assert len(sel) == round(ratio *
+                             n_real), f"row {b} (n_real={n_real}): {len(sel)} selected, expected round(r*n_real)"
     assert len(set(sel.tolist())) == len(sel), f"row {b}: a position is selected twice: {sel}"
     assert (seg[b, sel] > 0).all(), f"row {b}: a pad position is selected: {sel}"
 
@@ -196,8 +203,9 @@ def test_corrupt_80_10_10_split():
   for s in range(8):
     k_mask, k_corrupt = jax.random.split(jax.random.key(100 + s))
     masks = _mlm_masks(k_mask, jnp.asarray(seg), ratio)
-    out = np.asarray(_corrupt(k_corrupt, jnp.asarray(tokens), masks, mask_prob=0.8, random_prob=0.1,
-                                     mask_id=MASK_ID, first_regular_id=NUM_SPECIAL, vocab_size=VOCAB))
+    out = np.asarray(
+        _corrupt(k_corrupt, jnp.asarray(tokens), masks, mask_prob=0.8, random_prob=0.1, mask_id=MASK_ID,
+                 first_regular_id=NUM_SPECIAL, vocab_size=VOCAB))
     idx, valid = np.asarray(masks.mask_idx_BxM), np.asarray(masks.mask_valid_BxM)
     selected = np.zeros_like(seg, bool)
     for row in range(b):
@@ -208,7 +216,8 @@ def test_corrupt_80_10_10_split():
     is_mask = new == MASK_ID
     is_random = (new != MASK_ID) & (new != orig)
     assert ((new[is_random] >= NUM_SPECIAL) & (new[is_random] < VOCAB)).all(), (
-        f"random replacements must be regular tokens in [{NUM_SPECIAL}, {VOCAB}): {new[is_random].min()}..{new[is_random].max()}")
+        f"random replacements must be regular tokens in [{NUM_SPECIAL}, {VOCAB}): {new[is_random].min()}..{new[is_random].max()}"
+    )
     counts.update(mask=int(is_mask.sum()), random=int(is_random.sum()), same=int((new == orig).sum()), n=len(new))
   n = counts["n"]
   # A random replacement equals the original with prob ~1/1019; counted as "same" below.
@@ -265,6 +274,7 @@ def test_random_masking_rounding_tie_full_row():
 # ----------------------------------------------------------------------------- targets
 # [CLS]/[SEP] out of the targets (masking.exclude_special) and BERT's replacements from the tokenizer.
 
+
 def _packed_tokens(seg, seed=0):
   """Regular ids in real slots, [CLS] at each segment's start and [SEP] at its end, pads 0."""
   from crossbert_jax.data import tokenizer
@@ -281,7 +291,8 @@ def test_specials_are_excluded_from_targets_by_default():
   from crossbert_jax.core import config as config_lib
   from crossbert_jax.training import objectives
   for objective in ("crossbert", "mlm"):
-    assert config_lib.get_config(objective, "tiny").masking.exclude_special, f"{objective}: specials must be excluded by default"
+    assert config_lib.get_config(objective,
+                                 "tiny").masking.exclude_special, f"{objective}: specials must be excluded by default"
   seg = _segments(ALL_ROWS)
   tokens = _packed_tokens(seg)
   ok = np.asarray(objectives.targetable(jnp.asarray(tokens), jnp.asarray(seg), True))
@@ -289,8 +300,9 @@ def test_specials_are_excluded_from_targets_by_default():
   assert np.asarray(objectives.targetable(jnp.asarray(tokens), jnp.asarray(seg), False)).sum() == (seg > 0).sum()
   for ratio, views in ((0.5, 2), (0.75, 4), (0.5, 1)):
     plain = _masks(seg, ratio, views, seed=4)
-    m = _np(jax.jit(masking.crossbert_masks, static_argnums=(2, 3, 4))(
-        jax.random.key(4), jnp.asarray(seg), ratio, views, 1.0, jnp.asarray(ok)))
+    m = _np(
+        jax.jit(masking.crossbert_masks, static_argnums=(2, 3, 4))(jax.random.key(4), jnp.asarray(seg), ratio, views,
+                                                                   1.0, jnp.asarray(ok)))
     _check_shapes(m, seg, ratio, views)
     np.testing.assert_array_equal(m.vis_idx_KxBxT, plain.vis_idx_KxBxT, "excluding specials changed the visible sets")
     np.testing.assert_array_equal(m.vis_valid_KxBxT, plain.vis_valid_KxBxT)
@@ -301,17 +313,21 @@ def test_specials_are_excluded_from_targets_by_default():
         shown.update(vis)
         predicted.update(rec)
         _, rec_plain = _view_sets(plain, seg, k, b)
-        assert rec == {p for p in rec_plain if ok[b, p]}, f"K={views}, view {k}, row {b}: targets must be the hidden non-specials"
+        assert rec == {p for p in rec_plain if ok[b, p]
+                      }, f"K={views}, view {k}, row {b}: targets must be the hidden non-specials"
       real, targets = set(np.flatnonzero(seg[b] > 0).tolist()), set(np.flatnonzero(ok[b]).tolist())
       if views > 1:
-        assert set(shown) == real and set(shown.values()) <= {1}, f"K={views}, row {b}: views must still partition the row"
+        assert set(shown) == real and set(shown.values()) <= {
+            1}, f"K={views}, row {b}: views must still partition the row"
         assert set(predicted) == targets and set(predicted.values()) <= {views - 1}, (
             f"K={views}, row {b}: every non-special token must be a target in K-1 views; {dict(predicted)}")
   for ratio in (0.15, 0.3):
-    mm = _np(jax.jit(masking.mlm_masks, static_argnums=(2,))(jax.random.key(6), jnp.asarray(seg), ratio, jnp.asarray(ok)))
+    mm = _np(
+        jax.jit(masking.mlm_masks, static_argnums=(2,))(jax.random.key(6), jnp.asarray(seg), ratio, jnp.asarray(ok)))
     for b in range(seg.shape[0]):
       sel = mm.mask_idx_BxM[b][mm.mask_valid_BxM[b]]
-      assert len(sel) == round(ratio * ok[b].sum()), f"BERT row {b}: {len(sel)} masked, expected round(r * n_targetable)"
+      assert len(sel) == round(ratio *
+                               ok[b].sum()), f"BERT row {b}: {len(sel)} masked, expected round(r * n_targetable)"
       assert ok[b, sel].all(), f"BERT row {b}: masked a special or a pad: tokens {tokens[b, sel]}"
 
 
@@ -329,8 +345,9 @@ def test_bert_random_replacements_come_from_the_tokenizer(tmp_path):
   seg = np.ones((64, L), np.int32)
   tokens = np.full((64, L), 7, np.int32)
   masks = _mlm_masks(jax.random.key(0), jnp.asarray(seg), 0.5)
-  out = np.asarray(_corrupt(jax.random.key(1), jnp.asarray(tokens), masks, mask_prob=0.0, random_prob=1.0,
-                            mask_id=MASK_ID, first_regular_id=NUM_SPECIAL, vocab_size=n_pieces))
+  out = np.asarray(
+      _corrupt(jax.random.key(1), jnp.asarray(tokens), masks, mask_prob=0.0, random_prob=1.0, mask_id=MASK_ID,
+               first_regular_id=NUM_SPECIAL, vocab_size=n_pieces))
   replaced = out[out != tokens]
   assert len(replaced) > 500 and replaced.min() >= NUM_SPECIAL and replaced.max() < 512, (
       f"replacements {replaced.min()}..{replaced.max()} must be regular pieces in [{NUM_SPECIAL}, 512)")
@@ -356,27 +373,30 @@ def test_invariants_with_high_special_ids():
   assert not ok[np.isin(tokens, reserved)].any(), "a special id is targetable"
   np.testing.assert_array_equal(ok, (seg > 0) & ~np.isin(tokens, reserved))
   for ratio, views in ((0.5, 2), (0.75, 4)):
-    m = _np(jax.jit(masking.crossbert_masks, static_argnums=(2, 3, 4))(
-        jax.random.key(5), jnp.asarray(seg), ratio, views, 1.0, jnp.asarray(ok)))
+    m = _np(
+        jax.jit(masking.crossbert_masks, static_argnums=(2, 3, 4))(jax.random.key(5), jnp.asarray(seg), ratio, views,
+                                                                   1.0, jnp.asarray(ok)))
     for b in range(seg.shape[0]):
       shown, predicted = collections.Counter(), collections.Counter()
       for k in range(views):
         vis, rec = _view_sets(m, seg, k, b)
         shown.update(vis)
         predicted.update(rec)
-      assert set(shown) == set(np.flatnonzero(seg[b] > 0).tolist()) and set(shown.values()) <= {1}, (
-          f"K={views}, row {b}: views must partition the row")
-      assert set(predicted) == set(np.flatnonzero(ok[b]).tolist()) and set(predicted.values()) <= {views - 1}, (
-          f"K={views}, row {b}: targets must be exactly the non-special tokens, each in K-1 views")
+      assert set(shown) == set(np.flatnonzero(seg[b] > 0).tolist()) and set(shown.values()) <= {
+          1}, (f"K={views}, row {b}: views must partition the row")
+      assert set(predicted) == set(np.flatnonzero(ok[b]).tolist()) and set(predicted.values()) <= {
+          views - 1}, (f"K={views}, row {b}: targets must be exactly the non-special tokens, each in K-1 views")
   table = specials.replacement_range(1011)
   assert isinstance(table, np.ndarray) and len(table) == 1011 - len(reserved)
   assert SpecialIds.of(1003, 1000, 1001, 1002, 1004, (0, 1)).replacement_range(1005) == (2, 1000)
   masks = _mlm_masks(jax.random.key(0), jnp.asarray(np.ones((64, L), np.int32)), 0.5)
   flat = np.full((64, L), 7, np.int32)
-  out = np.asarray(jax.jit(masking.corrupt, static_argnames=("mask_prob", "random_prob", "mask_id", "first_regular_id",
-                                                              "vocab_size"))(
-      jax.random.key(1), jnp.asarray(flat), masks, mask_prob=0.0, random_prob=1.0, mask_id=specials.mask,
-      first_regular_id=0, vocab_size=0, regular_ids_R=jnp.asarray(table)))
+  out = np.asarray(
+      jax.jit(masking.corrupt,
+              static_argnames=("mask_prob", "random_prob", "mask_id", "first_regular_id",
+                               "vocab_size"))(jax.random.key(1), jnp.asarray(flat), masks, mask_prob=0.0,
+                                              random_prob=1.0, mask_id=specials.mask, first_regular_id=0, vocab_size=0,
+                                              regular_ids_R=jnp.asarray(table)))
   replaced = out[out != flat]
   assert len(replaced) > 500 and not np.isin(replaced, reserved).any() and replaced.max() < 1011, (
       f"replacements must be regular ids below the tokenizer's 1011: {np.intersect1d(replaced, reserved)}")

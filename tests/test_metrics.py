@@ -17,8 +17,9 @@ def _logger(workdir, **kwargs):
 def test_jsonl_roundtrip_and_append(tmp_path):
   with _logger(tmp_path, progress_bar=True) as logger:
     for step in (1, 2, 3):
-      logger.log(step, {"train/loss": jnp.float32(3.0 / step), "tokens_per_sec": np.float64(100.0),
-                        "tokens_seen": np.int64(step * 64)})
+      logger.log(step, {
+          "train/loss": jnp.float32(3.0 / step), "tokens_per_sec": np.float64(100.0), "tokens_seen": np.int64(step * 64)
+      })
     logger.log_text("hello")
   # A resumed run appends to the same file.
   with _logger(tmp_path, start_step=3) as logger:

@@ -38,10 +38,10 @@ def corpus(tmp_path_factory):
 def _cfg(root, weights=(5, 3, 2), **overrides):
   c = config_lib.get_config("mlm", "tiny")
   c.data.path, c.data.text_unit, c.data.seq_len = "", "line", 32
-  c.data.mixture = tuple(src for src, w in zip(
-      ({"path": str(root / "alpha.txt"), "weight": weights[0]},
-       {"path": str(root / "beta.txt"), "weight": weights[1], "name": "b"},
-       {"path": str(root / "gamma.jsonl"), "weight": weights[2], "text_field": "body"}), weights) if w)
+  c.data.mixture = tuple(src for src, w in zip((
+      {"path": str(root / "alpha.txt"), "weight": weights[0]},
+      {"path": str(root / "beta.txt"), "weight": weights[1], "name": "b"},
+      {"path": str(root / "gamma.jsonl"), "weight": weights[2], "text_field": "body"}), weights) if w)
   for k, v in overrides.items():
     c.data[k] = v
   return plan_lib.build(c).data
@@ -147,12 +147,13 @@ def test_processes_read_disjoint_shares_of_each_source(corpus):
 
 def test_pretokenized_source_needs_the_run_tokenizer(corpus, tmp_path):
   root, docs, tok = corpus
-  prepare.prepare(str(root / "beta.txt"), str(tmp_path / "beta_tok"), 1, text_unit="line", workers=1,
-                  progress=False, tokenizer=tok)
+  prepare.prepare(str(root / "beta.txt"), str(tmp_path / "beta_tok"), 1, text_unit="line", workers=1, progress=False,
+                  tokenizer=tok)
   c = config_lib.get_config("mlm", "tiny")
   c.data.path, c.data.text_unit, c.data.seq_len = "", "line", 32
   c.data.mixture = ({"path": str(root / "alpha.txt"), "weight": 1}, {"path": str(tmp_path / "beta_tok"), "weight": 1})
-  got = [_source_of(docs, tok)[d] for d in _mixed(plan_lib.build(c).data, tok, mixture.BLOCK)]  # Ids read from the shards.
+  got = [_source_of(docs, tok)[d] for d in _mixed(plan_lib.build(c).data, tok, mixture.BLOCK)
+        ]  # Ids read from the shards.
   assert got.count("alpha") == got.count("beta") == mixture.BLOCK // 2
   other = tmp_path / "other.model"
   tokenizer_lib.train_tokenizer(docs["alpha"] * 4, 320, other, num_threads=1)
@@ -174,8 +175,7 @@ def test_pretokenized_source_needs_the_run_tokenizer(corpus, tmp_path):
     (({"path": "x/a.txt", "weight": 1}, {"path": "y/a.jsonl", "weight": 1}), r"data\.mixture\[1\]: name 'a'"),
     (("a.txt",), r"data\.mixture\[0\]: must be a dict"),
     (({"path": "a.txt", "weight": 1e308}, {"path": "b.txt", "weight": 1e308}), r"data\.mixture: the weights sum"),
-    (tuple({"path": f"{i}.txt", "weight": 2e307} for i in range(10)), r"data\.mixture: the weights sum"),
-])
+    (tuple({"path": f"{i}.txt", "weight": 2e307} for i in range(10)), r"data\.mixture: the weights sum"),])
 def test_config_refuses_a_bad_mixture(mix, key):
   c = config_lib.get_config("mlm", "tiny")
   c.data.path, c.data.mixture = "", mix
@@ -198,7 +198,9 @@ def test_a_missing_source_is_named(corpus):
   cfg = _cfg(root)
   cfg = dataclasses.replace(cfg, mixture=(*cfg.mixture[:1], {"path": str(root / "nope.txt"), "weight": 1}))
   # The line names the setting to fix: the source's path, not data.path.
-  with pytest.raises(UserError, match=r"^data\.mixture\[1\] \(nope\): data path .*nope\.txt' does not exist: fix data\.mixture\[1\]\.path "):
+  with pytest.raises(
+      UserError,
+      match=r"^data\.mixture\[1\] \(nope\): data path .*nope\.txt' does not exist: fix data\.mixture\[1\]\.path "):
     pipeline.make_iterator(cfg, tok, batch_size=4, seed=0)
 
 
@@ -213,8 +215,9 @@ def test_resume_refuses_another_mixture_and_another_process_count(corpus):
   c.data.mixture = _cfg(root, weights=(5, 3, 1)).mixture
   with pytest.raises(UserError, match=r"made with data\.mixture=.*cannot change on resume"):
     resume.check("w", 5, saved, None, plan_lib.build(c), tok_id, 1)
-  with pytest.raises(UserError, match=r"written by 2 process\(es\) .* data\.mixture stream cannot be re-sharded.*"
-                     r"resume on 2 process\(es\)"):
+  with pytest.raises(
+      UserError, match=r"written by 2 process\(es\) .* data\.mixture stream cannot be re-sharded.*"
+      r"resume on 2 process\(es\)"):
     elastic.reshard("w", 5, 2, saved, c, 1)
 
 
@@ -226,11 +229,12 @@ def test_train_logs_tokens_per_source_over_the_run(tmp_path, spm_model, shared_d
   book = shared_data / "gutenberg" / "Abraham Lincoln___Lincoln Letters.txt"
   mix = ({"path": str(wiki), "weight": 3, "name": "wiki"}, {"path": str(book), "weight": 1, "name": "lincoln"})
   # A batch of 64 rows is one packing round (64 bins): every step's tokens are counted by its row.
-  args = ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
-          "--config.metrics.progress_bar=False", f"--config.data.tokenizer={spm_model}", "--config.train.steps=3",
-          "--config.train.batch_size=64", "--config.checkpoint.every_steps=100", "--config.data.path=",
-          "--config.data.seq_len=128", "--config.train.phases=({'steps': 1}, {'data.seq_len': 64})",
-          f"--config.data.mixture={mix!r}"]
+  args = [
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
+      "--config.metrics.progress_bar=False", f"--config.data.tokenizer={spm_model}", "--config.train.steps=3",
+      "--config.train.batch_size=64", "--config.checkpoint.every_steps=100", "--config.data.path=",
+      "--config.data.seq_len=128", "--config.train.phases=({'steps': 1}, {'data.seq_len': 64})",
+      f"--config.data.mixture={mix!r}"]
   run_module([*args, "--config.train.stop_at_step=1"])
   run_module([*args, "--config.train.stop_at_step=2"])  # Restores step 1 (phase 0's stream), then starts phase 1's.
   run_module(args)  # Restores step 2: phase 0's counts from the checkpoint's meta.

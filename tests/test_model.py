@@ -181,7 +181,8 @@ def test_local_attention_window_by_gradients():
   assert (g[~expected] == 0.0).all(), (
       f"local layer: token {query} gets gradient from positions {np.flatnonzero(~expected & (g != 0)).tolist()}, "
       f"outside its segment or farther than local_window//2={half}")
-  assert (g[expected] > 0).all(), f"local layer: in-window positions without gradient {np.flatnonzero(expected & (g == 0))}"
+  assert (g[expected]
+          > 0).all(), f"local layer: in-window positions without gradient {np.flatnonzero(expected & (g == 0))}"
   assert (g_global[seg[0] == 1] > 0).all(), "a global layer must see the whole segment"
 
 
@@ -200,9 +201,11 @@ def test_gathered_subset_equals_shorter_sequence(scan_layers):
                                          enc.apply({"params": p}, take(tokens), take(pos), take(seg))))(params)
   assert gathered.shape == (3, t, spec.embed_dim), gathered.shape
   real = take(seg) > 0
-  np.testing.assert_allclose(np.asarray(gathered)[real], np.asarray(shorter)[real], atol=1e-5, rtol=1e-5,
-                             err_msg="encoder on keep_idx differs from the encoder on the shorter sequence "
-                                     "(original position and segment ids must travel with the kept tokens)")
+  np.testing.assert_allclose(
+      np.asarray(gathered)[real],
+      np.asarray(shorter)[real], atol=1e-5, rtol=1e-5,
+      err_msg="encoder on keep_idx differs from the encoder on the shorter sequence "
+      "(original position and segment ids must travel with the kept tokens)")
 
 
 def _to_scan_params(params, num_layers):
@@ -222,12 +225,13 @@ def test_scan_layers_matches_loop(global_every):
   scan = Encoder(_encoder_spec(num_layers=num_layers, global_every=global_every, local_window=4, scan_layers=True))
   params = _unboxed_params(_init(loop, tokens, pos, seg))
   scan_params = _to_scan_params(params, num_layers)
-  expected_shapes = jax.tree.map(lambda a: a.shape, nn.unbox(jax.eval_shape(
-      lambda: _init(scan, tokens, pos, seg))["params"]))
+  expected_shapes = jax.tree.map(lambda a: a.shape,
+                                 nn.unbox(jax.eval_shape(lambda: _init(scan, tokens, pos, seg))["params"]))
   assert jax.tree.map(lambda a: a.shape, scan_params) == expected_shapes, (
       "scan layout is not layers_0 + layers/block stacked over layers 1..N-1")
   a, b = jax.jit(lambda p, sp: (loop.apply({"params": p}, tokens, pos, seg, return_all_layers=True),
-                                 scan.apply({"params": sp}, tokens, pos, seg, return_all_layers=True)))(params, scan_params)
+                                scan.apply({"params": sp}, tokens, pos, seg, return_all_layers=True)))(params,
+                                                                                                       scan_params)
   np.testing.assert_allclose(np.asarray(b[0]), np.asarray(a[0]), atol=1e-5, rtol=1e-5,
                              err_msg="scan_layers=True output differs from the layer loop with the same weights")
   assert len(b[1]) == len(a[1]) == num_layers + 1, "return_all_layers must give embeddings + every block output"
@@ -266,9 +270,8 @@ def _crossbert_setup(c, seed=0):
 
 @pytest.mark.parametrize("rec_width,tie_head", [(32, True), (16, False)], ids=["tied_same_width", "half_width"])
 def test_reconstructor_options(rec_width, tie_head):
-  c = _config(reconstructor__self_attention=True, reconstructor__feature_mixing=True,
-              reconstructor__tie_head=tie_head, reconstructor__embed_dim=rec_width, reconstructor__mlp_dim=2 * rec_width,
-              reconstructor__num_layers=2)
+  c = _config(reconstructor__self_attention=True, reconstructor__feature_mixing=True, reconstructor__tie_head=tie_head,
+              reconstructor__embed_dim=rec_width, reconstructor__mlp_dim=2 * rec_width, reconstructor__num_layers=2)
   model, params, (tokens, pos, seg), (vis_idx, rec_idx, rec_valid) = _crossbert_setup(c)
   rp = params["reconstructor"]
   assert ("head" in rp) != tie_head, f"tie_head={tie_head} but reconstructor params are {sorted(rp)}"
@@ -299,8 +302,9 @@ def test_reconstructor_options(rec_width, tie_head):
   before = loss_fn(params, rec_idx, rec_valid)[1]
   rec_idx[row, slot] = rec_idx[row, slot + 1]
   after = loss_fn(params, rec_idx, rec_valid)[1]
-  np.testing.assert_array_equal(np.asarray(after)[rec_valid], np.asarray(before)[rec_valid],
-                                "an invalid reconstruction query (segment 0) changed the valid queries' logits")
+  np.testing.assert_array_equal(
+      np.asarray(after)[rec_valid],
+      np.asarray(before)[rec_valid], "an invalid reconstruction query (segment 0) changed the valid queries' logits")
 
   if tie_head:  # The head is the encoder's token embedding: change an unused row, only that logit moves.
     unused = int(np.setdiff1d(np.arange(FIRST_REGULAR, VOCAB), tokens)[0])
@@ -321,10 +325,12 @@ def test_mlm_logits_shape_and_tied_decoder():
   params = _unboxed_params(_init(model, tokens, pos, seg, masks.mask_idx_BxM))
   apply = jax.jit(model.apply)
   logits = apply({"params": params}, tokens, pos, seg, masks.mask_idx_BxM)
-  assert logits.shape == (4, round(c.masking.ratio * c.data.seq_len), VOCAB), f"MLM logits {logits.shape}, want [B, M, V]"
+  assert logits.shape == (4, round(c.masking.ratio * c.data.seq_len),
+                          VOCAB), f"MLM logits {logits.shape}, want [B, M, V]"
   head_shapes = jax.tree.map(lambda a: a.shape, params["head"])
-  assert not [s for s in jax.tree.leaves(head_shapes, is_leaf=lambda x: isinstance(x, tuple))
-              if len(s) == 2 and VOCAB in s], f"the MLM head has its own decoder kernel: {head_shapes}"
+  assert not [
+      s for s in jax.tree.leaves(head_shapes, is_leaf=lambda x: isinstance(x, tuple)) if len(s) == 2 and VOCAB in s
+  ], f"the MLM head has its own decoder kernel: {head_shapes}"
   unused = int(np.setdiff1d(np.arange(FIRST_REGULAR, VOCAB), tokens)[0])
   bumped = jax.tree.map(lambda a: a, params)
   emb = bumped["encoder"]["embeddings"]["tok_embeddings"]["embedding"]

@@ -32,8 +32,9 @@ def local_data(tmp_path_factory, shared_data):
 
 
 def _mteb_eval(run_dir, local_data, out, *flags, wait=True, check=True):
-  args = ["crossbert_jax.mteb_eval", f"--workdir={run_dir}", f"--data_dir={local_data}", "--max_length=64",
-          f"--output_dir={out}", *flags]
+  args = [
+      "crossbert_jax.mteb_eval", f"--workdir={run_dir}", f"--data_dir={local_data}", "--max_length=64",
+      f"--output_dir={out}", *flags]
   return run_module(args, env=cpu_env(**OFFLINE), wait=wait, check=check)
 
 
@@ -80,8 +81,9 @@ def test_local_sts_layout_matches_direct_loader(run_dir, local_data, shared_data
                              tokenizer.Tokenizer.load(config.data.tokenizer), embedder.Options(max_length=64))
   direct = mteb.get_task("STSBenchmark")
   test = eval_tasks.read_sts_benchmark(epath.Path(str(shared_data)), "test")
-  direct.dataset = datasets.DatasetDict({"test": datasets.Dataset.from_dict(
-      {"sentence1": test.texts, "sentence2": test.pairs, "score": [float(x) for x in test.labels]})})
+  direct.dataset = datasets.DatasetDict({
+      "test": datasets.Dataset.
+              from_dict({"sentence1": test.texts, "sentence2": test.pairs, "score": [float(x) for x in test.labels]})})
   direct.data_loaded = True
   local = mteb_data.fill_local(mteb.get_task("STSBenchmark"), str(local_data))
   encoder = mteb_lib.MtebEncoder(emb)
@@ -150,12 +152,15 @@ def test_a_tokenizer_that_is_not_the_runs_is_refused(run_dir, local_data, shared
   larger, same_size = tmp_path / "larger.model", tmp_path / "same_size.model"
   tokenizer.train_tokenizer(corpus.builtin_documents()[:1000], 600, larger)
   tokenizer.train_tokenizer(corpus.builtin_documents()[1000:3000], 512, same_size)
-  cases = [(["crossbert_jax.mteb_eval", f"--workdir={run_dir}", f"--tokenizer={larger}", "--tasks=STSBenchmark",
-             f"--data_dir={local_data}", f"--output_dir={tmp_path / 'mteb'}"], larger),
-           (["crossbert_jax.evaluate", f"--workdir={run_dir}", f"--tokenizer={same_size}", "--tasks=stsb",
-             f"--data_dir={shared_data}", "--max_examples=50", "--nocache"], same_size),
-           (["crossbert_jax.pooler", f"--workdir={run_dir}", f"--tokenizer={same_size}",
-             f"--pairs={shared_data}/senteval/downstream/SNLI", f"--output={tmp_path / 'pooler'}"], same_size)]
+  cases = [([
+      "crossbert_jax.mteb_eval", f"--workdir={run_dir}", f"--tokenizer={larger}", "--tasks=STSBenchmark",
+      f"--data_dir={local_data}", f"--output_dir={tmp_path / 'mteb'}"], larger),
+           ([
+               "crossbert_jax.evaluate", f"--workdir={run_dir}", f"--tokenizer={same_size}", "--tasks=stsb",
+               f"--data_dir={shared_data}", "--max_examples=50", "--nocache"], same_size),
+           ([
+               "crossbert_jax.pooler", f"--workdir={run_dir}", f"--tokenizer={same_size}",
+               f"--pairs={shared_data}/senteval/downstream/SNLI", f"--output={tmp_path / 'pooler'}"], same_size)]
   for args, given in cases:
     proc = run_module(args, env=cpu_env(**OFFLINE), check=False)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
@@ -164,17 +169,17 @@ def test_a_tokenizer_that_is_not_the_runs_is_refused(run_dir, local_data, shared
   assert not (tmp_path / "pooler").exists() and not (tmp_path / "mteb").exists()
 
 
-def test_output_dir_in_an_input_or_a_run_is_refused_and_a_failed_start_leaves_no_folder(run_dir, local_data,
-                                                                                          tmp_path):
+def test_output_dir_in_an_input_or_a_run_is_refused_and_a_failed_start_leaves_no_folder(run_dir, local_data, tmp_path):
   """--output_dir may not be, contain or sit inside an input (--workdir, --data_dir) nor hold or sit inside a
   training run, as export's and pooler's outputs: one line, exit 2, nothing made. A start that fails later (a
   --layers the encoder lacks, found at the first batch) takes back the folders it made."""
   other_run = tmp_path / "other_run"
   (other_run / "checkpoints").mkdir(parents=True)
-  cases = {run_dir / "mteb": f"is inside --workdir {run_dir}", run_dir / "checkpoints" / "mteb": "is inside --workdir",
-           local_data: f"is --data_dir {local_data}", other_run: "holds training checkpoints",
-           other_run / "checkpoints" / "mteb": f"is inside {other_run}, which holds training checkpoints",
-           run_dir.parent: f"contains --workdir {run_dir}"}
+  cases = {
+      run_dir / "mteb": f"is inside --workdir {run_dir}", run_dir / "checkpoints" / "mteb": "is inside --workdir",
+      local_data: f"is --data_dir {local_data}", other_run: "holds training checkpoints",
+      other_run / "checkpoints" / "mteb": f"is inside {other_run}, which holds training checkpoints",
+      run_dir.parent: f"contains --workdir {run_dir}"}
   for out, expected in cases.items():
     made = not out.exists()
     proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", check=False)
@@ -185,4 +190,3 @@ def test_output_dir_in_an_input_or_a_run_is_refused_and_a_failed_start_leaves_no
   proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", "--layers=9", check=False)
   assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
   assert proc.stderr.startswith("error: --layers: 9 is out of range") and not (tmp_path / "new").exists()
-

@@ -49,8 +49,8 @@ def test_well_formed_files_fill_the_tasks(tmp_path):
   assert sts.dataset["test"]["score"] == [4.5, 0.5]
   _scifact(tmp_path)
   split = _fill("SciFact", tmp_path).dataset["default"]["test"]
-  assert (len(split["corpus"]), len(split["queries"]), split["relevant_docs"]) == (2, 2, {"q1": {"d1": 1},
-                                                                                        "q2": {"d2": 1}})
+  assert (len(split["corpus"]), len(split["queries"]), split["relevant_docs"]) == (2, 2,
+                                                                                   {"q1": {"d1": 1}, "q2": {"d2": 1}})
 
 
 STS_CASES = {
@@ -59,8 +59,7 @@ STS_CASES = {
     "nan_score": (STS_GOOD + "a\tb\tnan\n", " line 4: score 'nan' is not a finite number"),
     "constant_scores": (STS_HEADER + "a\tb\t3.0\nc\td\t3.0\n", ": every score is 3.0; Spearman and Pearson"),
     "score_out_of_range": (STS_GOOD + "a\tb\t7\n", " line 4: score 7 is outside STSBenchmark's range 0..5"),
-    "header_only": (STS_HEADER, " has a header but no rows"),
-}
+    "header_only": (STS_HEADER, " has a header but no rows"),}
 
 
 @pytest.mark.parametrize("case", list(STS_CASES))
@@ -84,10 +83,9 @@ RETRIEVAL_CASES = {
                                 "finite number"),
     "fractional_qrels_score": ({"qrels": QRELS + "q1\td2\t0.5\n"}, "qrels/test.tsv line 4: score '0.5' is not a "
                                "whole number"),
-    "queries_without_qrels": ({"queries": _jsonl([{"_id": "other", "text": "x"}])},
-                              "qrels/test.tsv line 2: query 'q1' is not in "),
-    "header_only_qrels": ({"qrels": "query-id\tcorpus-id\tscore\n"}, "qrels/test.tsv holds no judgements"),
-}
+    "queries_without_qrels": ({"queries": _jsonl([{"_id": "other",
+                                                   "text": "x"}])}, "qrels/test.tsv line 2: query 'q1' is not in "),
+    "header_only_qrels": ({"qrels": "query-id\tcorpus-id\tscore\n"}, "qrels/test.tsv holds no judgements"),}
 
 
 @pytest.mark.parametrize("case", list(RETRIEVAL_CASES))
@@ -106,9 +104,10 @@ def test_mteb_eval_refuses_bad_data_before_loading_and_leaves_no_output(tmp_path
   not even a run), and no --output_dir made."""
   path = _sts(tmp_path / "data", STS_GOOD + "a\tb\tnan\n")
   out = tmp_path / "mteb"
-  proc = run_module(["crossbert_jax.mteb_eval", f"--workdir={tmp_path / 'run'}", "--tasks=STSBenchmark",
-                     f"--data_dir={tmp_path / 'data'}", f"--output_dir={out}"],
-                    env=cpu_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"), check=False)
+  proc = run_module([
+      "crossbert_jax.mteb_eval", f"--workdir={tmp_path / 'run'}", "--tasks=STSBenchmark",
+      f"--data_dir={tmp_path / 'data'}", f"--output_dir={out}"], env=cpu_env(HF_HUB_OFFLINE="1",
+                                                                             HF_DATASETS_OFFLINE="1"), check=False)
   assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
       f"error: {path} line 4: score 'nan' is not a finite number; fix or drop the row"], proc.stderr[-2000:]
   assert not out.exists()

@@ -41,8 +41,8 @@ class MaskOnlyMlm(nn.Module):
   def __call__(self, tokens_BxL, positions_BxL, segment_ids_BxL, mask_idx_BxM, *, return_hidden=False):
     x_BxLxD = Encoder(self.spec, name="encoder")(tokens_BxL, positions_BxL, segment_ids_BxL)
     x_BxMxD = jnp.take_along_axis(x_BxLxD, mask_idx_BxM[:, :, None], axis=1)
-    w_DxV = self.param("decoder", nn.with_logical_partitioning(nn.initializers.normal(self.decoder_init_std),
-                                                               ("embed", "vocab")),
+    w_DxV = self.param("decoder",
+                       nn.with_logical_partitioning(nn.initializers.normal(self.decoder_init_std), ("embed", "vocab")),
                        (self.spec.embed_dim, self.spec.vocab_size), jnp.float32)
     return (x_BxMxD, (w_DxV, None)) if return_hidden else layers.vocab_logits(x_BxMxD, w_DxV, None)
 
@@ -62,10 +62,9 @@ def _validate(c):
 class MaskOnlyMlmObjective:
   """The toy objective's training half (`objectives.Objective`), its spec beside it."""
 
-  spec = specs.ObjectiveSpec(
-      name=NAME, config_file="configs/toy.py", sections=("toy",), exports_mlm_head=False,
-      card_title="mask-only MLM encoder (linear decoder discarded)", configure=_configure, validate=_validate,
-      card_training=lambda c: ", every selected token [MASK]")
+  spec = specs.ObjectiveSpec(name=NAME, config_file="configs/toy.py", sections=("toy",), exports_mlm_head=False,
+                             card_title="mask-only MLM encoder (linear decoder discarded)", configure=_configure,
+                             validate=_validate, card_training=lambda c: ", every selected token [MASK]")
 
   def build_model(self, c):
     return MaskOnlyMlm(EncoderSpec.from_config(c.model), c.toy.decoder_init_std)
@@ -80,11 +79,11 @@ class MaskOnlyMlmObjective:
                                 objectives.targetable(tokens_BxL, seg_BxL, c.masking.exclude_special, specials))
       masked_BxL = masking.corrupt(key, tokens_BxL, masks, mask_prob=1.0, random_prob=0.0, mask_id=specials.mask,
                                    first_regular_id=0, vocab_size=1)
-      hidden_BxMxD, head = model.apply({"params": params}, masked_BxL, batch["positions"], seg_BxL,
-                                       masks.mask_idx_BxM, return_hidden=True)
+      hidden_BxMxD, head = model.apply({"params": params}, masked_BxL, batch["positions"], seg_BxL, masks.mask_idx_BxM,
+                                       return_hidden=True)
       targets_BxM = jnp.take_along_axis(tokens_BxL, masks.mask_idx_BxM, axis=1)
-      return objectives.chunked_cross_entropy(hidden_BxMxD, head, targets_BxM, masks.mask_valid_BxM,
-                                              c.model.loss_chunk)
+      return objectives.chunked_cross_entropy(hidden_BxMxD, head, targets_BxM, masks.mask_valid_BxM, c.model.loss_chunk)
+
     return loss
 
   def encoder_shape(self, c):
@@ -92,8 +91,9 @@ class MaskOnlyMlmObjective:
 
   def forward_flops(self, c):
     masked = round(c.masking.ratio * c.data.seq_len)
-    return {"encoder": flops.encoder_forward_flops(c.model, c.data.seq_len), "reconstructor": 0.0,
-            "head": float(2 * masked * c.model.embed_dim * c.model.vocab_size)}
+    return {
+        "encoder": flops.encoder_forward_flops(c.model, c.data.seq_len), "reconstructor": 0.0,
+        "head": float(2 * masked * c.model.embed_dim * c.model.vocab_size)}
 
 
 CONFIG_FILE = textwrap.dedent(f'''\

@@ -100,8 +100,7 @@ def test_goodput_counts_the_gap_after_an_unfinished_attempt():
     ("start_step", -1, "profile.start_step: must be >= 0"),
     ("start_step", 1, "step 1 compiles"),
     ("start_step", 299, "ends past the last step (train.steps=300)"),
-    ("hosts", "first", "profile.hosts"),
-])
+    ("hosts", "first", "profile.hosts"),])
 def test_bad_profile_window_is_one_line(key, value, says):
   c = config_lib.get_config("crossbert", "tiny")
   c.profile[key] = value
@@ -110,8 +109,9 @@ def test_bad_profile_window_is_one_line(key, value, says):
 
 
 def test_bad_profile_window_exits_2_before_training(tmp_path):
-  proc = run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'w'}",
-                     "--config.profile.start_step=299"], check=False)
+  proc = run_module([
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'w'}",
+      "--config.profile.start_step=299"], check=False)
   assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: config profile.start_step")
   assert not (tmp_path / "w").exists()
 
@@ -128,11 +128,11 @@ def test_wandb_missing_is_one_warning(tmp_path, monkeypatch):
 
 
 def _start(workdir, spm, *extra):
-  return run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-                     f"--config.data.tokenizer={spm}", "--config.model.vocab_size=512", "--config.train.steps=30",
-                     "--config.checkpoint.every_steps=10", "--config.metrics.progress_bar=False",
-                     "--config.metrics.tensorboard=False", "--config.profile.start_step=12",
-                     "--config.profile.steps=2", "--config.metrics.wandb=True", *extra],
+  return run_module([
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+      f"--config.data.tokenizer={spm}", "--config.model.vocab_size=512", "--config.train.steps=30",
+      "--config.checkpoint.every_steps=10", "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
+      "--config.profile.start_step=12", "--config.profile.steps=2", "--config.metrics.wandb=True", *extra],
                     env=cpu_env(WANDB_MODE="offline", WANDB_SILENT="true"), wait=False)
 
 
@@ -182,8 +182,10 @@ def _benchmark_matmul_share(objective_column: int) -> float:
   """The matmul rows' share of the L=256 step in docs/benchmarks.md ("Where the L=256 step goes")."""
   text = (ROOT / "docs" / "benchmarks.md").read_text()
   table = text[text.index("Where the L=256 step goes"):].split("\n\n")[1]
-  shares = [float(row.split("|")[objective_column].strip().rstrip("%")) for row in table.splitlines()[2:]
-            if "matmul" in row.split("|")[1] or "YNNPACK" in row.split("|")[1]]
+  shares = [
+      float(row.split("|")[objective_column].strip().rstrip("%"))
+      for row in table.splitlines()[2:]
+      if "matmul" in row.split("|")[1] or "YNNPACK" in row.split("|")[1]]
   return sum(shares) / 100
 
 
@@ -214,8 +216,8 @@ print(json.dumps(trace_summary.summarize(xplane, profile.STEP_NAME)))
 def test_trace_summary_matmul_share_agrees_with_the_benchmark(tmp_path):
   """The summary's matmul share of a traced CrossBERT K=1 L=256 step (the benchmark's own case,
   batch and XLA flags) is the benchmark's breakdown's (72%) within 10 points."""
-  proc = subprocess.run([sys.executable, "-c", _TRACE_BENCHMARK_STEP, str(tmp_path)], cwd=ROOT, env=cpu_env(),
-                        capture_output=True, text=True, timeout=900)
+  proc = subprocess.run([sys.executable, "-c", _TRACE_BENCHMARK_STEP,
+                         str(tmp_path)], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   s = json.loads(proc.stdout.strip().splitlines()[-1])
   expected = _benchmark_matmul_share(6)  # The CrossBERT K=1 share column.

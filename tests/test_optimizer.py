@@ -32,8 +32,8 @@ def _wsd(steps: int, shape: str):
 def test_wsd_curve_is_pinned():
   """Warmup, the constant peak, then the last 20% of the steps decay to final_lr_ratio * peak."""
   peak, end = 1e-3, 1e-4
-  for shape, decayed in (("linear", lambda p: end + (peak - end) * (1 - p)),
-                         ("1-sqrt", lambda p: end + (peak - end) * (1 - np.sqrt(p)))):
+  for shape, decayed in (("linear", lambda p: end + (peak - end) * (1 - p)), ("1-sqrt", lambda p: end + (peak - end) *
+                                                                              (1 - np.sqrt(p)))):
     lr = _wsd(50, shape)
     want = [peak * (i + 1) / 4 for i in range(4)] + [peak] * 36 + [decayed((i - 40 + 1) / 10) for i in range(40, 50)]
     got = [float(lr(i)) for i in range(50)]

@@ -12,7 +12,6 @@ from crossbert_jax.data.tokenizer import CLS_ID, SEP_ID
 
 class _RefChunks(grain.DatasetIterator):
   """The pipeline's former chunker (the reference): ids -> [CLS] ids [SEP] in chunks of <= L."""
-
   def __init__(self, parent, seq_len):
     super().__init__(parent)
     self._seq_len, self._doc_state, self._chunks, self._next = seq_len, parent.get_state(), [], 0
@@ -63,9 +62,9 @@ def _docs(n, seed=0, first_chunks=False):
 def _pair(docs, seq_len, bins, seed, finite):
   ds = grain.MapDataset.source(docs)
   ds = ds if finite else ds.repeat(None)
-  ref = grain.experimental.FirstFitPackIterDataset(
-      _RefChunkDataset(ds.to_iter_dataset(), seq_len), length_struct={"tokens": seq_len},
-      num_packing_bins=bins, shuffle_bins=True, seed=seed)
+  ref = grain.experimental.FirstFitPackIterDataset(_RefChunkDataset(ds.to_iter_dataset(),
+                                                                    seq_len), length_struct={"tokens": seq_len},
+                                                   num_packing_bins=bins, shuffle_bins=True, seed=seed)
   fetch = lambda indices: [ds[i] for i in indices]
   ours = packing.PackDataset(fetch, len(docs) if finite else None, seq_len=seq_len, bins=bins, seed=seed)
   return iter(ref), iter(ours)

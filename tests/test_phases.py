@@ -40,10 +40,12 @@ def _tiny(phases=(), **overrides) -> ml_collections.ConfigDict:
 
 # -- Validation ---------------------------------------------------------------------------------
 
+
 def test_a_key_outside_the_declared_set_is_refused_naming_phase_key_and_set():
   c = _tiny(({"steps": 100}, {"model.num_layers": 4}), train__steps=200)
-  with pytest.raises(UserError, match=r"train.phases\[1\] sets 'model.num_layers', which a phase cannot "
-                     r"change; a phase may set 'steps' and data.seq_len, .*model.local_rope_theta"):
+  with pytest.raises(
+      UserError, match=r"train.phases\[1\] sets 'model.num_layers', which a phase cannot "
+      r"change; a phase may set 'steps' and data.seq_len, .*model.local_rope_theta"):
     plan_lib.build(c)
 
 
@@ -53,9 +55,9 @@ def test_a_key_outside_the_declared_set_is_refused_naming_phase_key_and_set():
     (({"steps": 250}, {}), 200, r"train.phases\[1\]: 'steps' must be an integer >= 1, got None"),
     (({"steps": 100}, {"data.seq_len": 3}), 200, r"config data.seq_len: must be >= 4, got 3 \(in phase 1 \(steps "
      r"101-200, batch 16 x L=3\)\)"),
-    (({"steps": 100}, {"model.rope_theta": "big"}), 200, r"model.rope_theta='big' is a str, but model.rope_theta takes a float"),
-    (({"steps": 100}, "L=128"), 200, r"train.phases\[1\]: 'L=128' is not a dict"),
-])
+    (({"steps": 100}, {"model.rope_theta": "big"
+                      }), 200, r"model.rope_theta='big' is a str, but model.rope_theta takes a float"),
+    (({"steps": 100}, "L=128"), 200, r"train.phases\[1\]: 'L=128' is not a dict"),])
 def test_bad_phases_are_one_line_errors(phases, steps, match):
   with pytest.raises(UserError, match=match):
     plan_lib.build(_tiny(phases, train__steps=steps))
@@ -73,8 +75,9 @@ def test_the_last_phase_may_omit_steps_and_no_phases_is_one_phase_with_the_confi
 
 def test_nth_phase_is_the_one_bench_times():
   """bench --phase=N: phase N's batch, length and RoPE (a plain config is its own phase 0)."""
-  c = plan_lib.build(_tiny(({"steps": 120, "data.seq_len": 32}, {"data.seq_len": 128, "train.batch_size": 4,
-                                                                 "model.rope_theta": 80_000.0})))
+  c = plan_lib.build(
+      _tiny(({"steps": 120,
+              "data.seq_len": 32}, {"data.seq_len": 128, "train.batch_size": 4, "model.rope_theta": 80_000.0})))
   first, second = (c.phase(i, "--phase").config for i in (0, 1))
   assert (first.data.seq_len, first.train.batch_size) == (32, 16)
   assert (second.data.seq_len, second.train.batch_size, second.model.rope_theta) == (128, 4, 80_000.0)
@@ -85,16 +88,15 @@ def test_nth_phase_is_the_one_bench_times():
 
 
 def test_batch_ramp_stairs_pin_the_tokens_per_step_of_each_phase():
-  c = _tiny(({"steps": 200, "data.seq_len": 64}, {"data.seq_len": 128, "train.batch_size": 8}),
-            train__batch_size=32, train__batch_ramp__start=8, train__batch_ramp__steps=30,
-            train__batch_ramp__stages=3)
+  c = _tiny(({"steps": 200, "data.seq_len": 64}, {"data.seq_len": 128, "train.batch_size": 8}), train__batch_size=32,
+            train__batch_ramp__start=8, train__batch_ramp__steps=30, train__batch_ramp__stages=3)
   plan_lib.build(c)
   ps = phases_lib.expand(c)
   assert [(p.start, p.end) for p in ps] == [(0, 10), (10, 20), (20, 30), (30, 200), (200, 300)]
   assert [p.tokens_per_step for p in ps] == [8 * 64, 16 * 64, 24 * 64, 32 * 64, 8 * 128]
   # The stairs and their phase read one stream, 8 rows at a time; the 128-token phase its own.
   assert [(p.stream, p.read_batch, p.reads_per_step) for p in ps] == [(0, 8, 1), (0, 8, 2), (0, 8, 3), (0, 8, 4),
-                                                                     (1, 8, 1)]
+                                                                      (1, 8, 1)]
   assert phases_lib.tokens_between(ps, 0, 300) == 10 * 64 * (8 + 16 + 24) + 170 * 32 * 64 + 100 * 8 * 128
   # The stairs change no schedule key: the lr is the schedule asked for, step by step.
   steps = jnp.arange(300)  # int32, as the optimizer state's count.
@@ -111,8 +113,7 @@ def test_batch_ramp_stairs_pin_the_tokens_per_step_of_each_phase():
     ({"start": 4, "steps": 10, "tokens": 10}, r"set exactly one of train.batch_ramp.steps and"),
     ({"start": 4, "steps": 300, "stages": 3}, r"takes 300 steps in 3 stairs .* the first phase has 300"),
     ({"start": -4}, r"train.batch_ramp.start=-4 is negative"),
-    ({"start": 4, "steps": 0, "tokens": -5}, r"train.batch_ramp.tokens=-5 is negative"),
-])
+    ({"start": 4, "steps": 0, "tokens": -5}, r"train.batch_ramp.tokens=-5 is negative"),])
 def test_bad_batch_ramps_are_one_line_errors(ramp, match):
   c = _tiny()
   for k, v in {"steps": 12, "stages": 3, **ramp}.items():
@@ -126,9 +127,17 @@ def test_lr_of_every_step_is_a_pure_function_of_step_and_config_across_phases():
   c = _tiny(({"steps": 5}, {"train.learning_rate": 1e-3}), train__steps=10, train__warmup_steps=2,
             train__decay="linear", train__learning_rate=3e-3)
   lr = optimizer.run_schedule(plan_lib.build(c))
-  want = [1.5e-3, 3e-3, 3e-3, 3e-3 - 2.7e-3 / 8, 3e-3 - 2 * 2.7e-3 / 8,  # Phase 0: warmup, then its decay.
-          1e-3 - 3 * 0.9e-3 / 8, 1e-3 - 4 * 0.9e-3 / 8, 1e-3 - 5 * 0.9e-3 / 8, 1e-3 - 6 * 0.9e-3 / 8,
-          1e-3 - 7 * 0.9e-3 / 8]  # Phase 1: the same decay at its own peak, ending at 1e-4.
+  want = [
+      1.5e-3,
+      3e-3,
+      3e-3,
+      3e-3 - 2.7e-3 / 8,
+      3e-3 - 2 * 2.7e-3 / 8,  # Phase 0: warmup, then its decay.
+      1e-3 - 3 * 0.9e-3 / 8,
+      1e-3 - 4 * 0.9e-3 / 8,
+      1e-3 - 5 * 0.9e-3 / 8,
+      1e-3 - 6 * 0.9e-3 / 8,
+      1e-3 - 7 * 0.9e-3 / 8]  # Phase 1: the same decay at its own peak, ending at 1e-4.
   np.testing.assert_allclose([float(lr(i)) for i in range(10)], want, rtol=1e-6)
   # Without phases: the plain schedule, unchanged.
   plain = _tiny()
@@ -137,6 +146,7 @@ def test_lr_of_every_step_is_a_pure_function_of_step_and_config_across_phases():
 
 
 # -- Resume checks ------------------------------------------------------------------------------
+
 
 def _saved(c) -> dict:
   return json.loads(json.dumps(c.to_dict()))
@@ -183,10 +193,10 @@ _PHASES = ("--config.train.steps=7", "--config.train.batch_size=8", "--config.tr
 
 
 def _train(workdir, cache, spm, *extra, check=True):
-  return run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-                     f"--compilation_cache={cache}", f"--config.data.tokenizer={spm}",
-                     "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
-                     "--config.checkpoint.every_steps=100", *_PHASES, *extra], check=check)
+  return run_module([
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+      f"--compilation_cache={cache}", f"--config.data.tokenizer={spm}", "--config.metrics.progress_bar=False",
+      "--config.metrics.tensorboard=False", "--config.checkpoint.every_steps=100", *_PHASES, *extra], check=check)
 
 
 def _rows(workdir) -> dict[int, dict]:
@@ -238,9 +248,10 @@ def test_resume_at_phase_boundaries_is_bitwise_and_rows_carry_the_phase(tmp_path
 
 
 def test_a_bad_phase_on_the_command_line_is_one_error_line(tmp_path, spm_model):
-  proc = run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'w'}",
-                     f"--config.data.tokenizer={spm_model}", "--config.train.phases=({'steps': 300, "
-                     "'model.embed_dim': 128},)"], check=False)
+  proc = run_module([
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'w'}",
+      f"--config.data.tokenizer={spm_model}", "--config.train.phases=({'steps': 300, "
+      "'model.embed_dim': 128},)"], check=False)
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   assert len(lines) == 1 and lines[0].startswith("error: config train.phases[0] sets 'model.embed_dim'"), lines
@@ -248,10 +259,10 @@ def test_a_bad_phase_on_the_command_line_is_one_error_line(tmp_path, spm_model):
 
 def test_a_later_phase_whose_data_is_missing_is_refused_before_the_first_step(tmp_path, spm_model):
   workdir = tmp_path / "w"
-  proc = run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-                     f"--config.data.tokenizer={spm_model}", "--config.train.steps=4",
-                     f"--config.train.phases=({{'steps': 2}}, {{'data.path': '{tmp_path / 'missing.txt'}'}})"],
-                    check=False)
+  proc = run_module([
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+      f"--config.data.tokenizer={spm_model}", "--config.train.steps=4",
+      f"--config.train.phases=({{'steps': 2}}, {{'data.path': '{tmp_path / 'missing.txt'}'}})"], check=False)
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   assert len(lines) == 1 and "missing.txt' does not exist" in lines[0] and "(in phase 1 (steps 3-4" in lines[0], lines
@@ -261,10 +272,10 @@ def test_a_later_phase_whose_data_is_missing_is_refused_before_the_first_step(tm
 @pytest.mark.slow
 def test_kill_9_near_a_phase_boundary_resumes_bitwise(tmp_path):
   # Phases: steps 1-6 at L=64, 7-12 at L=128; checkpoints every 2 steps; kills after steps 5, 6 and 7 are logged.
-  proc = subprocess.run([sys.executable, "tools/fault_inject.py", "--steps=12", "--kill_after=5,6,7",
-                         f"--workdir={tmp_path / 'fi'}",
-                         "--override=--config.train.phases=({'steps': 6}, {'data.seq_len': 128, "
-                         "'train.batch_size': 8})"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
+  proc = subprocess.run([
+      sys.executable, "tools/fault_inject.py", "--steps=12", "--kill_after=5,6,7", f"--workdir={tmp_path / 'fi'}",
+      "--override=--config.train.phases=({'steps': 6}, {'data.seq_len': 128, "
+      "'train.batch_size': 8})"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert "fault_inject: passed: 3 kills" in proc.stdout, proc.stdout[-3000:]
 
@@ -278,9 +289,9 @@ def test_elastic_resume_inside_a_phase(tmp_path, two_processes):
   proc = two_processes(*phases, "--config.train.stop_at_step=4")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert elastic.saved_process_count(tmp_path / "run") == (4, 2)
-  proc = run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
-                     f"--config.data.tokenizer={tmp_path / 'spm.model'}", "--config.metrics.progress_bar=False",
-                     *phases], check=False)
+  proc = run_module([
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
+      f"--config.data.tokenizer={tmp_path / 'spm.model'}", "--config.metrics.progress_bar=False", *phases], check=False)
   assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert "written by 2 process(es) and this run has 1: the data stream first finishes" in proc.stderr
   rows = _rows(tmp_path / "run")

@@ -37,8 +37,8 @@ from crossbert_jax.data import pipeline  # noqa: E402
 
 
 def _cfg(path, text_unit="paragraph"):
-  return ml_collections.ConfigDict({"path": str(path), "format": "auto", "text_field": "text",
-                                    "text_unit": text_unit, "shuffle_seed": 0})
+  return ml_collections.ConfigDict({
+      "path": str(path), "format": "auto", "text_field": "text", "text_unit": text_unit, "shuffle_seed": 0})
 
 
 def _docs(n):
@@ -85,12 +85,10 @@ def _write(tmp_path, kind, docs, files):
     elif kind == "jsonl":
       (tmp_path / f"c{k}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in share))
     else:
-      pq.write_table(pa.table({"text": share}), tmp_path / f"c{k}.parquet", row_group_size=100,
-                     compression="none")
+      pq.write_table(pa.table({"text": share}), tmp_path / f"c{k}.parquet", row_group_size=100, compression="none")
 
 
-@pytest.mark.parametrize("kind,files", [("paragraph", 1), ("line", 1), ("jsonl", 2), ("parquet", 1),
-                                        ("paragraph", 8)])
+@pytest.mark.parametrize("kind,files", [("paragraph", 1), ("line", 1), ("jsonl", 2), ("parquet", 1), ("paragraph", 8)])
 def test_each_host_reads_only_its_share(tmp_path, bytes_read, kind, files):
   docs = _docs(4000 if kind == "parquet" else 400)  # Parquet: large next to its 64 KiB footer read.
   _write(tmp_path, kind, docs, files)
@@ -141,9 +139,9 @@ def test_prepare_writes_shards_that_hold_every_document_once(tmp_path):
   assert prepare.finished(str(out)), "the finished record of the set"
   assert sum(counts) == 300 and min(counts) > 0, counts
   # The shards train as they are: read lazily, strided over processes.
-  got = [d for k in range(2) for share in [pipeline.document_dataset(_cfg(out), seed=0, process_index=k,
-                                                                    process_count=2)]
-         for d in (share[i] for i in range(len(share)))]
+  got = [
+      d for k in range(2) for share in [pipeline.document_dataset(_cfg(out), seed=0, process_index=k, process_count=2)]
+      for d in (share[i] for i in range(len(share)))]
   assert sorted(got) == sorted(docs)
   assert prepare.prepare(str(tmp_path / "in"), str(out), 3, progress=False) == counts  # Finished: writes nothing.
   with pytest.raises(UserError, match="holds a finished prepare of other inputs or flags"):
@@ -152,8 +150,9 @@ def test_prepare_writes_shards_that_hold_every_document_once(tmp_path):
 
 def test_prepare_cli(tmp_path):
   (tmp_path / "a.txt").write_text("one doc\n\ntwo doc\n\nthree doc\n")
-  cmd = [sys.executable, "-m", "crossbert_jax.prepare", f"--input={tmp_path / 'a.txt'}",
-         f"--output={tmp_path / 'out'}", "--shards=2"]
+  cmd = [
+      sys.executable, "-m", "crossbert_jax.prepare", f"--input={tmp_path / 'a.txt'}", f"--output={tmp_path / 'out'}",
+      "--shards=2"]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
   assert proc.returncode == 0, proc.stderr[-2000:]

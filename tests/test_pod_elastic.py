@@ -10,7 +10,6 @@ from crossbert_jax.data import elastic as data_elastic, pipeline, tokenizer
 from crossbert_jax.run import elastic, metrics
 from tests.helpers import run_module
 
-
 _WORDS = "packed rows hold chunks of documents and every chunk must be read once per epoch".split()
 
 
@@ -108,8 +107,9 @@ def test_training_resumes_on_one_process_then_on_two_again(tmp_path, two_process
   proc = two_processes("--config.model.vocab_size=400", "--config.train.steps=2")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert elastic.saved_process_count(tmp_path / "run") == (2, 2)
-  proc = run_module(["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
-                     *common, "--config.train.steps=4"], check=False)
+  proc = run_module([
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}", *common,
+      "--config.train.steps=4"], check=False)
   assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert "written by 2 process(es) and this run has 1: the data stream first finishes" in proc.stderr
   assert elastic.saved_process_count(tmp_path / "run") == (4, 1)

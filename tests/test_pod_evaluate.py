@@ -34,8 +34,7 @@ def test_read_only_run_caches_in_the_user_cache(tmp_path):
   mnt.mkdir()
   env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
   script = f"mount -t tmpfs tmpfs {mnt} && {sys.executable} -c '{_READ_ONLY}' {mnt} {ROOT}"
-  proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=env, capture_output=True, text=True,
-                        timeout=120)
+  proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=120)
   if proc.returncode and "Operation not permitted" in proc.stderr:
     pytest.skip(f"no private mounts here: {proc.stderr.strip()[:200]}")
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -38,8 +38,8 @@ def _config():
 def _params(c):
   abstract = jax.eval_shape(lambda k: objectives.init_params(c, k), jax.random.key(0))
   rng = np.random.default_rng(0)
-  return jax.tree.map(lambda x: 0.05 * rng.standard_normal(getattr(x, "value", x).shape).astype(np.float32),
-                      abstract, is_leaf=lambda x: hasattr(x, "value"))
+  return jax.tree.map(lambda x: 0.05 * rng.standard_normal(getattr(x, "value", x).shape).astype(np.float32), abstract,
+                      is_leaf=lambda x: hasattr(x, "value"))
 
 
 def _fake_run(root: pathlib.Path) -> pathlib.Path:

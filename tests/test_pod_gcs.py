@@ -48,8 +48,8 @@ def gcs(tmp_path_factory):
   # The emulator logs every request: to a file, since a pipe nobody reads would fill and block it.
   log = tmp_path_factory.mktemp("gcs") / "emulator.log"
   with log.open("w") as f:
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gcs_emulator.py"), str(port), BUCKET],
-                            stdout=f, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gcs_emulator.py"),
+                             str(port), BUCKET], stdout=f, stderr=subprocess.STDOUT)
   for _ in range(200):
     try:
       urllib.request.urlopen(url + "/", timeout=1).close()
@@ -57,11 +57,14 @@ def gcs(tmp_path_factory):
     except OSError:
       assert proc.poll() is None, f"the GCS emulator exited: {log.read_text()[-2000:]}"
       time.sleep(0.1)
-  env = cpu_env(STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url,
-                # array_record's reader (riegeli on google-cloud-cpp) has its own variable.
-                CLOUD_STORAGE_EMULATOR_ENDPOINT=url,
-                # No credentials lookups: tensorstore takes this token, google-auth skips the metadata server.
-                GOOGLE_AUTH_TOKEN_FOR_TESTING="test", NO_GCE_CHECK="True")
+  env = cpu_env(
+      STORAGE_EMULATOR_HOST=url,
+      TENSORSTORE_GCS_HTTP_URL=url,
+      # array_record's reader (riegeli on google-cloud-cpp) has its own variable.
+      CLOUD_STORAGE_EMULATOR_ENDPOINT=url,
+      # No credentials lookups: tensorstore takes this token, google-auth skips the metadata server.
+      GOOGLE_AUTH_TOKEN_FOR_TESTING="test",
+      NO_GCE_CHECK="True")
   env.pop(compile_cache.ENV_VAR, None)  # The default cache under the gs:// workdir, not the suite's shared one.
   yield env, url
   proc.terminate()
@@ -77,8 +80,9 @@ def _objects(url: str, prefix: str) -> list[str]:
 
 def _put(url: str, name: str, data: bytes, **preconditions) -> None:
   query = urllib.parse.urlencode({"uploadType": "media", "name": name, **preconditions})
-  urllib.request.urlopen(urllib.request.Request(f"{url}/upload/storage/v1/b/{BUCKET}/o?{query}", data=data,
-                                                method="POST"), timeout=10).close()
+  urllib.request.urlopen(
+      urllib.request.Request(f"{url}/upload/storage/v1/b/{BUCKET}/o?{query}", data=data, method="POST"),
+      timeout=10).close()
 
 
 def _get(url: str, name: str) -> bytes:
@@ -107,9 +111,10 @@ def test_gcs_end_to_end(gcs, tmp_path):
   tok = f"{GS}/tok/spm.model"
   _cli(env, "crossbert_jax.tokenizer", f"--input={GS}/data", "--vocab_size=512", f"--output={tok}")
 
-  train = ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={GS}/run",
-           f"--config.data.path={GS}/data", f"--config.data.tokenizer={tok}", "--config.model.vocab_size=512",
-           "--config.checkpoint.every_steps=2", "--config.metrics.progress_bar=False"]
+  train = [
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={GS}/run",
+      f"--config.data.path={GS}/data", f"--config.data.tokenizer={tok}", "--config.model.vocab_size=512",
+      "--config.checkpoint.every_steps=2", "--config.metrics.progress_bar=False"]
   proc = _cli(env, *train, "--config.train.steps=100000", wait=False)
   deadline = time.time() + 240
   while not _saved_steps(url):  # Stop once a checkpoint is on GCS: the run is mid-way.
@@ -141,10 +146,11 @@ def test_gcs_end_to_end(gcs, tmp_path):
   assert json.loads(_get(url, "hf/config.json"))["vocab_size"] == 512
   assert _objects(url, "hf/model.safetensors")
 
-  rows = ["text\tlabel"] + [f"{' '.join(d[:200].split())}\t{i % 2}" for i, d in enumerate(docs[:80])]  # One line per row.
+  rows = ["text\tlabel"] + [f"{' '.join(d[:200].split())}\t{i % 2}" for i, d in enumerate(docs[:80])
+                           ]  # One line per row.
   _put(url, "eval/train.tsv", ("\n".join(rows) + "\n").encode())
-  _cli(env, "crossbert_jax.evaluate", f"--workdir={GS}/run", f"--generic_train={GS}/eval/train.tsv",
-       "--tasks=", "--max_length=32", "--noprogress", f"--output={GS}/results/eval.json")
+  _cli(env, "crossbert_jax.evaluate", f"--workdir={GS}/run", f"--generic_train={GS}/eval/train.tsv", "--tasks=",
+       "--max_length=32", "--noprogress", f"--output={GS}/results/eval.json")
   result = json.loads(_get(url, "results/eval.json"))
   assert list(result["models"]) == [f"run@{stopped + 2}"], result["models"].keys()
   assert result["models"][f"run@{stopped + 2}"]["source"]["path"] == f"{GS}/run"
@@ -170,7 +176,6 @@ def test_arrayrecord_shards_on_gcs(gcs, tmp_path):
 class _GatedLock(lock_lib.WorkdirLock):
   """A lease whose first look (in `acquire`) meets the other's at `met`, then waits for `go`:
   both trainers have seen no lease before either writes one."""
-
   def __init__(self, workdir, met: threading.Barrier, go: threading.Event):
     super().__init__(workdir, warn=lambda msg: None)
     self._met, self._go, self._looked = met, go, False

@@ -1,13 +1,11 @@
 """Mesh checks for pods: `mesh.rules` validation and batch shards that must not span processes."""
 
-
 import ml_collections
 import numpy as np
 import pytest
 
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.training import sharding
-
 
 
 def _rules(rules):
@@ -21,8 +19,7 @@ def _rules(rules):
     (("mlp",), "not a (logical name, mesh axes) pair"),
     ((("mlp", "tensor", "fsdp"),), "not a (logical name, mesh axes) pair"),
     ("mlp", "not a sequence of rules"),
-    (((3, "tensor"),), "unknown logical axis 3"),
-])
+    (((3, "tensor"),), "unknown logical axis 3"),])
 def test_bad_mesh_rules_are_one_line(rules, needle):
   with pytest.raises(UserError) as err:
     sharding.logical_rules(_rules(rules))

@@ -25,14 +25,16 @@ def _start(workdir, spm, *extra) -> list[subprocess.Popen]:
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-  return [subprocess.Popen(
-      [sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-       f"--config.data.tokenizer={spm}", "--config.train.steps=1000", "--config.checkpoint.every_steps=1000",
-       "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False", "--config.metrics.log_every=1",
-       *extra, "--jax_distributed", f"--coordinator_address=localhost:{port}", "--num_processes=2",
-       f"--process_id={i}"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  env = {
+      **os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
+      "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  return [
+      subprocess.Popen([
+          sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+          f"--config.data.tokenizer={spm}", "--config.train.steps=1000", "--config.checkpoint.every_steps=1000",
+          "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False", "--config.metrics.log_every=1",
+          *extra, "--jax_distributed", f"--coordinator_address=localhost:{port}", "--num_processes=2",
+          f"--process_id={i}"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for i in range(2)]
 
 

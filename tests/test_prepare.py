@@ -70,8 +70,7 @@ def test_pretokenized_shards_give_the_text_shards_batches(corpus, tmp_path):
     for e in expected:
       np.testing.assert_array_equal(next(c)["tokens"], e["tokens"])
   with pytest.raises(UserError, match=r"tokenized with .*spm.model.*data.tokenizer=.*other.model"):
-    pipeline.make_iterator(_cfg(tmp_path / "tok"), tokenizer.Tokenizer.load(root / "other.model"), batch_size=4,
-                           seed=0)
+    pipeline.make_iterator(_cfg(tmp_path / "tok"), tokenizer.Tokenizer.load(root / "other.model"), batch_size=4, seed=0)
   with pytest.raises(UserError, match="holds token ids"):
     list(sources.iter_documents(str(tmp_path / "tok")))
 
@@ -167,8 +166,9 @@ def test_a_stop_is_one_line_workers_die_and_the_rerun_finishes(corpus, tmp_path,
   for k in range(8):
     (big / f"b{k}.txt").write_text("\n\n".join(many[k::8]) + "\n")
   out = tmp_path / "out"
-  cmd = [sys.executable, "-m", "crossbert_jax.prepare", f"--input={big}", f"--output={out}", "--shards=24",
-         "--workers=2", "--progress=false"]
+  cmd = [
+      sys.executable, "-m", "crossbert_jax.prepare", f"--input={big}", f"--output={out}", "--shards=24", "--workers=2",
+      "--progress=false"]
   proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
   deadline = time.time() + 120
@@ -187,7 +187,8 @@ def test_a_stop_is_one_line_workers_die_and_the_rerun_finishes(corpus, tmp_path,
   done = len(list(out.glob("corpus-*.arrayrecord")))
   assert 0 < done < 24, done
   run_module(cmd[2:])  # Fails the test unless it exits 0.
-  assert sorted(p.name for p in out.iterdir() if p.name != prepare.MARKER) == [
-      shards.shard_name("corpus", k, 24) for k in range(24)]
+  assert sorted(p.name
+                for p in out.iterdir()
+                if p.name != prepare.MARKER) == [shards.shard_name("corpus", k, 24) for k in range(24)]
   ds = pipeline.document_dataset(_cfg(out), seed=0)
   assert sorted(ds[i] for i in range(len(ds))) == sorted(many)

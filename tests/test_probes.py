@@ -124,8 +124,8 @@ def test_cosine_threshold_scores_on_a_pair_task():
   task = eval_tasks.Task("pairs", eval_tasks.PAIR_CLASSIFICATION, ("accuracy", "f1"), {"train": fit, "test": test},
                          fit="train", scored=("test",), cosine_splits=("test",))
   feats = {"train": np.concatenate([u, v], 1)[:300], "test": np.concatenate([u, v], 1)[300:]}
-  scores, chosen = probes.score_task(task, feats, pair_embeddings={"train": (u[:300], v[:300]),
-                                                                   "test": (u[300:], v[300:])})
+  scores, chosen = probes.score_task(task, feats,
+                                     pair_embeddings={"train": (u[:300], v[:300]), "test": (u[300:], v[300:])})
   assert scores["cosine/test/accuracy"] == 1.0 and scores["cosine/test/f1"] == 1.0
   assert "cosine/train/accuracy" not in scores and chosen["cosine/accuracy_higher_is_positive"] == 1
   cv = eval_tasks.Task("pairs", eval_tasks.PAIR_CLASSIFICATION, ("accuracy", "f1"),
@@ -175,7 +175,9 @@ def test_headline_is_the_size_weighted_mean_of_the_scored_splits():
   split = lambda n: eval_tasks.Split([""] * n, np.zeros(n, np.int64))
   task = eval_tasks.Task("t", eval_tasks.CLASSIFICATION, ("accuracy",),
                          {"train": split(100), "dev": split(10), "test": split(30)}, "train", ("dev", "test"))
-  result = {"scores": {"linear/dev/accuracy": 0.5, "linear/test/accuracy": 0.9, "knn/dev/accuracy": 0.4,
-                       "knn/test/accuracy": 0.8}, "sizes": {"train": 100, "dev": 10, "test": 30}}
+  result = {
+      "scores": {
+          "linear/dev/accuracy": 0.5, "linear/test/accuracy": 0.9, "knn/dev/accuracy": 0.4, "knn/test/accuracy": 0.8},
+      "sizes": {"train": 100, "dev": 10, "test": 30}}
   assert runner.headline(task, result) == {"linear": pytest.approx(0.8), "knn": pytest.approx(0.7)}
   assert runner.headline(eval_tasks.probe_view(task, "first"), result) == {"linear": 0.5, "knn": 0.4}

@@ -18,11 +18,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Appended to the README's command of each module: the same path through the code, less work.
 SMALLER = {
-    "crossbert_jax.train": ["--config.train.steps=12", "--config.train.warmup_steps=2",
-                            "--config.metrics.progress_bar=False"],
+    "crossbert_jax.train": [
+        "--config.train.steps=12", "--config.train.warmup_steps=2", "--config.metrics.progress_bar=False"],
     "crossbert_jax.evaluate": ["--max_examples=60", "--retrieval_max_docs=100", "--noprogress"],
-    "crossbert_jax.sweep": ["--flops_scale=0.2"],
-}
+    "crossbert_jax.sweep": ["--flops_scale=0.2"],}
 
 
 def tour_commands(readme: str) -> list[str]:
@@ -40,9 +39,10 @@ def test_the_tour_is_the_commands_this_test_runs():
   commands = tour_commands((ROOT / "README.md").read_text())
   assert commands[0] == "source .venv/bin/activate" and "make setup-tpu" in commands
   modules = [_module(shlex.split(c)) for c in commands if c.startswith("python ")]
-  assert modules == ["crossbert_jax.tokenizer", "crossbert_jax.prepare", "crossbert_jax.train", "crossbert_jax.train",
-                     "crossbert_jax.evaluate", "tools/mteb_local_data.py", "crossbert_jax.mteb_eval",
-                     "crossbert_jax.export", "crossbert_jax.sweep", "crossbert_jax.report"]
+  assert modules == [
+      "crossbert_jax.tokenizer", "crossbert_jax.prepare", "crossbert_jax.train", "crossbert_jax.train",
+      "crossbert_jax.evaluate", "tools/mteb_local_data.py", "crossbert_jax.mteb_eval", "crossbert_jax.export",
+      "crossbert_jax.sweep", "crossbert_jax.report"]
   compile_line = [c for c in commands if "crossbert_jax.compile" in c]
   assert len(compile_line) == 1 and compile_line[0].startswith("JAX_PLATFORMS=cpu .venv-tpu/bin/python -m ")
 
@@ -79,8 +79,9 @@ def test_readme_tour_runs_as_written(tmp_path, shared_data):
     (clone / name).symlink_to(ROOT / name)
   (tmp_path / "shared").mkdir()
   (tmp_path / "shared" / "data").symlink_to(shared_data)  # ../shared/data, as beside a clone here.
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-         "HF_DATASETS_OFFLINE": "1"}
+  env = {
+      **os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+      "HF_DATASETS_OFFLINE": "1"}
   for command in tour_commands((ROOT / "README.md").read_text()):
     argv = shlex.split(command)
     if not command.startswith("python "):

@@ -16,7 +16,8 @@ def _recorder(tmp_path, warnings):
   logger = metrics.MetricsLogger(str(tmp_path), total_steps=c.train.steps, start_step=0, enabled=True,
                                  tensorboard=False, progress_bar=False)
   outcome, progress = recorder.Outcome(), recorder.Progress(doing="")
-  rec = recorder.StepRecorder(plan_lib.build(c), 1, logger, lambda s: s * 100, progress, outcome, str(tmp_path), warnings.append)
+  rec = recorder.StepRecorder(plan_lib.build(c), 1, logger, lambda s: s * 100, progress, outcome, str(tmp_path),
+                              warnings.append)
   return rec, logger, outcome
 
 
@@ -68,8 +69,8 @@ def test_the_last_step_is_logged_also_when_the_run_stops_early(tmp_path):
   c.metrics.log_every, c.train.steps, c.train.stop_at_step = 5, 20, 7
   logger = metrics.MetricsLogger(str(tmp_path), total_steps=c.train.steps, start_step=0, enabled=True,
                                  tensorboard=False, progress_bar=False)
-  rec = recorder.StepRecorder(plan_lib.build(c), 1, logger, lambda s: s * 100, recorder.Progress(doing=""), recorder.Outcome(),
-                              str(tmp_path), [].append)
+  rec = recorder.StepRecorder(plan_lib.build(c), 1, logger, lambda s: s * 100, recorder.Progress(doing=""),
+                              recorder.Outcome(), str(tmp_path), [].append)
   for step in range(1, 8):
     rec.dispatched(step, _device_metrics(), time.perf_counter(), 0.0)
   rec.flush()
@@ -79,7 +80,6 @@ def test_the_last_step_is_logged_also_when_the_run_stops_early(tmp_path):
 
 class _EtaLogger(metrics.MetricsLogger):
   """The real logger (its progress bar on), also keeping the ETA each row was shown with."""
-
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self.etas = {}
@@ -95,8 +95,8 @@ def test_with_phases_rows_carry_the_phase_and_the_eta_prices_the_remaining_steps
   c.metrics.log_every, c.train.steps = 1, 10
   c.train.phases = ({"steps": 5}, {"data.seq_len": 128})
   phases = phases_lib.expand(c)
-  logger = _EtaLogger(str(tmp_path), total_steps=10, start_step=0, enabled=True, tensorboard=False,
-                      progress_bar=True, eta_by_work=True)
+  logger = _EtaLogger(str(tmp_path), total_steps=10, start_step=0, enabled=True, tensorboard=False, progress_bar=True,
+                      eta_by_work=True)
   tokens_at = lambda s: phases_lib.tokens_between(phases, 0, s)
   rec = recorder.StepRecorder(plan_lib.build(c), 1, logger, tokens_at, recorder.Progress(doing=""), recorder.Outcome(),
                               str(tmp_path), [].append, phases=phases)

@@ -29,8 +29,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _args(spm, *extra):
-  return [f"--config.data.tokenizer={spm}", "--config.train.steps=4", "--config.train.warmup_steps=2",
-          "--config.checkpoint.every_steps=1", "--config.metrics.tensorboard=False", *extra]
+  return [
+      f"--config.data.tokenizer={spm}", "--config.train.steps=4", "--config.train.warmup_steps=2",
+      "--config.checkpoint.every_steps=1", "--config.metrics.tensorboard=False", *extra]
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +91,12 @@ def test_nothing_to_train_says_so(tmp_path, base_run, spm_model):
 def test_runtime_changes_resume_with_warnings_and_running_tokens_seen(tmp_path, base_run, spm_model):
   """worker_count (was KeyError 'exhausted'), remat, log_every, cadence and batch size may change."""
   workdir = _copy(base_run, tmp_path)
-  proc = _train(workdir, *_args(spm_model, "--config.train.steps=6", "--config.data.worker_count=2",
-                                "--config.model.remat=full", "--config.metrics.log_every=2",
-                                "--config.checkpoint.every_steps=2", "--config.train.batch_size=8"))
-  for key in ("data.worker_count", "model.remat", "metrics.log_every", "checkpoint.every_steps",
-              "train.batch_size", "train.steps"):
+  proc = _train(
+      workdir,
+      *_args(spm_model, "--config.train.steps=6", "--config.data.worker_count=2", "--config.model.remat=full",
+             "--config.metrics.log_every=2", "--config.checkpoint.every_steps=2", "--config.train.batch_size=8"))
+  for key in ("data.worker_count", "model.remat", "metrics.log_every", "checkpoint.every_steps", "train.batch_size",
+              "train.steps"):
     assert f"warning: resuming with {key}=" in proc.stderr, (key, proc.stderr[-2000:])
   assert "learning-rate schedule" in proc.stderr
   rows = metrics.read_metrics(str(workdir))
@@ -141,9 +143,10 @@ def test_export_and_evaluate_read_the_newest_readable_checkpoint(tmp_path, base_
 @pytest.mark.slow  # make test keeps test_train.py::test_divergence_stops_and_keeps_last_good_checkpoint.
 def test_diverged_run_keeps_only_checkpoints_whose_next_loss_is_finite(tmp_path, spm_model):
   """A warmup towards lr 1e6 (step i runs at 10(i + 1)): the last params before the NaN are finite but diverge."""
-  args = [f"--config.data.tokenizer={spm_model}", "--config.train.learning_rate=1e6", "--config.train.warmup_steps=100000",
-          "--config.train.clip_norm=0", "--config.train.steps=40", "--config.checkpoint.every_steps=1",
-          "--config.metrics.tensorboard=False"]
+  args = [
+      f"--config.data.tokenizer={spm_model}", "--config.train.learning_rate=1e6", "--config.train.warmup_steps=100000",
+      "--config.train.clip_norm=0", "--config.train.steps=40", "--config.checkpoint.every_steps=1",
+      "--config.metrics.tensorboard=False"]
   proc = _train(tmp_path, *args, check=False)
   assert proc.returncode == 2 and len(_error_lines(proc)) == 1, proc.stderr[-2000:]
   saved = _saved_steps(tmp_path)
@@ -159,8 +162,8 @@ def test_diverged_run_keeps_only_checkpoints_whose_next_loss_is_finite(tmp_path,
 def check_two_breakers_of_one_dead_lease(workdir: str, write_lease) -> None:
   """B judges the dead lease breakable, A breaks it and takes the workdir first: B's break then
   removes nothing (A's fresh lease stays) and B is refused, however slow B was."""
-  write_lease(json.dumps({"owner": "someone", "host": "elsewhere", "pid": 1,
-                          "heartbeat": time.time() - lock_lib.STALE_S - 5}))
+  write_lease(
+      json.dumps({"owner": "someone", "host": "elsewhere", "pid": 1, "heartbeat": time.time() - lock_lib.STALE_S - 5}))
   a, b = lock_lib.WorkdirLock(workdir, warn=lambda _: None), lock_lib.WorkdirLock(workdir, warn=lambda _: None)
   generation = lock_lib._gcs_generation(b.path) if workdir.startswith("gs://") else None  # pylint: disable=protected-access
   judged = b._read()  # pylint: disable=protected-access
@@ -191,8 +194,9 @@ def test_lock_refuses_a_live_holder_and_breaks_dead_or_stale_ones(tmp_path):
     holder.release()
   assert not (tmp_path / lock_lib.LOCK_FILE).exists()
   dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-  cases = {"gone": {"host": socket.gethostname(), "pid": int(dead.stdout), "heartbeat": time.time()},
-           "old": {"host": "elsewhere", "pid": 1, "heartbeat": time.time() - lock_lib.STALE_S - 5}}
+  cases = {
+      "gone": {"host": socket.gethostname(), "pid": int(dead.stdout), "heartbeat": time.time()},
+      "old": {"host": "elsewhere", "pid": 1, "heartbeat": time.time() - lock_lib.STALE_S - 5}}
   for why, info in cases.items():
     (tmp_path / lock_lib.LOCK_FILE).write_text(json.dumps({"owner": "someone", **info}))
     lock_lib.WorkdirLock(tmp_path, warn=warnings.append).acquire().release()
@@ -211,8 +215,9 @@ def _wait_for_first_metrics(proc, workdir, timeout: float = 300) -> None:
 
 
 def test_second_trainer_is_refused_and_sigterm_exits_resumable(tmp_path, spm_model):
-  args = [f"--config.data.tokenizer={spm_model}", "--config.train.steps=100000",
-          "--config.checkpoint.every_steps=100000", "--config.metrics.tensorboard=False"]
+  args = [
+      f"--config.data.tokenizer={spm_model}", "--config.train.steps=100000", "--config.checkpoint.every_steps=100000",
+      "--config.metrics.tensorboard=False"]
   first = _train(tmp_path, *args, wait=False)
   try:
     _wait_for_first_metrics(first, tmp_path)
@@ -315,8 +320,10 @@ def test_resume_policy_per_key():
   saved, now = saved_and(train__stop_at_step=20, metrics__progress_bar=False)
   assert resume.check("w", 10, saved, None, plan_lib.build(now), tok, 1) == ([], True)
   saved, now = saved_and(train__batch_size=256)  # 64 -> 128 packing bins per process on 2 processes.
-  assert resume.check("w", 10, saved, None, plan_lib.build(now), tok, 2)[1] is False  # Same processes: the stream starts over.
-  assert resume.check("w", 10, saved, None, plan_lib.build(now), tok, 2, saved_process_count=4)[1] is True  # Re-sharded instead.
+  assert resume.check("w", 10, saved, None, plan_lib.build(now), tok,
+                      2)[1] is False  # Same processes: the stream starts over.
+  assert resume.check("w", 10, saved, None, plan_lib.build(now), tok, 2,
+                      saved_process_count=4)[1] is True  # Re-sharded instead.
   saved, now = saved_and(train__steps=600)
   warnings, _ = resume.check("w", 100, saved, None, plan_lib.build(now), tok, 1)
   assert "step 101 runs at lr" in warnings[-1], warnings

@@ -27,16 +27,19 @@ VOCAB = 512
 
 
 def _digest(folder: pathlib.Path) -> dict[str, str]:
-  return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted(folder.rglob("*")) if p.is_file()}
+  return {
+      str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+      for p in sorted(folder.rglob("*"))
+      if p.is_file()}
 
 
 def _run_all(cases: dict[str, list[str]], **env) -> dict:
   """Runs every `python -m` command at once; {name: (returncode, stdout, stderr)}."""
   from tests.helpers import cpu_env  # pylint: disable=g-import-not-at-top
 
-  procs = {name: run_module(args, env=cpu_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **env), wait=False)
-           for name, args in cases.items()}
+  procs = {
+      name: run_module(args, env=cpu_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **env), wait=False)
+      for name, args in cases.items()}
   return {name: (p.wait(timeout=600), *p.communicate()) for name, p in procs.items()}
 
 
@@ -53,10 +56,11 @@ def _one_error_line(result, *needles: str) -> str:
 def tiny_run(tmp_path_factory, spm_model):
   """A real 2-step flat-BERT run (checkpoint at step 2), started in the background at module set-up."""
   workdir = tmp_path_factory.mktemp("cmds") / "run"
-  proc = run_module(["crossbert_jax.train", "--config=configs/bert.py:tiny", f"--workdir={workdir}",
-                     f"--config.data.tokenizer={spm_model}", f"--config.model.vocab_size={VOCAB}",
-                     "--config.train.steps=2", "--config.checkpoint.every_steps=2", "--config.metrics.progress_bar=False",
-                     "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False"], wait=False)
+  proc = run_module([
+      "crossbert_jax.train", "--config=configs/bert.py:tiny", f"--workdir={workdir}",
+      f"--config.data.tokenizer={spm_model}", f"--config.model.vocab_size={VOCAB}", "--config.train.steps=2",
+      "--config.checkpoint.every_steps=2", "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
+      "--config.checkpoint.async_save=False"], wait=False)
   yield workdir, proc
   if proc.poll() is None:
     proc.kill()
@@ -92,16 +96,17 @@ def test_output_folder_rules(tmp_path):
   src = tmp_path / "src"
   src.mkdir()
   (src / "model.safetensors").write_text("weights")
-  refused = [((run, True), {}, "holds training checkpoints"),
-             ((tmp_path, True), {}, "holds training checkpoints"),  # Above a run.
-             ((run / "pooler", True), {}, "which holds training checkpoints"),
-             ((run / "checkpoints" / "x", True), {"inside_run_ok": True}, "which holds training checkpoints"),
-             ((src, True), {"inputs": {"--hf": src}}, f"is --hf {src}"),
-             ((src / "sub", True), {"inputs": {"--hf": src}}, "is inside --hf"),
-             ((tmp_path / "other", True), {"inputs": {"--hf": tmp_path / "other" / "m"}}, "contains --hf"),
-             ((src, False), {}, "not empty: choose a new folder or pass --force"),
-             ((src / "model.safetensors", True), {}, "is a file, not a folder"),
-             ((src / "model.safetensors" / "x", True), {}, "is a file, so no folder can be made below it")]
+  refused = [
+      ((run, True), {}, "holds training checkpoints"),
+      ((tmp_path, True), {}, "holds training checkpoints"),  # Above a run.
+      ((run / "pooler", True), {}, "which holds training checkpoints"),
+      ((run / "checkpoints" / "x", True), {"inside_run_ok": True}, "which holds training checkpoints"),
+      ((src, True), {"inputs": {"--hf": src}}, f"is --hf {src}"),
+      ((src / "sub", True), {"inputs": {"--hf": src}}, "is inside --hf"),
+      ((tmp_path / "other", True), {"inputs": {"--hf": tmp_path / "other" / "m"}}, "contains --hf"),
+      ((src, False), {}, "not empty: choose a new folder or pass --force"),
+      ((src / "model.safetensors", True), {}, "is a file, not a folder"),
+      ((src / "model.safetensors" / "x", True), {}, "is a file, so no folder can be made below it")]
   for args, kwargs, message in refused:
     with pytest.raises(UserError, match=message):
       outputs.check_output_dir(*args, **kwargs)
@@ -177,9 +182,9 @@ def test_damaged_hf_folders_are_one_line(tmp_path, hf_folder):
 def test_pooler_options_are_checked():
   """A batch of 0 (NaN pooler), a negative learning rate, 0 steps, a negative width."""
   for change, flag in (({"batch_size": 0}, "--batch_size=0"), ({"batch_size": 1}, "--batch_size=1"),
-                       ({"learning_rate": -1e-3}, "--learning_rate=-0.001"), ({"steps": 0}, "--steps=0"),
-                       ({"steps": -5}, "--steps=-5"), ({"out_dim": -3}, "--out_dim=-3"),
-                       ({"learning_rate": float("nan")}, "--learning_rate=nan")):
+                       ({"learning_rate": -1e-3},
+                        "--learning_rate=-0.001"), ({"steps": 0}, "--steps=0"), ({"steps": -5}, "--steps=-5"),
+                       ({"out_dim": -3}, "--out_dim=-3"), ({"learning_rate": float("nan")}, "--learning_rate=nan")):
     with pytest.raises(UserError, match=flag):
       pooler_lib.TrainOptions(**change).check()
   pooler_lib.TrainOptions().check()
@@ -249,8 +254,9 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
   run = _finished(tiny_run)
   run_before, hf_before = _digest(run), _digest(hf_folder)
   snli = str(shared_data / "senteval/downstream/SNLI")
-  pooler = ["crossbert_jax.pooler", f"--workdir={run}", f"--pairs={snli}", "--steps=5", "--max_length=16",
-            f"--output={tmp_path / 'p'}"]
+  pooler = [
+      "crossbert_jax.pooler", f"--workdir={run}", f"--pairs={snli}", "--steps=5", "--max_length=16",
+      f"--output={tmp_path / 'p'}"]
   root = _sweep_root(tmp_path / "sweep", 1, shared_data)  # Runs that logged one row each.
   good, damaged = (_sweep_root(tmp_path / name, 3, shared_data) for name in ("good", "damaged"))
   (damaged / "plan.json").write_text((damaged / "plan.json").read_text()[:200])
@@ -274,16 +280,18 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
       "report_exists": ["crossbert_jax.report", f"--root={good}", f"--output={report_out}"],
       "report_damaged": ["crossbert_jax.report", f"--root={damaged}", f"--output={tmp_path / 'r2'}"],
       "compile_out_dir": ["crossbert_jax.compile", "--config=configs/crossbert.py:tiny", f"--out={tmp_path}"],
-      "train_eval_dir": ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'w'}",
-                         "--config.eval.every_steps=1", f"--config.eval.data_dir={tmp_path}"],
+      "train_eval_dir": [
+          "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'w'}",
+          "--config.eval.every_steps=1", f"--config.eval.data_dir={tmp_path}"],
       "train_workdir_file": ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={a_file}"],
-      "train_workdir_below_file": ["crossbert_jax.train", "--config=configs/crossbert.py:tiny",
-                                   f"--workdir={a_file / 'sub'}"],
-      "mteb_task": ["crossbert_jax.mteb_eval", f"--workdir={run}", "--tasks=NoSuchTask", f"--data_dir={shared_data}",
-                    f"--output_dir={tmp_path / 'mteb'}"],
-      "mteb_output_file": ["crossbert_jax.mteb_eval", f"--workdir={run}", "--tasks=STSBenchmark",
-                           f"--data_dir={shared_data}", f"--output_dir={a_file}"],
-  }
+      "train_workdir_below_file": [
+          "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={a_file / 'sub'}"],
+      "mteb_task": [
+          "crossbert_jax.mteb_eval", f"--workdir={run}", "--tasks=NoSuchTask", f"--data_dir={shared_data}",
+          f"--output_dir={tmp_path / 'mteb'}"],
+      "mteb_output_file": [
+          "crossbert_jax.mteb_eval", f"--workdir={run}", "--tasks=STSBenchmark", f"--data_dir={shared_data}",
+          f"--output_dir={a_file}"],}
   results = _run_all(cases)
   _one_error_line(results["pooler_export_run"], f"--export {run} is --workdir {run}")
   _one_error_line(results["pooler_output_run"], f"--output {run} is --workdir {run}")
@@ -295,8 +303,8 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
   _one_error_line(results["report_damaged"], "plan.json", "is damaged")
   _one_error_line(results["compile_out_dir"], "is a folder: give a file path")
   # Refused before the checkpoint restore, as the mteb case below.
-  assert results["evaluate_exists"][2].strip().splitlines() == [
-      _one_error_line(results["evaluate_exists"], f"{earlier} exists (earlier results)", "--force")]
+  assert results["evaluate_exists"][2].strip().splitlines(
+  ) == [_one_error_line(results["evaluate_exists"], f"{earlier} exists (earlier results)", "--force")]
   _one_error_line(results["evaluate_md"], "ends in .md")
   _one_error_line(results["train_eval_dir"], "--config.eval.data_dir", "is missing")
   # Refused before the checkpoint restore: the error is the only line (no Orbax INFO chatter).
@@ -307,7 +315,8 @@ def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, 
   assert a_file.read_text() == "x"
   assert _digest(run) == run_before and _digest(hf_folder) == hf_before
   assert (report_out / "report.md").read_text() == "the earlier report" and a_file.read_text() == "x"
-  assert earlier.read_text() == "earlier results" and sorted(p.name for p in earlier.parent.iterdir()) == ["results.json"]
+  assert earlier.read_text() == "earlier results" and sorted(p.name for p in earlier.parent.iterdir()) == [
+      "results.json"]
   assert not (tmp_path / "p").exists() and not (tmp_path / "w").exists() and not (tmp_path / "r2").exists()
 
 
@@ -323,9 +332,8 @@ def test_bench_checks_out_and_data_flags_before_any_work(tmp_path):
       "below_file": [*small, f"--out={earlier}/x.json"],
       "long_len": [*small, "--long_len=-5", f"--out={tmp_path / 'long.json'}"],
       "data_steps": ["crossbert_jax.bench", "--data", "--steps=-1", f"--out={tmp_path / 'feed.json'}"],
-      "data_config": ["crossbert_jax.bench", "--data", "--config=configs/crossbert.py:tiny",
-                      f"--out={tmp_path / 'feed.json'}"],
-  })
+      "data_config": [
+          "crossbert_jax.bench", "--data", "--config=configs/crossbert.py:tiny", f"--out={tmp_path / 'feed.json'}"],})
   _one_error_line(results["dir"], "is a folder")
   _one_error_line(results["exists"], "exists (earlier results)", "--force")
   _one_error_line(results["below_file"], "is a file")
@@ -344,8 +352,9 @@ def test_a_failed_train_start_leaves_no_empty_folders(tmp_path, spm_model):
   kept = tmp_path / "kept"
   kept.mkdir()
   (kept / "notes.txt").write_text("mine")
-  train = ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--config.data.tokenizer={spm_model}",
-           f"--config.data.path={empty}", "--config.metrics.progress_bar=False"]
+  train = [
+      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--config.data.tokenizer={spm_model}",
+      f"--config.data.path={empty}", "--config.metrics.progress_bar=False"]
   results = _run_all({"new": [*train, f"--workdir={tmp_path / 'new'}"], "kept": [*train, f"--workdir={kept}"]})
   for name in ("new", "kept"):
     _one_error_line(results[name], "holds no documents")

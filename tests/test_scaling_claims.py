@@ -22,9 +22,10 @@ from crossbert_jax.scaling import claims, collect, report
 from crossbert_jax.scaling import plan as plan_lib
 from tests.helpers import ROOT
 
-OBJECTIVES = {"bert_r15": dict(objective="mlm", ratio=0.15, views=1),
-              "cb_r50_k1": dict(objective="crossbert", ratio=0.5, views=1),
-              "cb_r50_k2": dict(objective="crossbert", ratio=0.5, views=2)}
+OBJECTIVES = {
+    "bert_r15": dict(objective="mlm", ratio=0.15, views=1),
+    "cb_r50_k1": dict(objective="crossbert", ratio=0.5, views=1), "cb_r50_k2": dict(objective="crossbert", ratio=0.5,
+                                                                                    views=2)}
 TPS = 4096  # Tokens per step.
 
 
@@ -39,9 +40,9 @@ def test_paired_interval_matches_scipy():
   assert one["n"] == 1 and math.isnan(one["lo"]) and claims.verdict(one) == "inconclusive"
 
 
-@pytest.mark.parametrize("lo,hi,expected", [
-    (0.001, 0.05, "holds"), (-0.05, -0.001, "does not hold"), (-0.009, 0.008, "does not hold"),
-    (-0.011, 0.005, "inconclusive"), (-0.02, 0.03, "inconclusive")])
+@pytest.mark.parametrize("lo,hi,expected", [(0.001, 0.05, "holds"), (-0.05, -0.001, "does not hold"),
+                                            (-0.009, 0.008, "does not hold"), (-0.011, 0.005, "inconclusive"),
+                                            (-0.02, 0.03, "inconclusive")])
 def test_verdict_reads_the_interval_only(lo, hi, expected):
   assert claims.verdict({"mean": (lo + hi) / 2, "lo": lo, "hi": hi, "sd": 0.01, "n": 3}) == expected
 
@@ -59,9 +60,12 @@ def test_dropped_tasks_are_at_chance_for_every_objective():
   def result(label, seed, scores):
     run = plan_lib.Run(f"xs__{label}__s{seed}", "xs", label, seed, "mlm", {}, 1e12, 1e9, 100, TPS)
     return collect.RunResult(run, True, 100, np.zeros((0, 2)), {k: [(100, v)] for k, v in scores.items()}, 1.0, 1.0)
+
   # rte sits at chance (0.53) everywhere; cola leaves it for one objective only: it stays in.
-  results = [result(l, s, {"sst2/linear": 0.7, "rte/linear": 0.535, "cola/linear": 0.05 if l == "cb_r50_k1" else 0.0})
-             for l in OBJECTIVES for s in range(3)]
+  results = [
+      result(l, s, {"sst2/linear": 0.7, "rte/linear": 0.535, "cola/linear": 0.05 if l == "cb_r50_k1" else 0.0})
+      for l in OBJECTIVES
+      for s in range(3)]
   assert claims.dropped_tasks(results, {"sst2": 0.5, "rte": 0.53, "cola": 0.0}, "linear") == ["rte"]
   assert claims.dropped_tasks(results, {"sst2": 0.75, "rte": 0.53, "cola": 0.1}, "linear") == []  # Never all.
 
@@ -84,10 +88,11 @@ def _write_run(root, run, probe_steps, scores, old_format=False):
 
 
 def _spec(flops, tasks="sst2,stsb", data_dir="/nonexistent"):
-  return {"name": "fake", "variant": "tiny", "data_path": "builtin", "tokenizer_vocab_size": 512, "common": {},
-          "sizes": {"xs": dict(embed_dim=32, num_heads=2, num_layers=1, mlp_dim=64, flops=flops)},
-          "objectives": OBJECTIVES, "seeds": [0, 1, 2], "warmup_fraction": 0.1,
-          "probes": dict(count=1, tasks=tasks, data_dir=data_dir, max_examples=0)}
+  return {
+      "name": "fake", "variant": "tiny", "data_path": "builtin", "tokenizer_vocab_size": 512, "common": {},
+      "sizes": {"xs": dict(embed_dim=32, num_heads=2, num_layers=1, mlp_dim=64, flops=flops)}, "objectives": OBJECTIVES,
+      "seeds": [0, 1, 2], "warmup_fraction": 0.1, "probes": dict(count=1, tasks=tasks, data_dir=data_dir,
+                                                                 max_examples=0)}
 
 
 # Average-probe score of each objective at training tokens t (per seed), linear in log tokens: K=1 is
@@ -113,20 +118,19 @@ def _wsd_sweep(root, data_dir="/nonexistent"):
     per_step = {"bert_r15": 1e10, "cb_r50_k1": 1e10, "cb_r50_k2": 2e10}[label]
     for seed in range(3):
       steps = [int(b / per_step) for b in budgets]
-      stable = plan_lib.Run(f"xs__{label}__s{seed}__stable", "xs", label, seed, o["objective"],
-                            {"eval.tasks": "sst2,stsb", "eval.data_dir": data_dir, "masking.ratio": o["ratio"],
-                             "masking.views": o["views"]}, budgets[-1], per_step,
-                            steps[-1], TPS, kind="stable")
+      stable = plan_lib.Run(f"xs__{label}__s{seed}__stable", "xs", label, seed, o["objective"], {
+          "eval.tasks": "sst2,stsb", "eval.data_dir": data_dir, "masking.ratio": o["ratio"], "masking.views": o["views"]
+      }, budgets[-1], per_step, steps[-1], TPS, kind="stable")
       runs.append(stable)
       _write_run(root, stable, set(), {})
       for i, (b, t) in enumerate(zip(budgets, steps)):
-        branch = dataclasses.replace(stable, name=f"xs__{label}__s{seed}__T{t}", flops_budget=b, steps=t,
-                                     kind="branch", fork_from=stable.name, fork_step=int(0.8 * t), budget_index=i)
+        branch = dataclasses.replace(stable, name=f"xs__{label}__s{seed}__T{t}", flops_budget=b, steps=t, kind="branch",
+                                     fork_from=stable.name, fork_step=int(0.8 * t), budget_index=i)
         runs.append(branch)
         score = lambda step, label=label, seed=seed: _score(label, seed, step * TPS)
         # stsb stays at chance (0) for every objective; sst2 carries the whole average.
-        _write_run(root, branch, {t - 1, t}, {"sst2/linear": score, "sst2/knn": score,
-                                              "stsb/linear": lambda s: 0.004, "stsb/knn": lambda s: -0.002})
+        _write_run(root, branch, {t - 1, t}, {
+            "sst2/linear": score, "sst2/knn": score, "stsb/linear": lambda s: 0.004, "stsb/knn": lambda s: -0.002})
   plan_lib.save_plan(root, spec, runs)
   return spec, runs
 
@@ -176,9 +180,9 @@ def _plain_runs(root, probe_steps) -> list:
   runs = []
   for label, o in OBJECTIVES.items():
     for seed in range(3):
-      run = plan_lib.Run(f"xs__{label}__s{seed}", "xs", label, seed, o["objective"],
-                         {"eval.tasks": "sst2", "eval.data_dir": "/nonexistent", "masking.ratio": o["ratio"],
-                          "masking.views": o["views"]}, 1e12, 1e10, 100, TPS)
+      run = plan_lib.Run(f"xs__{label}__s{seed}", "xs", label, seed, o["objective"], {
+          "eval.tasks": "sst2", "eval.data_dir": "/nonexistent", "masking.ratio": o["ratio"],
+          "masking.views": o["views"]}, 1e12, 1e10, 100, TPS)
       runs.append(run)
       score = lambda step, label=label, seed=seed: _score(label, seed, step * TPS)
       _write_run(root, run, probe_steps, {"sst2/linear": score, "sst2/knn": score})
@@ -190,8 +194,11 @@ def test_report_reads_an_old_plan_without_the_new_run_fields(tmp_path):
   root = tmp_path / "old"
   spec = _spec(1e12, tasks="sst2", data_dir="/nonexistent")
   runs = _plain_runs(root, {25, 50, 75, 100})
-  saved = [{k: v for k, v in dataclasses.asdict(r).items() if k not in ("kind", "fork_from", "fork_step",
-                                                                         "budget_index")} for r in runs]
+  saved = [{
+      k: v
+      for k, v in dataclasses.asdict(r).items()
+      if k not in ("kind", "fork_from", "fork_step", "budget_index")}
+           for r in runs]
   root.mkdir(exist_ok=True)
   (root / plan_lib.PLAN_FILE).write_text(json.dumps({"spec": spec, "runs": saved}))
   spec, results, missing = collect.collect(root)  # The report's own input path, without its plots and fits.
@@ -249,8 +256,8 @@ def test_an_objective_not_started_reads_n_a_not_nan(tmp_path):
 
 def _check_claims_json(path):
   """tools/check_claims.py agrees with every row the report wrote, and names a row whose verdict is changed."""
-  check = lambda: subprocess.run([sys.executable, str(ROOT / "tools" / "check_claims.py"), str(path)],
-                                 capture_output=True, text=True, timeout=120)
+  check = lambda: subprocess.run([sys.executable, str(ROOT / "tools" / "check_claims.py"),
+                                  str(path)], capture_output=True, text=True, timeout=120)
   found = json.loads(path.read_text())
   paired = [r for r in found["rows"] if r["seeds"] >= 2]
   assert paired and any(r["seeds"] == 0 for r in found["rows"]), "both kinds of row are checked"
@@ -273,12 +280,14 @@ def test_throughput_compares_only_runs_of_one_machine(tmp_path):
   spec = _spec(1e12, tasks="sst2", data_dir="/nonexistent")
   runs = _plain_runs(root, {50, 100})
   plan_lib.save_plan(root, spec, runs)
+
   def report_text(machine_of):
     for run in runs:
       (root / "runs" / run.name / "sweep_wall.json").write_text(json.dumps({"wall_s": 1.0, **machine_of(run)}))
     spec_, results, _ = collect.collect(root)
     found = claims.evaluate(spec_, results)
     return "\n".join(report._claims(spec_, results, ["xs"], ["avg/linear"], found))  # pylint: disable=protected-access
+
   one = report_text(lambda run: {"machines": ["CPU A, 2 CPUs"]})
   assert "- xs: cb_r50_k1 1.00x, cb_r50_k2 1.00x\n" in one + "\n", one
   old = report_text(lambda run: {})  # Runs from before the field: ratios, with the caveat.
@@ -293,8 +302,8 @@ def test_check_claims_checks_every_field_and_refuses_unreadable_rows(tmp_path):
   a one-element ci95 or a file with no rows cannot be checked (one line, exit 2)."""
   committed = json.loads((ROOT / "docs" / "results" / "gutenberg_wsd" / "claims.json").read_text())
   path = tmp_path / "claims.json"
-  run = lambda: subprocess.run([sys.executable, str(ROOT / "tools" / "check_claims.py"), str(path)],
-                               capture_output=True, text=True, timeout=120)
+  run = lambda: subprocess.run([sys.executable, str(ROOT / "tools" / "check_claims.py"),
+                                str(path)], capture_output=True, text=True, timeout=120)
   paired = next(i for i, r in enumerate(committed["rows"]) if r["seeds"] >= 2)
   for key, value in (("sd", 1.0), ("decisive", None), ("seeds_needed", 999)):
     found = json.loads(json.dumps(committed))
@@ -321,8 +330,8 @@ def test_check_claims_checks_the_rows_against_the_plan(tmp_path):
     found = json.loads(json.dumps(committed))
     change(found)
     path.write_text(json.dumps(found))
-    return subprocess.run([sys.executable, str(ROOT / "tools" / "check_claims.py"), str(path)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "check_claims.py"),
+                           str(path)], capture_output=True, text=True, timeout=120)
 
   assert "the rows are exactly the plan's" in run(lambda f: None).stdout
 
@@ -334,7 +343,7 @@ def test_check_claims_checks_the_rows_against_the_plan(tmp_path):
   first = committed["rows"][0]
   name = f"{first['claim']} {first['a']} {first['b']} {first['size']} {first['budget_index']} {first['probe']}"
   for change, needle in ((lambda f: f["rows"].pop(0), f"row {name} is missing"),
-                         (lambda f: f["rows"].append(f["rows"][0]), f"row {name} appears 2 times"),
-                         (swap, "is not one the plan implies")):
+                         (lambda f: f["rows"].append(f["rows"][0]),
+                          f"row {name} appears 2 times"), (swap, "is not one the plan implies")):
     done = run(change)
     assert done.returncode == 1 and needle in done.stdout, (needle, done.stdout[-800:])

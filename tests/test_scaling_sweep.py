@@ -16,8 +16,8 @@ def test_every_objective_of_a_size_gets_the_same_flops():
   runs = plan_lib.plan(spec, "unused.model")
   seeds = {name: size.get("seeds", spec["seeds"]) for name, size in spec["sizes"].items()}
   assert len(runs) == len(spec["objectives"]) * sum(map(len, seeds.values())) and len(spec["sizes"]) >= 3
-  assert {(r.size, r.label, r.seed) for r in runs} == {(n, l, s) for n in seeds for l in spec["objectives"]
-                                                       for s in seeds[n]}
+  assert {(r.size, r.label, r.seed) for r in runs} == {
+      (n, l, s) for n in seeds for l in spec["objectives"] for s in seeds[n]}
   assert all(r.overrides["train.seed"] == r.seed for r in runs)
   count = spec["probes"]["count"]
   for size, s in spec["sizes"].items():
@@ -39,8 +39,9 @@ def test_seed_spread_is_mean_and_sample_sd():
   for label, losses in (("bert_r15", [3.0, 3.2, 3.4]), ("cb_r50_k2", [2.5])):
     for seed, loss in enumerate(losses):
       run = plan_lib.Run(f"xs__{label}__s{seed}", "xs", label, seed, "mlm", {}, 1e9, 1e7, 100, 256)
-      results.append(collect.RunResult(run, True, 100, np.array([[100, loss]]), {"avg/knn": [(100, loss / 10)]},
-                                       1000.0 + seed, 10.0))
+      results.append(
+          collect.RunResult(run, True, 100, np.array([[100, loss]]), {"avg/knn": [(100, loss / 10)]}, 1000.0 + seed,
+                            10.0))
   text = "\n".join(report._seed_spread(spec, results, ["xs"], ["avg/knn"]))  # pylint: disable=protected-access
   assert "| xs | bert_r15 | 3 | 3.2 +- 0.2 | 0.32 +- 0.02 | 1001 +- 1 |" in text, text
   assert "cb_r50_k2" not in text  # One seed: no spread.
@@ -112,7 +113,7 @@ def test_a_spec_with_phases_is_refused_naming_the_key(tmp_path, key, value):
   spec_file = tmp_path / "phased.py"
   source = (ROOT / "experiments" / "gutenberg_cpu.py").read_text()
   spec_file.write_text(source + f"\n_base = get_spec\nget_spec = lambda: {{**_base(), 'common': "
-                                f"{{**_base()['common'], {key!r}: {value!r}}}}}\n")
+                       f"{{**_base()['common'], {key!r}: {value!r}}}}}\n")
   with pytest.raises(UserError, match=f"common sets {key}: a sweep's runs have one shape"):
     spec_lib.load_spec(str(spec_file))
 
@@ -122,8 +123,7 @@ def test_a_spec_with_phases_is_refused_naming_the_key(tmp_path, key, value):
     ("{**_base(), 'sizes': {**_base()['sizes'], 'again': next(iter(_base()['sizes'].values()))}}",
      "sizes['again'] has the same settings as"),
     ("{**_base(), 'objectives': {**_base()['objectives'], 'again': next(iter(_base()['objectives'].values()))}}",
-     "objectives['again'] has the same settings as"),
-])
+     "objectives['again'] has the same settings as"),])
 def test_a_spec_that_names_a_run_twice_is_refused(tmp_path, patch, needle):
   """Duplicate seeds, or two sizes / objectives with the same settings, would train and report runs twice."""
   spec_file = tmp_path / "twice.py"

@@ -81,9 +81,10 @@ def test_one_device_equals_eight_devices(runs):
   _, (_, m1, _), (_, m8, _) = runs
   for i, (a, b) in enumerate(zip(m1, m8)):
     for key in ("loss", "grad_norm", "num_targets", "accuracy"):
-      np.testing.assert_allclose(b[key], a[key], rtol=LOSS_RTOL, atol=1e-7, err_msg=(
-          f"step {i}: {key} on 8 devices (data=2, fsdp=2, tensor=2) differs from 1 device by more than "
-          f"rtol={LOSS_RTOL} (fp32): sharding changes the computation"))
+      np.testing.assert_allclose(
+          b[key], a[key], rtol=LOSS_RTOL, atol=1e-7,
+          err_msg=(f"step {i}: {key} on 8 devices (data=2, fsdp=2, tensor=2) differs from 1 device by more than "
+                   f"rtol={LOSS_RTOL} (fp32): sharding changes the computation"))
   assert m1[0]["loss"] != m1[-1]["loss"], "the state did not change over the steps"
 
 
@@ -98,8 +99,7 @@ SHARDED = {
     ("encoder", "layers_0", "attn", "Wqkv", "kernel"): ((32, 3, 2, 16), (16, 3, 1, 16)),  # embed/fsdp, heads/tensor
     ("encoder", "embeddings", "tok_embeddings", "embedding"): ((64, 32), (32, 16)),  # vocab/tensor, embed/fsdp
     ("encoder", "layers_1", "mlp", "Wi", "kernel"): ((32, 2, 64), (16, 2, 32)),  # embed/fsdp, mlp/tensor
-    ("reconstructor", "head", "kernel"): ((32, 64), (16, 32)),
-}
+    ("reconstructor", "head", "kernel"): ((32, 64), (16, 32)),}
 
 
 @needs_8_devices
@@ -121,7 +121,8 @@ def test_params_and_adam_moments_are_sharded(runs):
       assert (moment,) + path in moments, f"no Adam {moment} found for {'/'.join(path)}"
       m = moments[(moment,) + path]
       assert m.addressable_shards[0].data.shape == shard, (
-          f"Adam {moment} of {'/'.join(path)} has shard {m.addressable_shards[0].data.shape}, expected the param's {shard}")
+          f"Adam {moment} of {'/'.join(path)} has shard {m.addressable_shards[0].data.shape}, expected the param's {shard}"
+      )
 
 
 def _mesh_cfg(data, fsdp, tensor):

@@ -56,8 +56,7 @@ def test_placement_plan_names_hosts_resources_and_order(tmp_path):
   p = by_name["s2__bert_r15__s0__stable"]
   cmd = placement.host_command(p, spec, "/r/runs/x", "py", 1, "10.0.0.5:1234")
   assert cmd[:len(cmd) - 4] == plan_lib.train_command(p.run, spec, "/r/runs/x", "py")
-  assert cmd[-4:] == ["--jax_distributed", "--coordinator_address=10.0.0.5:1234", "--num_processes=2",
-                      "--process_id=1"]
+  assert cmd[-4:] == ["--jax_distributed", "--coordinator_address=10.0.0.5:1234", "--num_processes=2", "--process_id=1"]
   one = by_name["xs__bert_r15__s0__stable"]
   assert placement.host_command(one, spec, "/w", "py", 0, "h:1") == plan_lib.train_command(one.run, spec, "/w", "py")
 
@@ -77,8 +76,7 @@ def test_a_tpu_slice_sets_hosts_and_chips():
     ("resources={'GPU': -1}", "", "resources={'GPU': -1}: must be a dict of resource name -> positive amount"),
     ("slice='v5p:2x2x4', hosts=2", "", "hosts=2 but slice 'v5p:2x2x4' has 4 hosts"),
     ("hosts=2", "max_concurrent=0", "max_concurrent=0: must be an integer >= 1"),
-    ("hosts=2", "max_retries=-1", "max_retries=-1: must be an integer >= 0"),
-])
+    ("hosts=2", "max_retries=-1", "max_retries=-1: must be an integer >= 0"),])
 def test_bad_placement_keys_are_one_line(tmp_path, hosts, extra, needle):
   with pytest.raises(UserError) as e:
     _places(tmp_path, hosts=hosts, extra=extra)
@@ -110,16 +108,19 @@ def test_attempts_record_keeps_the_local_fields_and_marks_an_interrupted_attempt
 
 
 def _sweep(tmp_path, *args, spec=None):
-  return run_module(["crossbert_jax.sweep", f"--spec={spec or _spec_file(tmp_path)}", f"--root={tmp_path / 'r'}",
-                     *args], check=False, timeout=300)
+  return run_module([
+      "crossbert_jax.sweep", f"--spec={spec or _spec_file(tmp_path)}", f"--root={tmp_path / 'r'}", *args], check=False,
+                    timeout=300)
 
 
 def test_bad_executor_inputs_are_one_line_and_start_nothing(tmp_path):
   """An unknown executor, no cluster at --ray_address, hosts that do not divide the batch: exit 2, nothing written."""
-  for args, spec, needle in (
-      (["--executor=kubernetes"], None, "--executor=kubernetes: unknown executor; use one of local, ray, slurm"),
-      (["--executor=ray", "--ray_address=127.0.0.1:1"], None, "--ray_address=127.0.0.1:1: no Ray cluster answers"),
-      (["--executor=ray", "--dry_run"], _spec_file(tmp_path, "hosts=3", name="three.py"), "3 hosts do not divide")):
+  for args, spec, needle in ((["--executor=kubernetes"], None,
+                              "--executor=kubernetes: unknown executor; use one of local, ray, slurm"),
+                             (["--executor=ray",
+                               "--ray_address=127.0.0.1:1"], None, "--ray_address=127.0.0.1:1: no Ray cluster answers"),
+                             (["--executor=ray", "--dry_run"], _spec_file(tmp_path, "hosts=3",
+                                                                          name="three.py"), "3 hosts do not divide")):
     proc = _sweep(tmp_path, *args, spec=spec)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith("error: ") and needle in proc.stderr, proc.stderr
@@ -154,8 +155,8 @@ def test_a_run_the_cluster_cannot_hold_is_refused_before_anything_starts(tmp_pat
     _, places = _places(tmp_path, hosts="hosts=2")
     ray_executor.check_capacity(places, "local")
     for hosts, needle in (("hosts=4", "a run needs 4 host(s) of {'CPU': 1} but the Ray cluster at local has room "
-                                      "for 2 (1 node(s), {'CPU': 2.0} in all)"),
-                          ("resources={'GPU': 8}", "a run needs 1 host(s) of {'GPU': 8}")):
+                           "for 2 (1 node(s), {'CPU': 2.0} in all)"), ("resources={'GPU': 8}",
+                                                                       "a run needs 1 host(s) of {'GPU': 8}")):
       _, places = _places(tmp_path, hosts=hosts)
       with pytest.raises(UserError) as e:
         ray_executor.check_capacity(places, "local")

@@ -22,15 +22,15 @@ sys.path.insert(0, str(ROOT / "tools"))
 import fault_inject_sweep  # noqa: E402  pylint: disable=g-import-not-at-top
 
 ONE_OBJECTIVE = fault_inject_sweep.SPEC.replace(
-    ',\n                  "cb_r50_k2": dict(objective="crossbert", ratio=0.5, views=2)}', "}").replace(
-    "WSD", 'dict(decay_fraction=0.2, shape="1-sqrt")')
+    ',\n                  "cb_r50_k2": dict(objective="crossbert", ratio=0.5, views=2)}',
+    "}").replace("WSD", 'dict(decay_fraction=0.2, shape="1-sqrt")')
 XS = '"xs": dict(embed_dim=32, num_heads=2, num_layers=1, mlp_dim=64, flops=[1e9])'
 S2 = '"s2": dict(embed_dim=32, num_heads=2, num_layers=2, mlp_dim=64, flops=[1.5e9], hosts=2)'
 
 
 def _spec(tmp_path, sizes: str, name: str, probes_dir: str = "") -> str:
   text = ONE_OBJECTIVE.replace('{"xs": dict(embed_dim=32, num_heads=2, num_layers=1, mlp_dim=64, flops=FLOPS)}',
-                              "{" + sizes + "}").replace("seeds=[0],", "seeds=[0], max_retries=1,")
+                               "{" + sizes + "}").replace("seeds=[0],", "seeds=[0], max_retries=1,")
   if probes_dir:
     text = text.replace('count=0, tasks="stsb", data_dir=""', f'count=2, tasks="stsb", data_dir={probes_dir!r}')
   path = tmp_path / name
@@ -78,9 +78,10 @@ def _wait_for_checkpoint(workdir: pathlib.Path, proc, needle: str = "", timeout:
 def _by_hand(p: placement.Placement, spec: dict, workdir: pathlib.Path) -> None:
   """The run as a user launches it: its hosts as processes on this machine, joined by jax.distributed."""
   coordinator = f"127.0.0.1:{ray_cluster.free_port()}"
-  procs = [subprocess.Popen(placement.host_command(p, spec, str(workdir), sys.executable, i, coordinator), cwd=ROOT,
-                            env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-           for i in range(p.hosts)]
+  procs = [
+      subprocess.Popen(placement.host_command(p, spec, str(workdir), sys.executable, i, coordinator), cwd=ROOT,
+                       env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+      for i in range(p.hosts)]
   errs = [proc.communicate(timeout=900)[1] for proc in procs]
   assert all(proc.returncode == 0 for proc in procs), errs[0][-3000:] + errs[-1][-3000:]
 
@@ -160,5 +161,5 @@ def test_ray_driver_killed_then_rerun_and_exit_2_not_retried(tmp_path, spm_model
   assert sorted(rows) == list(range(1, max(rows) + 1))
   log = (stable / "train.log").read_text()
   assert log.count("$ ") == 2 and "resuming from step" in log.split("$ ")[-1], log[-3000:]
-  assert [a["outcome"] for a in json.loads((root / "runs" / branch / "sweep_wall.json").read_text())["attempts"]] == [
-      "failed"]
+  assert [a["outcome"] for a in json.loads((root / "runs" / branch / "sweep_wall.json").read_text())["attempts"]
+         ] == ["failed"]

@@ -28,8 +28,8 @@ def test_slurm_sweep_requeues_a_stopped_run_and_a_rerun_reattaches(tmp_path, spm
   fault_inject_sweep.train_tokenizer(root, spm_model)
   cluster = slurm_cluster.OneNode(tmp_path)
   env = {**ray_cluster.ENV, **{"SLURM_CONF": cluster.env["SLURM_CONF"]}, "PYTHONPATH": str(ROOT)}
-  sweep = lambda: run_module(["crossbert_jax.sweep", f"--spec={spec_file}", f"--root={root}", "--executor=slurm"],
-                             env=env, check=False, timeout=300)
+  sweep = lambda: run_module(["crossbert_jax.sweep", f"--spec={spec_file}", f"--root={root}", "--executor=slurm"], env=
+                             env, check=False, timeout=300)
   try:
     first = sweep()
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
@@ -58,6 +58,5 @@ def test_slurm_sweep_requeues_a_stopped_run_and_a_rerun_reattaches(tmp_path, spm
 
 class _Alive:
   """A stand-in for a driver process: the SLURM sweep returns at once, the jobs run on."""
-
   def poll(self):
     return None

@@ -111,8 +111,11 @@ def test_one_plan_per_root_and_damaged_state_files_are_one_line(tmp_path):
     plan_lib.check_plan(root, other_spec, other, "b.py")
   assert (root / plan_lib.PLAN_FILE).read_bytes() == saved, "the old plan was overwritten"
   # A plan that only adds runs (a seed) replaces it; one that then drops them is refused.
-  more_spec = spec_lib.load_spec(_spec(tmp_path, WSD_SPEC.replace("count=0", "count=2").replace(
-      'data_dir=""', 'data_dir="unused"').replace("FLOPS", "[2e9, 4e9]").replace("seeds=[0]", "seeds=[0, 1]"), "c.py"))
+  more_spec = spec_lib.load_spec(
+      _spec(
+          tmp_path,
+          WSD_SPEC.replace("count=0", "count=2").replace('data_dir=""', 'data_dir="unused"').
+          replace("FLOPS", "[2e9, 4e9]").replace("seeds=[0]", "seeds=[0, 1]"), "c.py"))
   more = plan_lib.plan(more_spec, "tok.model")
   assert plan_lib.save_plan(root, more_spec, more, "c.py") == len(more) - len(runs) == len(runs)
   assert plan_lib.plan_hash(plan_lib.load_plan(root)[1]) == plan_lib.plan_hash(more)
@@ -140,8 +143,8 @@ def test_bad_sweep_flags_are_one_line(tmp_path):
   (tmp_path / "afile").write_text("x")
   txt = _spec(tmp_path, "def get_spec(): pass\n", "spec.txt")
   for args, needle in ((["--flops_scale=inf", f"--root={tmp_path / 'r'}"], "--flops_scale=inf"),
-                       ([f"--root={tmp_path / 'afile'}"], "is a file"),
-                       ([f"--spec={txt}", f"--root={tmp_path / 'r'}"], "is not a .py file")):
+                       ([f"--root={tmp_path / 'afile'}"], "is a file"), ([f"--spec={txt}", f"--root={tmp_path / 'r'}"],
+                                                                         "is not a .py file")):
     proc = run_module(["crossbert_jax.sweep", f"--spec={spec}", *args, "--dry_run"], check=False, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith("error:") and needle in proc.stderr, proc.stderr
@@ -149,7 +152,8 @@ def test_bad_sweep_flags_are_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_wsd_sweep_trains_stable_then_branches_and_prints_the_cost(tmp_path, spm_model):
-  one_objective = WSD_SPEC.replace(',\n                  "cb_r50_k2": dict(objective="crossbert", ratio=0.5, views=2)}', "}")
+  one_objective = WSD_SPEC.replace(',\n                  "cb_r50_k2": dict(objective="crossbert", ratio=0.5, views=2)}',
+                                   "}")
   assert one_objective != WSD_SPEC
   spec = _spec(tmp_path, one_objective.replace("FLOPS", "[1e9, 2e9]"))
   root = tmp_path / "sweep"
@@ -179,8 +183,8 @@ def test_wsd_sweep_trains_stable_then_branches_and_prints_the_cost(tmp_path, spm
   assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]
   assert resumed.stdout.count("done, skipped") == 1 and f"{runs[1].name}: done, skipped" in resumed.stdout
   for r in (runs[0], runs[2]):
-    trained = lambda where: [(row["step"], row["loss"], row["grad_norm"])
-                             for row in metrics.read_metrics(str(where / "runs" / r.name))]
+    trained = lambda where: [
+        (row["step"], row["loss"], row["grad_norm"]) for row in metrics.read_metrics(str(where / "runs" / r.name))]
     assert trained(fresh) == trained(root), f"{r.name} retrained differently"
 
 
@@ -213,8 +217,10 @@ def test_restore_refuses_another_plan_or_tokenizer_and_overwrites_nothing(tmp_pa
   _, restored = plan_lib.load_plan(fresh)
   assert plan_lib.plan_hash(restored) == plan_lib.plan_hash(runs)
   assert {r.overrides["data.tokenizer"] for r in restored} == {str(fresh.absolute() / "tokenizer" / "spm.model")}
-  cli = subprocess.run([sys.executable, str(ROOT / "tools" / "archive_sweep.py"), "--restore", f"--root={fresh}",
-                        f"--out={tmp_path / 'none'}"], capture_output=True, text=True, timeout=60)
+  cli = subprocess.run([
+      sys.executable,
+      str(ROOT / "tools" / "archive_sweep.py"), "--restore", f"--root={fresh}", f"--out={tmp_path / 'none'}"],
+                       capture_output=True, text=True, timeout=60)
   assert cli.returncode == 2 and cli.stderr.startswith("error: --out=") and "Traceback" not in cli.stderr
 
 

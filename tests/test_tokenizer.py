@@ -19,8 +19,8 @@ from crossbert_jax.data import tokenizer as tokenizer_lib
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # A few stdlib files' docstrings: real English, harvested in well under a second.
-_STDLIB_FILES = ("argparse.py", "os.py", "subprocess.py", "threading.py", "pathlib.py",
-                 "logging/__init__.py", "collections/__init__.py", "json/__init__.py")
+_STDLIB_FILES = ("argparse.py", "os.py", "subprocess.py", "threading.py", "pathlib.py", "logging/__init__.py",
+                 "collections/__init__.py", "json/__init__.py")
 
 
 def english_documents() -> list[str]:
@@ -28,8 +28,7 @@ def english_documents() -> list[str]:
   import sysconfig  # pylint: disable=g-import-not-at-top
 
   root = sysconfig.get_paths()["stdlib"]
-  return ["\n".join(paras) for f in _STDLIB_FILES
-          for paras in corpus._file_paragraphs(f"{root}/{f}")]  # pylint: disable=protected-access
+  return ["\n".join(paras) for f in _STDLIB_FILES for paras in corpus._file_paragraphs(f"{root}/{f}")]  # pylint: disable=protected-access
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +52,7 @@ def test_special_ids_are_fixed_and_recorded_in_the_proto(model_path):
 
 def test_round_trip_on_english(model_path):
   tok = tokenizer_lib.Tokenizer.load(model_path)
-  texts = ["Return the path of the current working directory.",
-           "Unicode works too: naïve café, 42 options — done!"]
+  texts = ["Return the path of the current working directory.", "Unicode works too: naïve café, 42 options — done!"]
   for text, ids in zip(texts, tok.encode_batch(texts)):
     assert ids == tok.encode(text)
     assert tok.decode(ids) == text
@@ -62,8 +60,7 @@ def test_round_trip_on_english(model_path):
 
 
 def test_training_is_deterministic(model_path, tmp_path):
-  again = tokenizer_lib.train_tokenizer(english_documents(), 400, tmp_path / "again.model",
-                                        num_threads=1)
+  again = tokenizer_lib.train_tokenizer(english_documents(), 400, tmp_path / "again.model", num_threads=1)
   assert again.read_bytes() == model_path.read_bytes()
 
 
@@ -79,17 +76,16 @@ def test_cli_end_to_end(tmp_path):
   (tmp_path / "a.txt").write_text("\n\n".join(english_documents()[:150]))
   (tmp_path / "b.jsonl").write_text('{"text": "A second file in another format."}\n')
   out = tmp_path / "out" / "cli.model"
-  result = subprocess.run(
-      [sys.executable, "-m", "crossbert_jax.tokenizer", f"--input={tmp_path}/a.txt,{tmp_path}/b.jsonl",
-       "--vocab_size=320", f"--output={out}", "--model_type=bpe", "--text_unit=paragraph",
-       "--max_documents=100"],
-      capture_output=True, text=True, cwd=REPO, check=False)
+  result = subprocess.run([
+      sys.executable, "-m", "crossbert_jax.tokenizer", f"--input={tmp_path}/a.txt,{tmp_path}/b.jsonl",
+      "--vocab_size=320", f"--output={out}", "--model_type=bpe", "--text_unit=paragraph", "--max_documents=100"],
+                          capture_output=True, text=True, cwd=REPO, check=False)
   assert result.returncode == 0, result.stderr
   assert str(out) in result.stdout and "vocab_size=" in result.stdout
   assert "warning" not in result.stderr, result.stderr  # 320 pieces, as asked.
-  small = subprocess.run([sys.executable, "-m", "crossbert_jax.tokenizer", f"--input={tmp_path}/b.jsonl",
-                          "--vocab_size=2000", f"--output={tmp_path / 'small.model'}"],
-                         capture_output=True, text=True, cwd=REPO, check=False)
+  small = subprocess.run([
+      sys.executable, "-m", "crossbert_jax.tokenizer", f"--input={tmp_path}/b.jsonl", "--vocab_size=2000",
+      f"--output={tmp_path / 'small.model'}"], capture_output=True, text=True, cwd=REPO, check=False)
   assert small.returncode == 0 and "fewer than --vocab_size=2,000 asked" in small.stderr, small.stderr
   tok = tokenizer_lib.Tokenizer.load(out)
   assert tok.decode(tok.encode("Read the file.")) == "Read the file."
@@ -99,8 +95,7 @@ def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
   tokenizer_cli._define_flags()  # pylint: disable=protected-access
   fv = flags.FLAGS
   wrapped = exit_on_user_error(tokenizer_cli.main)
-  fv(["tokenizer", f"--input={tmp_path}/missing.txt", "--vocab_size=300",
-      f"--output={tmp_path}/x.model"])
+  fv(["tokenizer", f"--input={tmp_path}/missing.txt", "--vocab_size=300", f"--output={tmp_path}/x.model"])
   try:
     with pytest.raises(SystemExit) as e:
       wrapped(["tokenizer"])
@@ -114,8 +109,8 @@ def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
 
 def test_foreign_model_is_refused(tmp_path):
   buf = io.BytesIO()
-  spm.SentencePieceTrainer.train(sentence_iterator=iter(english_documents()), model_writer=buf,
-                                 vocab_size=300, minloglevel=2, num_threads=1)
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(english_documents()), model_writer=buf, vocab_size=300,
+                                 minloglevel=2, num_threads=1)
   path = tmp_path / "foreign.model"
   path.write_bytes(buf.getvalue())  # Default ids: unk=0, bos=1, eos=2, no pad, no [MASK].
   with pytest.raises(UserError, match="python -m crossbert_jax.tokenizer"):
@@ -138,10 +133,11 @@ def test_cli_checks_its_output_before_training(tmp_path):
   old = tmp_path / "old.model"
   old.write_bytes(b"the user's model")
   (tmp_path / "dir").mkdir()
-  base = [sys.executable, "-m", "crossbert_jax.tokenizer", "--input=builtin", "--vocab_size=400",
-          "--max_documents=300"]
-  refusals = {str(old): "exists", str(tmp_path / "x.json"): "does not end in .model",
-              str(tmp_path / "dir"): "is a folder"}
+  base = [sys.executable, "-m", "crossbert_jax.tokenizer", "--input=builtin", "--vocab_size=400", "--max_documents=300"]
+  refusals = {
+      str(old): "exists",
+      str(tmp_path / "x.json"): "does not end in .model",
+      str(tmp_path / "dir"): "is a folder"}
   for output, words in refusals.items():
     proc = subprocess.run([*base, f"--output={output}"], capture_output=True, text=True, cwd=REPO, check=False)
     lines = proc.stderr.strip().splitlines()

@@ -18,10 +18,10 @@ from crossbert_jax.run import metrics
 from tests.helpers import run_module
 
 
-
 def _train(workdir, *overrides, config="configs/crossbert.py:tiny", check=True, wait=True):
-  return run_module(["crossbert_jax.train", f"--config={config}", f"--workdir={workdir}",
-                     "--config.metrics.progress_bar=False", *overrides], check=check, wait=wait)
+  return run_module([
+      "crossbert_jax.train", f"--config={config}", f"--workdir={workdir}", "--config.metrics.progress_bar=False",
+      *overrides], check=check, wait=wait)
 
 
 def _losses(workdir) -> dict[int, float]:
@@ -35,8 +35,9 @@ def _final_params(workdir, step):
 
 def test_resume_is_exact(tmp_path, spm_model):
   """6 steps straight == 3 steps, stop, 3 more in a new process: losses and final params bitwise."""
-  common = [f"--config.data.tokenizer={spm_model}", "--config.train.steps=6", "--config.train.warmup_steps=2",
-            "--config.checkpoint.every_steps=100"]
+  common = [
+      f"--config.data.tokenizer={spm_model}", "--config.train.steps=6", "--config.train.warmup_steps=2",
+      "--config.checkpoint.every_steps=100"]
   _train(tmp_path / "straight", *common)
   _train(tmp_path / "split", *common, "--config.train.stop_at_step=3")
   assert _losses(tmp_path / "split").keys() == {1, 2, 3}, "the first half must stop after step 3"
@@ -86,8 +87,8 @@ def _unigram_entropy(files: list[pathlib.Path], spm_model: str) -> float:
 
 
 # The BERT baseline learns too (slow: CI runs it); make test keeps the CrossBERT case.
-@pytest.mark.parametrize("config", [pytest.param(c, marks=pytest.mark.slow) if c.startswith("configs/bert.py") else c
-                                    for c in LEARNING])
+@pytest.mark.parametrize("config", [
+    pytest.param(c, marks=pytest.mark.slow) if c.startswith("configs/bert.py") else c for c in LEARNING])
 def test_tiny_models_learn_on_gutenberg(tmp_path, spm_model, shared_data, config):
   # Two Agatha Christie novels and Einstein's "Relativity" (~0.9 MB), as a glob and a file.
   gutenberg = shared_data / "gutenberg"
@@ -96,8 +97,7 @@ def test_tiny_models_learn_on_gutenberg(tmp_path, spm_model, shared_data, config
       gutenberg / "Albert Einstein___Relativity_ The Special and General Theory.txt"]
   entropy = _unigram_entropy(files, spm_model)
   _train(tmp_path, f"--config.data.tokenizer={spm_model}", "--config.model.vocab_size=512",
-         f"--config.data.path={path}", f"--config.train.steps={STEPS}", "--config.metrics.log_every=1",
-         config=config)
+         f"--config.data.path={path}", f"--config.train.steps={STEPS}", "--config.metrics.log_every=1", config=config)
   losses = _losses(tmp_path)
   first = np.mean([losses[s] for s in range(1, 6)])
   last = np.mean([losses[s] for s in range(STEPS - 4, STEPS + 1)])
@@ -126,8 +126,8 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, spm_model):
 
 @pytest.mark.slow  # 38 s; test_reliability's second-trainer case also stops a trainer by SIGTERM.
 def test_sigterm_saves_and_resumes(tmp_path, spm_model):
-  args = [f"--config.data.tokenizer={spm_model}", "--config.train.steps=100000",
-          "--config.checkpoint.every_steps=100000"]
+  args = [
+      f"--config.data.tokenizer={spm_model}", "--config.train.steps=100000", "--config.checkpoint.every_steps=100000"]
   proc = _train(tmp_path, *args, wait=False)
   jsonl = tmp_path / "metrics.jsonl"
   deadline = time.time() + 300

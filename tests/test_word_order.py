@@ -31,7 +31,6 @@ def pairs(tok) -> word_order.Pairs:
 
 class _Fixed(embedder_lib.Embedder):
   """A deterministic function of the text: `fn(token ids) -> D floats`."""
-
   def __init__(self, tok, fn):
     self.tok, self.fn = tok, fn
 
@@ -95,7 +94,8 @@ def test_init_params_are_the_trainers_step_0():
   c.unlock()
   c.train.seed = 1
   other = jax.tree.leaves(load.init_params(c)["encoder"]["embeddings"]["tok_embeddings"])[0]
-  assert np.abs(np.asarray(other) - np.asarray(ours["encoder"]["embeddings"]["tok_embeddings"]["embedding"])).max() > 0.01
+  assert np.abs(np.asarray(other) -
+                np.asarray(ours["encoder"]["embeddings"]["tok_embeddings"]["embedding"])).max() > 0.01
 
 
 def test_report_shows_the_first_scored_pair_and_every_row(pairs):

@@ -59,8 +59,9 @@ def versions() -> dict[str, Any]:
     except importlib.metadata.PackageNotFoundError:
       found[name] = None
   device = jax.devices()[0]
-  return {"python": platform.python_version(), "packages": found, "backend": jax.default_backend(),
-          "devices": [d.device_kind for d in jax.devices()], "device_kind": device.device_kind}
+  return {
+      "python": platform.python_version(), "packages": found, "backend": jax.default_backend(),
+      "devices": [d.device_kind for d in jax.devices()], "device_kind": device.device_kind}
 
 
 def _attention_inputs(shape: tuple[int, int, int, int], dtype, seed: int):
@@ -80,8 +81,8 @@ def attention(dry_run: bool) -> dict[str, Any]:
   backends = ["chunked", "gpu_flash"] + (["splash"] if jax.default_backend() == "tpu" else [])
 
   def run(backend: str):
-    spec = attention_lib.AttentionSpec(backend=backend, block_q=block, block_kv=block,
-                                       interpret=on_cpu and backend in ("gpu_flash", "splash"))
+    spec = attention_lib.AttentionSpec(backend=backend, block_q=block, block_kv=block, interpret=on_cpu and
+                                       backend in ("gpu_flash", "splash"))
     loss = lambda q, kk, v: jnp.sum(jnp.sin(attention_lib.attention(q, kk, v, seg, spec=spec)))  # noqa: E731
     out = jax.jit(lambda q, kk, v: attention_lib.attention(q, kk, v, seg, spec=spec))(q, kk, v)
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, kk, v)
@@ -92,9 +93,10 @@ def attention(dry_run: bool) -> dict[str, Any]:
   for backend in backends:
     t0 = time.perf_counter()
     out, grads = run(backend)
-    rows[backend] = {"forward_max_abs_diff": float(jnp.max(jnp.abs(out - dense_out))),
-                     "grad_max_abs_diff": max(float(jnp.max(jnp.abs(g - d))) for g, d in zip(grads, dense_grads)),
-                     "seconds": time.perf_counter() - t0}
+    rows[backend] = {
+        "forward_max_abs_diff": float(jnp.max(jnp.abs(out - dense_out))),
+        "grad_max_abs_diff": max(float(jnp.max(jnp.abs(g - d))) for g, d in zip(grads, dense_grads)),
+        "seconds": time.perf_counter() - t0}
   worst = max(max(r["forward_max_abs_diff"], r["grad_max_abs_diff"]) for r in rows.values())
   return {"shape_BxTxHxK": [b, length, heads, k], "backends": rows, "passed": worst < 1e-3}
 
@@ -112,8 +114,8 @@ def attention_speed(dry_run: bool) -> dict[str, Any]:
     fns[backend] = functools.partial(attention_lib.attention, q_seg_BxT=seg, spec=spec)
   if jax.default_backend() == "gpu":
     mask = (seg[:, None, :, None] == seg[:, None, None, :])
-    fns["cudnn (reference)"] = lambda q, kk, v: jax.nn.dot_product_attention(q, kk, v, mask=mask,
-                                                                              implementation="cudnn")
+    fns["cudnn (reference)"] = lambda q, kk, v: jax.nn.dot_product_attention(q, kk, v, mask=mask, implementation="cudnn"
+                                                                            )
   flops_step = 3 * 4 * b * heads * length * length * k
   rows = {}
   for name, fn in fns.items():
@@ -129,8 +131,9 @@ def attention_speed(dry_run: bool) -> dict[str, Any]:
       rows[name] = {"median_ms": ms, "tflops": flops_step / ms / 1e9}
     except Exception as e:  # noqa: BLE001 - a backend this machine cannot run is recorded, not fatal.
       rows[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
-  return {"shape_BxLxHxK": [b, length, heads, k], "dtype": "bfloat16", "backends": rows,
-          "passed": all("median_ms" in r for n, r in rows.items() if not n.startswith("cudnn"))}
+  return {
+      "shape_BxLxHxK": [b, length, heads, k], "dtype": "bfloat16", "backends": rows,
+      "passed": all("median_ms" in r for n, r in rows.items() if not n.startswith("cudnn"))}
 
 
 def _save_trace(trace_dir: pathlib.Path, out: pathlib.Path, name: str) -> dict[str, Any]:
@@ -161,13 +164,13 @@ def bench(dry_run: bool, out: pathlib.Path, work: pathlib.Path) -> dict[str, Any
     timing = benchmark.time_case(c, steps=3 if dry_run else 10, warmup=1 if dry_run else 3, trace_dir=str(trace_dir))
     step_flops = flops.train_flops_per_step(c)
     stats = (device.memory_stats() or {}) if hasattr(device, "memory_stats") else {}
-    rows[name] = {"variant": variant, "batch_size": batch, "seq_len": seq_len, "dtype": "bfloat16",
-                  "median_step_s": timing["median_s"], "compile_s": timing["compile_s"],
-                  "tokens_per_s": batch * seq_len / timing["median_s"],
-                  "achieved_tflops": step_flops / timing["median_s"] / 1e12,
-                  "mfu": step_flops / timing["median_s"] / chip.peak_flops if chip else None,
-                  "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "loss": timing["loss"],
-                  **_save_trace(trace_dir, out, name)}
+    rows[name] = {
+        "variant": variant, "batch_size": batch, "seq_len": seq_len, "dtype": "bfloat16",
+        "median_step_s": timing["median_s"], "compile_s": timing["compile_s"],
+        "tokens_per_s": batch * seq_len / timing["median_s"], "achieved_tflops": step_flops / timing["median_s"] / 1e12,
+        "mfu": step_flops / timing["median_s"] / chip.peak_flops if chip else None,
+        "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "loss": timing["loss"],
+        **_save_trace(trace_dir, out, name)}
   return {"chip": chip.name if chip else None, "cases": rows, "passed": True}
 
 
@@ -190,10 +193,11 @@ def resume(dry_run: bool, work: pathlib.Path) -> dict[str, Any]:
                  timeout=300)
   if made.returncode:
     return {"passed": False, "error": "tokenizer: " + _tail(made)}
-  args = ["-m", "crossbert_jax.train", f"--config=configs/crossbert.py:{variant}",
-          f"--config.data.tokenizer={tokenizer}", f"--config.train.steps={steps}",
-          f"--config.checkpoint.every_steps={every}", "--config.checkpoint.async_save=False",
-          "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False"]
+  args = [
+      "-m", "crossbert_jax.train", f"--config=configs/crossbert.py:{variant}", f"--config.data.tokenizer={tokenizer}",
+      f"--config.train.steps={steps}", f"--config.checkpoint.every_steps={every}",
+      "--config.checkpoint.async_save=False", "--config.metrics.progress_bar=False",
+      "--config.metrics.tensorboard=False"]
   t0 = time.perf_counter()
   straight = _python(*args, f"--workdir={work / 'straight'}", timeout=600)
   straight_s = time.perf_counter() - t0
@@ -214,11 +218,13 @@ def resume(dry_run: bool, work: pathlib.Path) -> dict[str, Any]:
     return {"passed": False, "error": "resume: " + _tail(resumed)}
   _, a, step_a = load.load_run(work / "straight")
   _, b, step_b = load.load_run(killed_dir)
-  diffs = [float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-           for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
-  return {"variant": variant, "steps": steps, "straight_s": straight_s, "killed_after_step": 2 * every,
-          "killed_before_it_finished": killed_at_rc is None, "final_steps": [step_a, step_b],
-          "bitwise": max(diffs) == 0.0, "max_abs_param_diff": max(diffs), "passed": step_a == step_b == steps}
+  diffs = [
+      float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+      for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
+  return {
+      "variant": variant, "steps": steps, "straight_s": straight_s, "killed_after_step": 2 * every,
+      "killed_before_it_finished": killed_at_rc is None, "final_steps": [step_a, step_b], "bitwise": max(diffs) == 0.0,
+      "max_abs_param_diff": max(diffs), "passed": step_a == step_b == steps}
 
 
 def export(dry_run: bool, work: pathlib.Path) -> dict[str, Any]:
@@ -226,11 +232,12 @@ def export(dry_run: bool, work: pathlib.Path) -> dict[str, Any]:
   run_dir = work / "straight"
   if not run_dir.is_dir():
     return {"passed": False, "error": "no run to export (the resume step failed)"}
-  proc = _python("-m", "crossbert_jax.export", f"--workdir={run_dir}", f"--output={work / 'hf'}", "--verify",
-                 "--force", timeout=600, env={"JAX_PLATFORMS": "cpu"})
+  proc = _python("-m", "crossbert_jax.export", f"--workdir={run_dir}", f"--output={work / 'hf'}", "--verify", "--force",
+                 timeout=600, env={"JAX_PLATFORMS": "cpu"})
   verify = [line for line in proc.stdout.splitlines() if "max" in line and "diff" in line]
-  return {"rc": proc.returncode, "verify_lines": verify, "passed": proc.returncode == 0,
-          **({"error": _tail(proc)} if proc.returncode else {})}
+  return {
+      "rc": proc.returncode, "verify_lines": verify, "passed": proc.returncode == 0,
+      **({"error": _tail(proc)} if proc.returncode else {})}
 
 
 def tests(dry_run: bool) -> dict[str, Any]:
@@ -242,8 +249,9 @@ def tests(dry_run: bool) -> dict[str, Any]:
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")  # Not the suite's 8 fake CPU devices: the accelerator.
   proc = _python("-m", "pytest", *selection, timeout=900, env=env)
   summary = (proc.stdout.strip().splitlines() or [""])[-1]
-  return {"rc": proc.returncode, "summary": summary, "passed": proc.returncode == 0,
-          **({"error": _tail(proc)} if proc.returncode else {})}
+  return {
+      "rc": proc.returncode, "summary": summary, "passed": proc.returncode == 0,
+      **({"error": _tail(proc)} if proc.returncode else {})}
 
 
 def _refusal(asked: list[str], known: list[str], out: pathlib.Path, dry_run: bool) -> str | None:
@@ -287,11 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
       result = steps[name]()
     except Exception as e:  # noqa: BLE001 - a failed step is recorded; the others still run.
-      result = {"passed": False, "error": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-4000:]}
+      result = {
+          "passed": False, "error": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-4000:]}
     result["seconds"] = time.perf_counter() - t0
     report["steps"][name] = result
-    print(f"{name}: {'passed' if result.get('passed', True) else 'FAILED'} in {result['seconds']:.1f} s "
-          f"{json.dumps({k: v for k, v in result.items() if k not in ('traceback', 'seconds')})[:600]}", flush=True)
+    print(
+        f"{name}: {'passed' if result.get('passed', True) else 'FAILED'} in {result['seconds']:.1f} s "
+        f"{json.dumps({k: v for k, v in result.items() if k not in ('traceback', 'seconds')})[:600]}", flush=True)
     path.write_text(json.dumps(report, indent=1))  # After every step: a killed check keeps what it measured.
   failed = [n for n, r in report["steps"].items() if r.get("passed") is False]
   print(f"wrote {path}; " + (f"FAILED: {', '.join(failed)}" if failed else "every step passed"), flush=True)

@@ -98,7 +98,7 @@ def restore(archive_dir: pathlib.Path, root: pathlib.Path) -> str:
   _check_folder(root, "--root")
   if not (archive_dir / TOKENIZER).is_file():
     raise UserError(f"--out={archive_dir} holds no {TOKENIZER}: rerun the archive on the original root first "
-                  "(runs trained with another tokenizer could not be compared)")
+                    "(runs trained with another tokenizer could not be compared)")
   spec, runs = plan_lib.load_plan(archive_dir)
   saved = json.loads((archive_dir / plan_lib.PLAN_FILE).read_text())
   root = root.absolute()  # As the sweep command resolves --root.
@@ -108,14 +108,14 @@ def restore(archive_dir: pathlib.Path, root: pathlib.Path) -> str:
       raise UserError(f"--root={root} holds another sweep's plan than --out={archive_dir}: restore into a new root")
   if (root / TOKENIZER).exists() and (root / TOKENIZER).read_bytes() != (archive_dir / TOKENIZER).read_bytes():
     raise UserError(f"--root={root} holds another tokenizer than --out={archive_dir}; its runs cannot be mixed "
-                  "with the archive's: restore into a new root")
+                    "with the archive's: restore into a new root")
   done = {r.name for r in runs if plan_lib.is_done(archive_dir / "runs" / r.name)}
   branches_of: dict[str, list[str]] = {}
   for r in runs:
     if r.kind == "branch":
       branches_of.setdefault(r.fork_from, []).append(r.name)
-  restorable = [r for r in runs if r.name in done
-                and (r.kind != "stable" or all(b in done for b in branches_of.get(r.name, [])))]
+  restorable = [
+      r for r in runs if r.name in done and (r.kind != "stable" or all(b in done for b in branches_of.get(r.name, [])))]
   retrain = sorted(r.name for r in runs if r.name in done and r not in restorable)
   (root / "runs").mkdir(parents=True, exist_ok=True)
   if not (root / plan_lib.PLAN_FILE).exists():
@@ -151,8 +151,9 @@ def main() -> int:
   root, out = pathlib.Path(args.root), pathlib.Path(args.out)
   source = out if args.restore else root
   if not (source / "plan.json").is_file():
-    print(f"error: {'--out' if args.restore else '--root'}={source} holds no plan.json: give "
-          f"{'an archive' if args.restore else 'a sweep root'}", file=sys.stderr)
+    print(
+        f"error: {'--out' if args.restore else '--root'}={source} holds no plan.json: give "
+        f"{'an archive' if args.restore else 'a sweep root'}", file=sys.stderr)
     return 2
   try:
     print(restore(out, root) if args.restore else archive(root, out, args.stable_every))

@@ -52,12 +52,14 @@ def expected(row: dict, level: float, margin: float) -> dict:
   n = len(d)
   nan = float("nan")
   if n == 0:
-    return {"mean": nan, "lo": nan, "hi": nan, "sd": nan, "seeds": 0, "verdict": "inconclusive",
-            "decisive": False, "seeds_needed": None}
+    return {
+        "mean": nan, "lo": nan, "hi": nan, "sd": nan, "seeds": 0, "verdict": "inconclusive", "decisive": False,
+        "seeds_needed": None}
   mean = sum(d) / n
   if n < 2:
-    return {"mean": mean, "lo": nan, "hi": nan, "sd": nan, "seeds": 1, "verdict": "inconclusive",
-            "decisive": False, "seeds_needed": None}
+    return {
+        "mean": mean, "lo": nan, "hi": nan, "sd": nan, "seeds": 1, "verdict": "inconclusive", "decisive": False,
+        "seeds_needed": None}
   sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
   half = stats.t.ppf((1 + level) / 2, n - 1) * sd / math.sqrt(n)
   lo, hi = mean - half, mean + half
@@ -67,8 +69,9 @@ def expected(row: dict, level: float, margin: float) -> dict:
     verdict = "does not hold"
   else:
     verdict = "inconclusive"
-  return {"mean": mean, "lo": lo, "hi": hi, "sd": sd, "seeds": n, "verdict": verdict,
-          "decisive": verdict != "inconclusive", "seeds_needed": _seeds_needed(mean, sd, level, margin)}
+  return {
+      "mean": mean, "lo": lo, "hi": hi, "sd": sd, "seeds": n, "verdict": verdict, "decisive": verdict != "inconclusive",
+      "seeds_needed": _seeds_needed(mean, sd, level, margin)}
 
 
 def _same(a, b) -> bool:
@@ -88,12 +91,15 @@ def _kind(o: dict) -> tuple | None:
 
 def planned_rows(plan: dict) -> list[tuple]:
   """(claim, A, B, size, budget index, probe) of every row the plan implies."""
-  labels = {kind: [label for label, o in plan["objectives"].items() if _kind(o) == kind]
-            for kind in (("mlm",), ("crossbert", 1), ("crossbert", 2))}
+  labels = {
+      kind: [label for label, o in plan["objectives"].items() if _kind(o) == kind]
+      for kind in (("mlm",), ("crossbert", 1), ("crossbert", 2))}
   k1, k2 = labels[("crossbert", 1)][:1], labels[("crossbert", 2)][:1]
   pairs = [("crossbert_vs_bert", cb, bert) for cb in k1 + k2 for bert in labels[("mlm",)]]
   pairs += [("k2_vs_k1_sample_efficiency", k2[0], k1[0])] if k1 and k2 else []
-  return [(claim, a, b, size, budget, probe) for claim, a, b in pairs for size, budget in plan["cells"]
+  return [(claim, a, b, size, budget, probe)
+          for claim, a, b in pairs
+          for size, budget in plan["cells"]
           for probe in plan["probes"]]
 
 
@@ -104,8 +110,9 @@ def against_plan(found: dict) -> list[str]:
   keys = [(r["claim"], r["a"], r["b"], r["size"], r["budget_index"], r["probe"]) for r in found["rows"]]
   want = planned_rows(found["plan"])
   problems = [f"row {' '.join(map(str, k))} is missing (the plan implies it)" for k in want if k not in keys]
-  problems += [f"row {' '.join(map(str, k))} is not one the plan implies (wrong or swapped labels?)"
-               for k in keys if k not in want]
+  problems += [
+      f"row {' '.join(map(str, k))} is not one the plan implies (wrong or swapped labels?)" for k in keys
+      if k not in want]
   problems += [f"row {' '.join(map(str, k))} appears {keys.count(k)} times" for k in set(keys) if keys.count(k) > 1]
   return problems
 
@@ -121,8 +128,9 @@ def check(found: dict) -> list[str]:
     if not isinstance(ci95, list) or len(ci95) != 2:
       raise Unreadable(f"row {i} has ci95={ci95!r}, not a [lo, hi] pair")
     want = expected(row, level, margin)
-    got = {"mean": row["mean_diff"], "lo": ci95[0], "hi": ci95[1], "sd": row["sd"], "seeds": row["seeds"],
-           "verdict": row["verdict"], "decisive": row["decisive"], "seeds_needed": row["seeds_needed"]}
+    got = {
+        "mean": row["mean_diff"], "lo": ci95[0], "hi": ci95[1], "sd": row["sd"], "seeds": row["seeds"],
+        "verdict": row["verdict"], "decisive": row["decisive"], "seeds_needed": row["seeds_needed"]}
     bad = [k for k in ("mean", "lo", "hi", "sd") if not _same(got[k], want[k])]
     bad += [k for k in ("seeds", "verdict", "decisive", "seeds_needed") if got[k] != want[k]]
     if bad:
@@ -140,13 +148,15 @@ def main() -> int:
     problems = check(found)
     planned = against_plan(found)
   except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, Unreadable) as e:
-    print(f"error: {path} is not a readable claims.json ({type(e).__name__}: {e}); give the claims.json beside "
-          "a report.md written by `python -m crossbert_jax.report`", file=sys.stderr)
+    print(
+        f"error: {path} is not a readable claims.json ({type(e).__name__}: {e}); give the claims.json beside "
+        "a report.md written by `python -m crossbert_jax.report`", file=sys.stderr)
     return 2
   plan = ("no plan in the file: the rows' labels and completeness are not checked" if "plan" not in found else
           f"{len(planned)} disagreement(s) with the plan" if planned else "the rows are exactly the plan's")
-  print("\n".join(problems + planned + [f"{len(found['rows']) - len(problems)} of {len(found['rows'])} rows agree "
-                                        f"with their per-seed differences; {plan}"]))
+  print("\n".join(problems + planned + [
+      f"{len(found['rows']) - len(problems)} of {len(found['rows'])} rows agree "
+      f"with their per-seed differences; {plan}"]))
   return 1 if problems or planned else 0
 
 

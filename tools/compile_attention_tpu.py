@@ -40,12 +40,11 @@ def compile_case(c, devices):
   compiled = train_program.lower().compile()
   m = compiled.memory_analysis()
   hlo = compiled.as_text()
-  return {"compile_s": time.perf_counter() - t0, "argument_bytes": m.argument_size_in_bytes,
-          "output_bytes": m.output_size_in_bytes, "alias_bytes": m.alias_size_in_bytes,
-          "temp_bytes": m.temp_size_in_bytes,
-          "total_bytes": (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-                          + m.temp_size_in_bytes + m.generated_code_size_in_bytes),
-          "splash_kernels_in_hlo": hlo.count("splash") > 0}
+  return {
+      "compile_s": time.perf_counter() - t0, "argument_bytes": m.argument_size_in_bytes,
+      "output_bytes": m.output_size_in_bytes, "alias_bytes": m.alias_size_in_bytes, "temp_bytes": m.temp_size_in_bytes,
+      "total_bytes": (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes +
+                      m.generated_code_size_in_bytes), "splash_kernels_in_hlo": hlo.count("splash") > 0}
 
 
 def main(argv):
@@ -68,12 +67,14 @@ def main(argv):
     c = plan_lib.build(c)
     r = compile_case(c, devices)
     results[backend] = r
-    print(f"{backend:8s} compile {r['compile_s']:6.1f} s  temp {r['temp_bytes'] / 2**30:6.2f} GiB  "
-          f"total {r['total_bytes'] / 2**30:6.2f} GiB per chip  (splash in HLO: {r['splash_kernels_in_hlo']})",
-          flush=True)
-  report = {"topology": _TOPOLOGY.value, "device_kind": devices[0].device_kind, "variant": _VARIANT.value,
-            "objective": _OBJECTIVE.value, "seq_len": _SEQ_LEN.value, "global_every": _GLOBAL_EVERY.value, "jax": jax.__version__,
-            "results": results}
+    print(
+        f"{backend:8s} compile {r['compile_s']:6.1f} s  temp {r['temp_bytes'] / 2**30:6.2f} GiB  "
+        f"total {r['total_bytes'] / 2**30:6.2f} GiB per chip  (splash in HLO: {r['splash_kernels_in_hlo']})",
+        flush=True)
+  report = {
+      "topology": _TOPOLOGY.value, "device_kind": devices[0].device_kind, "variant": _VARIANT.value,
+      "objective": _OBJECTIVE.value, "seq_len": _SEQ_LEN.value, "global_every": _GLOBAL_EVERY.value,
+      "jax": jax.__version__, "results": results}
   if _OUT.value:
     with open(_OUT.value, "w") as f:
       json.dump(report, f, indent=1)

@@ -34,10 +34,11 @@ DETERMINISTIC = ("loss", "accuracy", "grad_norm", "learning_rate", "num_targets"
 
 
 def _cmd(workdir: pathlib.Path, tokenizer: pathlib.Path, steps: int, overrides: list[str]) -> list[str]:
-  return [sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-          f"--config.data.tokenizer={tokenizer}", f"--config.train.steps={steps}", "--config.train.warmup_steps=5",
-          "--config.checkpoint.every_steps=2", "--config.checkpoint.keep=3", "--config.metrics.log_every=1",
-          "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False", *overrides]
+  return [
+      sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+      f"--config.data.tokenizer={tokenizer}", f"--config.train.steps={steps}", "--config.train.warmup_steps=5",
+      "--config.checkpoint.every_steps=2", "--config.checkpoint.keep=3", "--config.metrics.log_every=1",
+      "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False", *overrides]
 
 
 def _env() -> dict[str, str]:
@@ -101,7 +102,8 @@ def main() -> int:
   tokenizer.train_tokenizer(corpus.builtin_documents()[:3000], 512, spm)
 
   t0 = time.time()
-  ref = subprocess.run(_cmd(root / "reference", spm, steps, args.override), cwd=ROOT, env=_env(), capture_output=True, text=True)
+  ref = subprocess.run(_cmd(root / "reference", spm, steps, args.override), cwd=ROOT, env=_env(), capture_output=True,
+                       text=True)
   if ref.returncode != 0:
     print(f"fault_inject: the reference run failed ({ref.returncode}):\n{ref.stderr[-3000:]}")
     return 1
@@ -148,10 +150,12 @@ def main() -> int:
   for s in sorted(set(ref_rows) & set(got_rows)):
     bad = [k for k in DETERMINISTIC if ref_rows[s].get(k) != got_rows[s].get(k)]
     if bad:
-      problems.append(f"step {s}: {bad} differ: {[ref_rows[s].get(k) for k in bad]} != {[got_rows[s].get(k) for k in bad]}")
+      problems.append(
+          f"step {s}: {bad} differ: {[ref_rows[s].get(k) for k in bad]} != {[got_rows[s].get(k) for k in bad]}")
       break
-  summary = {"kills": kills, "during_checkpoint_write": during_save, "steps": steps, "seconds": round(time.time() - t0),
-             "params_bitwise_equal": not diff, "metrics_rows_equal": not problems, "kill_steps": kill_steps}
+  summary = {
+      "kills": kills, "during_checkpoint_write": during_save, "steps": steps, "seconds": round(time.time() - t0),
+      "params_bitwise_equal": not diff, "metrics_rows_equal": not problems, "kill_steps": kill_steps}
   print("fault_inject: " + json.dumps(summary))
   if problems:
     print("fault_inject: FAILED: " + "; ".join(problems))

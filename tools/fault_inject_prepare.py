@@ -41,13 +41,16 @@ def main() -> int:
   work = pathlib.Path(args.workdir)
   shutil.rmtree(work, ignore_errors=True)
   (work / "in").mkdir(parents=True)
-  docs = [f"document {i} " + " ".join(rng.choice("abcdefgh") * rng.randint(1, 9) for _ in range(rng.randint(1, 80)))
-          for i in range(args.documents)]
+  docs = [
+      f"document {i} " + " ".join(rng.choice("abcdefgh") * rng.randint(1, 9)
+                                  for _ in range(rng.randint(1, 80)))
+      for i in range(args.documents)]
   for k in range(4):
     (work / "in" / f"part{k}.txt").write_text("\n\n".join(docs[k::4]) + "\n")
   out = work / "out"
-  cmd = [sys.executable, "-m", "crossbert_jax.prepare", f"--input={work / 'in'}", f"--output={out}",
-         f"--shards={args.shards}", "--workers=2", "--progress=false"]
+  cmd = [
+      sys.executable, "-m", "crossbert_jax.prepare", f"--input={work / 'in'}", f"--output={out}",
+      f"--shards={args.shards}", "--workers=2", "--progress=false"]
   env = {**os.environ, "PYTHONPATH": str(ROOT)}
   for kill in range(args.kills):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -91,15 +91,16 @@ def wait_for_training(root: pathlib.Path, proc: subprocess.Popen, timeout: float
     if proc.poll() is not None:
       return False
     if any("crossbert_jax.train" in open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-           for pid in processes_under(root) if os.path.exists(f"/proc/{pid}/cmdline")):
+           for pid in processes_under(root)
+           if os.path.exists(f"/proc/{pid}/cmdline")):
       return True
     time.sleep(0.2)
   raise AssertionError(f"no trainer of the sweep in {root} started within {timeout:.0f} s")
 
 
 def _sweep(spec: pathlib.Path, root: pathlib.Path) -> subprocess.Popen:
-  return subprocess.Popen([sys.executable, "-m", "crossbert_jax.sweep", f"--spec={spec}", f"--root={root}"],
-                          cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  return subprocess.Popen([sys.executable, "-m", "crossbert_jax.sweep", f"--spec={spec}", f"--root={root}"], cwd=ROOT,
+                          env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def run(kills: int, root: pathlib.Path, seed: int, max_delay: float, flops: float, tokenizer: str = "") -> None:

@@ -46,8 +46,9 @@ def main() -> None:
     lin, _ = probes.score_task(task, feats, seed=seed, probes=("linear",))
     mid = time.perf_counter()
     knn, k = glue_run._big_knn(task, feats, seed, neighbours)  # pylint: disable=protected-access
-    print(f"seed {seed}: linear {mid - start:.1f} s, knn {time.perf_counter() - mid:.1f} s (k={k}); "
-          f"linear dev0 acc {lin['linear/dev0/accuracy']:.3f}, knn {knn['knn/dev0/accuracy']:.3f}", flush=True)
+    print(
+        f"seed {seed}: linear {mid - start:.1f} s, knn {time.perf_counter() - mid:.1f} s (k={k}); "
+        f"linear dev0 acc {lin['linear/dev0/accuracy']:.3f}, knn {knn['knn/dev0/accuracy']:.3f}", flush=True)
   print(f"{a.train:,} x {a.dim} train, dev {a.dev}, {a.seeds} seeds: {time.perf_counter() - total:.1f} s", flush=True)
 
 

@@ -25,12 +25,11 @@ CASES = {
     "crossbert_tiny": ("crossbert", "tiny", {}),
     "mlm_tiny": ("mlm", "tiny", {}),
     "crossbert_tiny_k2_accum2": ("crossbert", "tiny", {"masking.views": 2, "train.grad_accum": 2}),
-    "crossbert_tiny_rec_self_attn": ("crossbert", "tiny", {"reconstructor.self_attention": True,
-                                                           "reconstructor.feature_mixing": True}),
-    "mlm_tiny_scan_remat_bf16": ("mlm", "tiny", {"model.scan_layers": True, "model.remat": "full",
-                                                 "model.dtype": "bfloat16"}),
-    "crossbert_small_wsd": ("crossbert", "small", {"train.decay": "wsd", "data.seq_len": 128}),
-}
+    "crossbert_tiny_rec_self_attn":
+        ("crossbert", "tiny", {"reconstructor.self_attention": True, "reconstructor.feature_mixing": True}),
+    "mlm_tiny_scan_remat_bf16":
+        ("mlm", "tiny", {"model.scan_layers": True, "model.remat": "full", "model.dtype": "bfloat16"}),
+    "crossbert_small_wsd": ("crossbert", "small", {"train.decay": "wsd", "data.seq_len": 128}),}
 
 
 def lowered_hash(objective: str, variant: str, overrides: dict) -> str:

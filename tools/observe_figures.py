@@ -74,8 +74,9 @@ def idle() -> None:
 
 
 def _train(workdir: str, tok: str, *extra: str, wait: bool = True):
-  cmd = [sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-         f"--config.data.tokenizer={tok}", "--config.metrics.progress_bar=False", *extra]
+  cmd = [
+      sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+      f"--config.data.tokenizer={tok}", "--config.metrics.progress_bar=False", *extra]
   if not wait:
     return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, check=True)
@@ -92,8 +93,9 @@ def _done(proc) -> str:
 
 def goodput(which: list[str]) -> None:
   tok = f"{OUT}/tok/spm.model"
-  subprocess.run([sys.executable, "-m", "crossbert_jax.tokenizer", "--input=builtin", "--vocab_size=1024",
-                  f"--output={tok}"], cwd=ROOT, env=ENV, check=True, capture_output=True)
+  subprocess.run([
+      sys.executable, "-m", "crossbert_jax.tokenizer", "--input=builtin", "--vocab_size=1024", f"--output={tok}"],
+                 cwd=ROOT, env=ENV, check=True, capture_output=True)
   if "window" in which:
     _train(f"{OUT}/window", tok, "--config.train.steps=120", "--config.profile.start_step=110")
     rows = {r["step"]: r for r in map(json.loads, open(f"{OUT}/window/metrics.jsonl")) if "step_time" in r}

@@ -15,8 +15,8 @@ from crossbert_jax.data import corpus
 # ModernBERT's tokenizer (OLMo's BPE): <|endoftext|> and <|padding|> at 0 and 1, the BERT roles
 # after the regular pieces, the vocabulary padded to a multiple of 64 with [unused*] specials.
 BPE_VOCAB = 600
-ROLE_TOKENS = {"unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-               "mask_token": "[MASK]"}
+ROLE_TOKENS = {
+    "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]"}
 MODEL_VOCAB = 640  # BPE_VOCAB + 5 roles, padded to 64; the tokenizer names [unused0..] up to 620.
 UNUSED = 15
 
@@ -39,9 +39,9 @@ def bpe_tokenizer():
   roles = list(ROLE_TOKENS.values()) + [f"[unused{i}]" for i in range(UNUSED)]
   tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in roles])
   cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-  tok.post_processor = processors.TemplateProcessing(
-      single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:0 [SEP]:0",
-      special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+  tok.post_processor = processors.TemplateProcessing(single="[CLS]:0 $A:0 [SEP]:0",
+                                                     pair="[CLS]:0 $A:0 [SEP]:0 $B:0 [SEP]:0", special_tokens=[
+                                                         ("[CLS]", cls), ("[SEP]", sep)])
   return tok
 
 
@@ -51,8 +51,8 @@ def write_tokenizer_folder(tok, folder: pathlib.Path, roles: dict[str, str] | No
   tok.save(str(folder / "tokenizer.json"))
   roles = ROLE_TOKENS if roles is None else roles
   (folder / "special_tokens_map.json").write_text(json.dumps(roles))
-  (folder / "tokenizer_config.json").write_text(json.dumps(
-      {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192, **roles}))
+  (folder / "tokenizer_config.json"
+  ).write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192, **roles}))
   return folder
 
 
@@ -64,11 +64,11 @@ def tiny_modernbert(folder: pathlib.Path, *, with_head: bool = True, seed: int =
 
   tok = bpe_tokenizer()
   ids = {role: tok.token_to_id(t) for role, t in ROLE_TOKENS.items()}
-  config = transformers.ModernBertConfig(
-      vocab_size=MODEL_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-      global_attn_every_n_layers=2, local_attention=16, max_position_embeddings=256,
-      pad_token_id=ids["pad_token"], cls_token_id=ids["cls_token"], sep_token_id=ids["sep_token"],
-      bos_token_id=ids["cls_token"], eos_token_id=ids["sep_token"])
+  config = transformers.ModernBertConfig(vocab_size=MODEL_VOCAB, hidden_size=64, intermediate_size=96,
+                                         num_hidden_layers=3, num_attention_heads=4, global_attn_every_n_layers=2,
+                                         local_attention=16, max_position_embeddings=256, pad_token_id=ids["pad_token"],
+                                         cls_token_id=ids["cls_token"], sep_token_id=ids["sep_token"],
+                                         bos_token_id=ids["cls_token"], eos_token_id=ids["sep_token"])
   torch.manual_seed(seed)
   model = (transformers.ModernBertForMaskedLM if with_head else transformers.ModernBertModel)(config)
   model.save_pretrained(str(folder))

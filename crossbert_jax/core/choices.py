@@ -66,4 +66,3 @@ def check(key: str, value: object, choice: type[enum.Enum]) -> None:
   """A config_error naming `key` and the accepted strings unless `value` is one of them."""
   if value not in values(choice):
     raise config_error(key, f"{value!r}: use one of {', '.join(values(choice))}")
-

@@ -16,6 +16,7 @@ VARIANTS = sections.VARIANTS
 # The front end's type, for the few functions that edit a user's config before core/plan.build.
 ConfigDict = ml_collections.ConfigDict
 
+
 def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
   """Returns the full, locked config for `objective` (a name in core/objectives) at `variant`."""
   if objective not in objectives.names():
@@ -36,8 +37,9 @@ def get_config(objective: str, variant: str) -> ml_collections.ConfigDict:
 
 # A CPU trial of a pod-sized recipe (configs/*.py:from_hf_cpu): float32, no remat, a small batch,
 # a warmup that ends inside a short run. The model shape is untouched.
-CPU_TRIAL = {"model.dtype": "float32", "model.remat": "none", "train.batch_size": 8, "data.seq_len": 128,
-             "train.warmup_steps": 10, "train.steps": 100, "checkpoint.every_steps": 50}
+CPU_TRIAL = {
+    "model.dtype": "float32", "model.remat": "none", "train.batch_size": 8, "data.seq_len": 128,
+    "train.warmup_steps": 10, "train.steps": 100, "checkpoint.every_steps": 50}
 
 
 def on_cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -132,11 +134,13 @@ def _validate_train(t: ml_collections.ConfigDict) -> None:
     raise config_error("train.decay_fraction", f"must be in (0, 1], got {t.decay_fraction}")
   choices.check("train.decay_shape", t.decay_shape, choices.DecayShape)
   if t.decay == "wsd" and t.warmup_steps > t.steps - round(t.decay_fraction * t.steps):
-    raise config_error("train.warmup_steps", f"{t.warmup_steps} runs into the wsd decay, which starts after step "
-               f"{t.steps - round(t.decay_fraction * t.steps)}; lower it or train.decay_fraction")
+    raise config_error(
+        "train.warmup_steps", f"{t.warmup_steps} runs into the wsd decay, which starts after step "
+        f"{t.steps - round(t.decay_fraction * t.steps)}; lower it or train.decay_fraction")
   if t.shape_from_init and not t.init_from:
-    raise config_error("train.shape_from_init", "is set but train.init_from is empty: pass --config.train.init_from=IMP, "
-               "a folder from `python -m crossbert_jax.export import`")
+    raise config_error(
+        "train.shape_from_init", "is set but train.init_from is empty: pass --config.train.init_from=IMP, "
+        "a folder from `python -m crossbert_jax.export import`")
   if not 0.0 <= t.final_lr_ratio <= 1.0:
     raise config_error("train.final_lr_ratio", f"must be in [0, 1], got {t.final_lr_ratio}")
   if t.clip_norm < 0:
@@ -160,7 +164,8 @@ def _validate_runtime(c: ml_collections.ConfigDict) -> None:
   if c.eval.every_steps < 0:
     raise config_error("eval.every_steps", f"must be >= 0 (0 = off), got {c.eval.every_steps}")
   if c.eval.every_steps > 0 and not c.eval.data_dir:
-    raise config_error("eval.data_dir", "is empty but eval.every_steps > 0: point it at the task data (e.g. ../shared/data)")
+    raise config_error("eval.data_dir",
+                       "is empty but eval.every_steps > 0: point it at the task data (e.g. ../shared/data)")
   if c.eval.max_examples != 0 and c.eval.max_examples < 10:
     raise config_error("eval.max_examples", f"must be 0 (whole splits) or >= 10, got {c.eval.max_examples}")
   choices.check("eval.splits", c.eval.splits, choices.EvalSplits)
@@ -181,7 +186,8 @@ def _validate_profile(p: ml_collections.ConfigDict, steps: int) -> None:
     raise config_error("profile.start_step", f"must be >= 0 (0 = off), got {p.start_step}")
   hosts = p.hosts.replace(" ", "")
   if hosts != "all" and not all(h.isdigit() for h in hosts.split(",")):
-    raise config_error("profile.hosts", f"{p.hosts!r}: use comma-separated process indices (e.g. '0' or '0,4') or 'all'")
+    raise config_error("profile.hosts",
+                       f"{p.hosts!r}: use comma-separated process indices (e.g. '0' or '0,4') or 'all'")
   if p.start_step == 0:
     return
   if p.start_step == 1:
@@ -189,8 +195,9 @@ def _validate_profile(p: ml_collections.ConfigDict, steps: int) -> None:
   if p.steps < 1:
     raise config_error("profile.steps", f"must be >= 1, got {p.steps}")
   if p.start_step + p.steps - 1 > steps:
-    raise config_error("profile.start_step", f"the window {p.start_step}-{p.start_step + p.steps - 1} ends past the last "
-               f"step (train.steps={steps}): lower profile.start_step or profile.steps")
+    raise config_error(
+        "profile.start_step", f"the window {p.start_step}-{p.start_step + p.steps - 1} ends past the last "
+        f"step (train.steps={steps}): lower profile.start_step or profile.steps")
 
 
 def from_flag(value) -> ml_collections.ConfigDict:

@@ -36,7 +36,6 @@ def one_line(error: BaseException, limit: int = 200) -> str:
 
 def exit_on_user_error(fn: Callable[..., object]) -> Callable[..., object]:
   """Wraps a CLI entry point: a UserError prints `error: <message>` and exits with status 2."""
-
   def wrapped(*args, **kwargs):
     try:
       return fn(*args, **kwargs)
@@ -122,8 +121,8 @@ def _unknown_key(e: Exception, argv: list[str]) -> str:
   if not key or any(c.isspace() for c in key):  # Not a key: the config file's own code failed.
     return f"could not load --config: {' '.join(f'{type(e).__name__}: {e}'.split())}"
   overridden = [a for a in argv if a.startswith("--config.") and f".{key}" in a.split("=")[0]]
-  where = (f"in the override {overridden[0].split('=')[0]}" if overridden
-           else "(set by the --config file)" if locked else "(the --config file lacks it)")
+  where = (f"in the override {overridden[0].split('=')[0]}"
+           if overridden else "(set by the --config file)" if locked else "(the --config file lacks it)")
   return (f"unknown config key {key!r} {where}; every key is declared in crossbert_jax/core/sections.py "
           "(a config file builds on core/config.get_config)")
 

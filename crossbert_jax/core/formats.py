@@ -27,8 +27,7 @@ FORMAT_TABLE: dict[str, Format] = {
     "text": Format(("", ".txt", ".text", ".tokens"), "crossbert_jax.data.readers:read_text_format"),
     "jsonl": Format((".jsonl", ".json"), "crossbert_jax.data.readers:read_jsonl_format"),
     "parquet": Format((".parquet",), "crossbert_jax.data.readers:read_parquet_format"),
-    "arrayrecord": Format((".arrayrecord", ".array_record"), None),
-}
+    "arrayrecord": Format((".arrayrecord", ".array_record"), None),}
 
 
 def names() -> tuple[str, ...]:

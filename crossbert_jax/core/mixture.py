@@ -14,7 +14,6 @@ import ml_collections
 from crossbert_jax.core import choices, formats
 from crossbert_jax.core.errors import config_error
 
-
 KEYS = ("path", "weight", "name", "format", "text_field", "text_unit")
 
 
@@ -38,22 +37,24 @@ def validate(d: ml_collections.ConfigDict) -> None:
   if not d.mixture:
     return
   if d.path not in ("builtin", ""):
-    raise config_error("data.path", f"{d.path!r} and data.mixture are both set: make it a source of data.mixture, or "
-               "clear it (--config.data.path='')")
+    raise config_error(
+        "data.path", f"{d.path!r} and data.mixture are both set: make it a source of data.mixture, or "
+        "clear it (--config.data.path='')")
 
   for k, src in enumerate(d.mixture):
     key = f"data.mixture[{k}]"
     if not isinstance(src, dict):
       keys = isinstance(src, str) and src in KEYS  # One dict given without a trailing comma: read as its keys.
-      raise config_error(key, f"must be a dict {{'path': P, 'weight': w}}, got {src!r}"
-                 + ("; one source needs a trailing comma: --config.data.mixture=\"({'path': P, 'weight': 1.0},)\""
-                    if keys else ""))
+      raise config_error(
+          key, f"must be a dict {{'path': P, 'weight': w}}, got {src!r}" +
+          ("; one source needs a trailing comma: --config.data.mixture=\"({'path': P, 'weight': 1.0},)\""
+           if keys else ""))
     unknown = sorted(set(src) - set(KEYS))
     if unknown:
       raise config_error(key, f"unknown key {unknown[0]!r}: use {', '.join(KEYS)}")
     if not isinstance(src.get("path"), str) or not src["path"].strip():
       raise config_error(f"{key}.path", f"must be a non-empty path (file, directory, glob, comma list), got "
-                 f"{src.get('path')!r}")
+                         f"{src.get('path')!r}")
     w = src.get("weight")
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
       raise config_error(f"{key}.weight", f"must be a finite number > 0, got {w!r}")
@@ -66,10 +67,12 @@ def validate(d: ml_collections.ConfigDict) -> None:
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
       raise config_error(f"{key}.name", f"must be letters, digits, '_', '.' or '-', got {name!r}")
   if not math.isfinite(sum(src["weight"] for src in d.mixture)):  # As data/mixture.py sums them.
-    raise config_error("data.mixture", "the weights sum past the largest float: scale them down (only their ratios "
-               "matter, e.g. 1 and 3)")
+    raise config_error(
+        "data.mixture", "the weights sum past the largest float: scale them down (only their ratios "
+        "matter, e.g. 1 and 3)")
   names = source_names(d.mixture)
   for k, name in enumerate(names):
     if name in names[:k]:
-      raise config_error(f"data.mixture[{k}]", f"name {name!r} repeats data.mixture[{names.index(name)}]'s: give each "
-                 "source a distinct 'name'")
+      raise config_error(
+          f"data.mixture[{k}]", f"name {name!r} repeats data.mixture[{names.index(name)}]'s: give each "
+          "source a distinct 'name'")

@@ -48,13 +48,14 @@ def _validate_crossbert(c: ml_collections.ConfigDict) -> None:
       raise config_error(f"reconstructor.{key}", f"must be positive, got {r[key]}")
   if r.embed_dim % r.num_heads or (r.embed_dim // r.num_heads) % 2:
     raise config_error("reconstructor.num_heads",
-               f"{r.num_heads} heads must divide reconstructor.embed_dim={r.embed_dim} into even head dims")
+                       f"{r.num_heads} heads must divide reconstructor.embed_dim={r.embed_dim} into even head dims")
   if r.tie_head and r.embed_dim != m.embed_dim:
     raise config_error("reconstructor.tie_head", "needs reconstructor.embed_dim == model.embed_dim")
   if mk.views > 1:
     if abs(mk.ratio - (1.0 - 1.0 / mk.views)) > 1e-9:
-      raise config_error("masking.ratio", f"complementary masking with views={mk.views} needs ratio=1-1/views="
-                 f"{1 - 1 / mk.views:g}, got {mk.ratio}")
+      raise config_error(
+          "masking.ratio", f"complementary masking with views={mk.views} needs ratio=1-1/views="
+          f"{1 - 1 / mk.views:g}, got {mk.ratio}")
     if seq_len % mk.views:
       raise config_error("data.seq_len", f"{seq_len} must be divisible by masking.views={mk.views}")
 
@@ -71,14 +72,13 @@ def _validate_mlm(c: ml_collections.ConfigDict) -> None:
     raise config_error("masking.reconstruct_ratio", "applies to objective=crossbert only; leave it at 1.0")
 
 
-CROSSBERT = ObjectiveSpec(
-    name="crossbert", config_file="configs/crossbert.py", sections=("reconstructor",), exports_mlm_head=False,
-    card_title="CrossBERT encoder (reconstructor discarded)", configure=_configure_crossbert,
-    validate=_validate_crossbert, card_training=lambda c: f", {c.masking.views} complementary views")
-MLM = ObjectiveSpec(
-    name="mlm", config_file="configs/bert.py", sections=("mlm",), exports_mlm_head=True,
-    card_title="flat BERT baseline (MLM head included as ModernBertForMaskedLM)", configure=_configure_mlm,
-    validate=_validate_mlm)
+CROSSBERT = ObjectiveSpec(name="crossbert", config_file="configs/crossbert.py", sections=("reconstructor",),
+                          exports_mlm_head=False, card_title="CrossBERT encoder (reconstructor discarded)",
+                          configure=_configure_crossbert, validate=_validate_crossbert,
+                          card_training=lambda c: f", {c.masking.views} complementary views")
+MLM = ObjectiveSpec(name="mlm", config_file="configs/bert.py", sections=("mlm",), exports_mlm_head=True,
+                    card_title="flat BERT baseline (MLM head included as ModernBertForMaskedLM)",
+                    configure=_configure_mlm, validate=_validate_mlm)
 _SPECS: dict[str, ObjectiveSpec] = {spec.name: spec for spec in (CROSSBERT, MLM)}
 
 

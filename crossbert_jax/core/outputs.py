@@ -56,8 +56,8 @@ def relation(output: epath.Path, other: epath.Path) -> str | None:
 
 
 def check_output_dir(path: str | os.PathLike, force: bool, *, flag: str = "--output",
-                     inputs: Mapping[str, str | os.PathLike | None] | None = None,
-                     may_sit_inside: Sequence[str] = (), inside_run_ok: bool = False) -> epath.Path:
+                     inputs: Mapping[str, str | os.PathLike | None] | None = None, may_sit_inside: Sequence[str] = (),
+                     inside_run_ok: bool = False) -> epath.Path:
   """Refuses an output folder that would overwrite user data, an input or a training run.
 
   `inputs`: {flag: path} of what the command reads (a workdir, an HF folder): the output may not
@@ -123,8 +123,7 @@ def removed_unless_written(path: str | os.PathLike) -> Iterator[None]:
   """On a failure in the block, removes the folders of `path` it made, as long as no file was written
   there: a failed start leaves no empty output folder. A folder that existed before is never touched."""
   output = absolute(path)
-  new = None if "://" in str(output) else next((p for p in reversed([output, *output.parents]) if not p.exists()),
-                                                None)
+  new = None if "://" in str(output) else next((p for p in reversed([output, *output.parents]) if not p.exists()), None)
   try:
     yield
   except BaseException:
@@ -151,8 +150,8 @@ def check_folder_path(path: str | os.PathLike, flag: str, *, writes_inside: bool
     raise UserError(f"{flag} {path}: {folder} is a file, so no folder can be made below it; choose another path")
   if not os.access(folder, os.W_OK):
     # The words of a failed write (staged_output_dir), said before any slow work.
-    reason = (f"{os.strerror(errno.EROFS)}: the disk holding {folder} is read-only" if _read_only(folder)
-              else f"{os.strerror(errno.EACCES)}: {folder}")
+    reason = (f"{os.strerror(errno.EROFS)}: the disk holding {folder} is read-only"
+              if _read_only(folder) else f"{os.strerror(errno.EACCES)}: {folder}")
     raise UserError(f"could not write {output} ({reason}): choose a writable {flag}; "
                     f"nothing at {output} was changed")
 
@@ -164,8 +163,8 @@ def _read_only(folder: epath.Path) -> bool:
     return False
 
 
-def check_output_file(path: str, flag: str = "--out", *, force: bool = False,
-                      companions: Sequence[str] = (), suffix: str = "") -> epath.Path:
+def check_output_file(path: str, flag: str = "--out", *, force: bool = False, companions: Sequence[str] = (),
+                      suffix: str = "") -> epath.Path:
   """Refuses an output file that is a folder or cannot be written (probed locally; nothing is left),
   and, unless `force` (the command's --force), one that exists or whose companion files (the same
   name with each suffix in `companions`, e.g. ".md") exist: earlier results are never replaced
@@ -225,8 +224,8 @@ def _recover_staging(output: epath.Path) -> None:
 
 @contextlib.contextmanager
 def staged_output_dir(path: str | os.PathLike, force: bool, *, flag: str = "--output",
-                      inputs: Mapping[str, str | os.PathLike | None] | None = None,
-                      may_sit_inside: Sequence[str] = (), inside_run_ok: bool = False) -> Iterator[epath.Path]:
+                      inputs: Mapping[str, str | os.PathLike | None] | None = None, may_sit_inside: Sequence[str] = (),
+                      inside_run_ok: bool = False) -> Iterator[epath.Path]:
   """Yields a temporary sibling folder; swaps it in for the output only if the body succeeds.
 
   The output is checked (`check_output_dir`, same arguments) first. The swap renames the old folder aside, the new

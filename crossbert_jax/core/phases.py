@@ -28,8 +28,8 @@ from crossbert_jax.core.errors import UserError
 
 # The keys a phase may set (dotted), each replaced whole. Everything else is the run's.
 OVERRIDABLE = ("data.seq_len", "data.path", "data.mixture", "data.shuffle_seed", "train.batch_size",
-               "train.learning_rate", "train.warmup_steps", "train.decay", "train.decay_fraction",
-               "train.decay_shape", "train.final_lr_ratio", "model.rope_theta", "model.local_rope_theta")
+               "train.learning_rate", "train.warmup_steps", "train.decay", "train.decay_fraction", "train.decay_shape",
+               "train.final_lr_ratio", "model.rope_theta", "model.local_rope_theta")
 # Keys of the data a phase reads: a change starts a new data stream at the phase's first step.
 STREAM_KEYS = ("data.seq_len", "data.path", "data.mixture", "data.shuffle_seed")
 # Keys that fix what a phase's steps computed on: a checkpoint's trained phases must keep them.
@@ -84,9 +84,9 @@ def _declared_phases(c: ml_collections.ConfigDict) -> list[tuple[int, dict[str, 
   for i, phase in enumerate(t.phases):
     where = f"train.phases[{i}]"
     if not isinstance(phase, dict):
-      raise _err(f"{where}: {phase!r} is not a dict; write {{'steps': N, 'data.seq_len': L, ...}}"
-                 + (" (one phase needs a trailing comma: ({...},), or a dict is read as its keys)"
-                    if isinstance(phase, str) else ""))
+      raise _err(f"{where}: {phase!r} is not a dict; write {{'steps': N, 'data.seq_len': L, ...}}" +
+                 (" (one phase needs a trailing comma: ({...},), or a dict is read as its keys)" if isinstance(
+                     phase, str) else ""))
     for key in phase:
       if key != "steps" and key not in OVERRIDABLE:
         raise _err(f"{where} sets {key!r}, which a phase cannot change; a phase may set 'steps' and "

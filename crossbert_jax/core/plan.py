@@ -26,7 +26,6 @@ from crossbert_jax.core.errors import UserError
 
 class Extra(Mapping):
   """An objective's own config section (declared by its `configure`): read-only, by key or attribute."""
-
   def __init__(self, name: str, values: dict[str, Any]):
     self._name, self._values = name, dict(values)
 
@@ -111,8 +110,8 @@ def with_keys(s, values: dict[str, Any]):
   """A copy of `s` (Settings or RunPlan) with the dotted keys in `values` replaced (a plan's phases too)."""
   out = _replaced(s, values)
   if isinstance(s, RunPlan):
-    out = dataclasses.replace(out, phases=tuple(dataclasses.replace(p, config=_replaced(p.config, values))
-                                                for p in s.phases))
+    out = dataclasses.replace(
+        out, phases=tuple(dataclasses.replace(p, config=_replaced(p.config, values)) for p in s.phases))
   return out
 
 

@@ -18,15 +18,13 @@ ENCODER_SHAPES = {
     "tiny": (64, 4, 2, 128, 1024),
     "small": (512, 8, 8, 768, 8192),
     "base": (768, 12, 22, 1152, 50368),
-    "large": (1024, 16, 28, 2624, 50368),
-}
+    "large": (1024, 16, 28, 2624, 50368),}
 # (reconstructor layers, seq_len, global batch size, train steps, warmup, checkpoint every, lr)
 RUN_SHAPES = {
     "tiny": (2, 64, 16, 300, 30, 100, 3e-3),
     "small": (2, 256, 16, 10_000, 500, 1000, 1e-3),
     "base": (4, 512, 256, 200_000, 3000, 2000, 8e-4),
-    "large": (4, 512, 256, 200_000, 3000, 2000, 5e-4),
-}
+    "large": (4, 512, 256, 200_000, 3000, 2000, 5e-4),}
 VARIANTS = tuple(ENCODER_SHAPES)
 
 
@@ -293,8 +291,8 @@ class Profile(Section):
 
 
 # The schema's sections in the config's order (an objective may add its own after them).
-SECTIONS: tuple[type[Section], ...] = (Model, Reconstructor, Mlm, Masking, Data, Train, Checkpoint, Mesh, Eval,
-                                       Metrics, Profile)
+SECTIONS: tuple[type[Section],
+                ...] = (Model, Reconstructor, Mlm, Masking, Data, Train, Checkpoint, Mesh, Eval, Metrics, Profile)
 
 
 def from_dict(cls: type[Section], values: dict[str, Any]) -> Section:

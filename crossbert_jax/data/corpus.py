@@ -28,21 +28,60 @@ import sysconfig
 
 # Top-level packages harvested after the standard library (skipped when not installed).
 PACKAGES = (
-    "numpy", "scipy", "jax", "flax", "optax", "orbax", "grain", "ml_collections", "absl",
-    "etils", "array_record", "pyarrow", "tensorstore", "chex", "treescope", "tqdm",
-    "pip", "packaging", "_pytest", "pluggy", "fsspec", "yaml",
-    "markdown_it", "humanize", "msgpack", "simplejson", "psutil", "tensorboardX", "sentencepiece",
+    "numpy",
+    "scipy",
+    "jax",
+    "flax",
+    "optax",
+    "orbax",
+    "grain",
+    "ml_collections",
+    "absl",
+    "etils",
+    "array_record",
+    "pyarrow",
+    "tensorstore",
+    "chex",
+    "treescope",
+    "tqdm",
+    "pip",
+    "packaging",
+    "_pytest",
+    "pluggy",
+    "fsspec",
+    "yaml",
+    "markdown_it",
+    "humanize",
+    "msgpack",
+    "simplejson",
+    "psutil",
+    "tensorboardX",
+    "sentencepiece",
 )
 # Directory names never walked: tests, vendored code, tools, and the stdlib's own site-packages.
 _SKIP_DIRS = frozenset({
-    "test", "tests", "testing", "idlelib", "lib2to3", "site-packages", "dist-packages",
-    "__pycache__", "_vendor", "vendor", "turtledemo", "ensurepip", "pydoc_data", "Tools",
-    "tkinter", "_examples", "examples", "benchmarks",
-})
+    "test",
+    "tests",
+    "testing",
+    "idlelib",
+    "lib2to3",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "_vendor",
+    "vendor",
+    "turtledemo",
+    "ensurepip",
+    "pydoc_data",
+    "Tools",
+    "tkinter",
+    "_examples",
+    "examples",
+    "benchmarks",})
 _MIN_WORDS = 5
 _PROSE_CHARS = re.compile(r"[A-Za-z ,.;:'\"()\-?!_`]")
-_BAD_MARKERS = (">>>", "...:", "::", "``", "--", "==", "|", "{", "}", "[", "]", "<", ">", "=", "\\",
-                "http", "$", "#", "@", "*", "~~")
+_BAD_MARKERS = (">>>", "...:", "::", "``", "--", "==", "|", "{", "}", "[", "]", "<", ">", "=", "\\", "http", "$", "#",
+                "@", "*", "~~")
 
 
 def _source_roots() -> list[str]:
@@ -70,8 +109,7 @@ def _python_files(root: str) -> list[str]:
   for dirpath, dirnames, filenames in os.walk(root):
     # Sorting in place fixes os.walk's traversal order.
     dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-    out.extend(os.path.join(dirpath, f) for f in sorted(filenames)
-               if f.endswith(".py") and not f.startswith("test_"))
+    out.extend(os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py") and not f.startswith("test_"))
   return out
 
 
@@ -82,8 +120,7 @@ def _docstrings(path: str) -> list[str]:
       tree = ast.parse(f.read(), filename=path)
   except (SyntaxError, ValueError, OSError, UnicodeDecodeError, RecursionError):
     return []
-  nodes = [tree] + [n for n in ast.walk(tree)
-                    if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+  nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
   nodes.sort(key=lambda n: getattr(n, "lineno", 0))
   out = []
   for node in nodes:

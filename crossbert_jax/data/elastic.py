@@ -39,7 +39,6 @@ _DRAIN_SALT = 1 << 20  # Seeds the drain packers apart from the normal ones.
 
 class ElasticRows(grain.IterDataset):
   """The packed rows of `layout` (a `pipeline.Layout`); `set_state` also takes a re-shard state."""
-
   def __init__(self, layout: Any):
     super().__init__(layout.rows())
     self._layout = layout
@@ -57,8 +56,9 @@ def reshard_state(states: list[dict[str, Any]], bins: int) -> dict[str, Any]:
   `states[p]` is old process p's saved iterator state (the packer's) and `bins` the old packing
   bins per process (`pipeline.packing_bins` of the old per-process batch).
   """
-  return {"reshard": {"process_count": len(states), "bins": bins, "states": states}, "phase": "rows",
-          "state": {"next_index": 0}}
+  return {
+      "reshard": {"process_count": len(states), "bins": bins, "states": states}, "phase": "rows",
+      "state": {"next_index": 0}}
 
 
 def is_draining(state: dict[str, Any]) -> bool:
@@ -76,7 +76,6 @@ class _Segment(NamedTuple):
 
 class _SegmentDocument:
   """Drain document k -> (token ids, first chunk to emit), through this process's segments."""
-
   def __init__(self, segments: list[_Segment]):
     self._segments = segments
     self._offsets = np.cumsum([0] + [s.end - s.start for s in segments]).tolist()
@@ -90,7 +89,6 @@ class _SegmentDocument:
 
 class _Work:
   """What one old process had not read of its current epoch: rows, documents, and its next epoch."""
-
   def __init__(self, rows_count: int, rows: Callable[[int, int], list[Row]], segments: list[_Segment], epoch: int):
     self.rows_count, self.rows, self.segments, self.epoch = rows_count, rows, segments, epoch
 
@@ -110,8 +108,8 @@ def _unread(layout: Any, state: dict[str, Any]) -> _Work:
     k = state["state"]["next_index"]
     return _Work(len(plan.rows) - k, lambda a, b: plan.rows[k + a:k + b], plan.segments, plan.epoch)
   count, (k, chunk) = _replay(plan.packer, state["state"], None)
-  return _Work(count, lambda a, b: _replay(plan.packer, state["state"], (a, b))[0],
-               _cut(plan.segments, k, None, chunk), plan.epoch)
+  return _Work(count, lambda a, b: _replay(plan.packer, state["state"], (a, b))[0], _cut(plan.segments, k, None, chunk),
+               plan.epoch)
 
 
 def _cut(segments: list[_Segment], lo: int, hi: int | None, chunk: int = 0) -> list[_Segment]:
@@ -130,7 +128,6 @@ def _cut(segments: list[_Segment], lo: int, hi: int | None, chunk: int = 0) -> l
 class _Plan:
   """What new process q drains: its part of the old processes' rows and documents, and the epoch
   it then continues from in its own layout."""
-
   def __init__(self, layout: Any, reshard: dict[str, Any]):
     n_old, q, m = reshard["process_count"], layout.process_index, layout.process_count
     olds = [layout.under(bins=reshard["bins"], process_index=p, process_count=n_old) for p in range(n_old)]
@@ -181,7 +178,6 @@ def _replay(make: Callable[[], grain.DatasetIterator], state: dict[str, Any], ke
 
 class _ElasticRowsIterator(grain.DatasetIterator):
   """Normal rows, or (after a re-shard state) the drain: rows, then documents, then normal rows."""
-
   def __init__(self, rows: grain.DatasetIterator, layout: Any):
     super().__init__(rows)
     self._layout = layout

@@ -19,8 +19,9 @@ from crossbert_jax.data.special_ids import SpecialIds
 TOKENIZER_FILE = "tokenizer.json"
 ROLES = ("pad", "unk", "cls", "sep", "mask")
 # Usual token names of each role, tried in order when the folder's files name none.
-_USUAL = {"pad": ("[PAD]", "<pad>", "<|padding|>"), "unk": ("[UNK]", "<unk>"), "cls": ("[CLS]", "<s>", "<cls>"),
-          "sep": ("[SEP]", "</s>", "<sep>"), "mask": ("[MASK]", "<mask>")}
+_USUAL = {
+    "pad": ("[PAD]", "<pad>", "<|padding|>"), "unk": ("[UNK]", "<unk>"), "cls": ("[CLS]", "<s>", "<cls>"),
+    "sep": ("[SEP]", "</s>", "<sep>"), "mask": ("[MASK]", "<mask>")}
 # Text no fixed vocabulary covers (rare words, scripts, an emoji): a tokenizer must encode it, if only to unknowns.
 _PROBE = "Zyzzyva qwxjk ß Ελλάδα 漢字 😀 \u0007"
 
@@ -58,7 +59,6 @@ def _named_roles(folder: epath.Path) -> dict[str, str]:
 
 class HfTokenizer:
   """tokenizer.json <-> ids, no specials added; `special_ids` from the file's roles."""
-
   def __init__(self, content: bytes, source: str = "<bytes>", named_roles: dict[str, str] | None = None):
     from tokenizers import Tokenizer as RustTokenizer  # pylint: disable=g-import-not-at-top
 
@@ -169,8 +169,8 @@ class HfTokenizer:
     out.no_padding()
     cls, sep = self.role_tokens["cls"], self.role_tokens["sep"]
     s = self.special_ids
-    out.post_processor = processors.TemplateProcessing(
-        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1", special_tokens=[(cls, s.cls), (sep, s.sep)])
+    out.post_processor = processors.TemplateProcessing(single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+                                                       special_tokens=[(cls, s.cls), (sep, s.sep)])
     return out.to_str(pretty=True)
 
 

@@ -56,7 +56,6 @@ def names(data_cfg: sections.Data) -> list[str]:
 
 class Selection:
   """Mixed-stream document index -> (source, index in that source's stream); see the module doc."""
-
   def __init__(self, weights: Sequence[float], seed: int):
     w = np.asarray(weights, np.float64)
     self._cum = np.cumsum(w) / w.sum()
@@ -95,7 +94,6 @@ class Selection:
 
 class MixedFetch:
   """`packing.Fetch` of the mixed stream: one batched fetch per source; records what it read."""
-
   def __init__(self, fetches: Sequence[packing.Fetch], selection: Selection):
     self._fetches, self._selection = list(fetches), selection
     self._record: dict[int, tuple[int, int]] = {}  # Mixed index -> (source, packed length).
@@ -134,7 +132,6 @@ class MixedFetch:
 
 class CountedRows(grain.IterDataset):
   """The packer's rows, unchanged, with per-source token counts in the iterator state (module doc)."""
-
   def __init__(self, rows: packing.PackDataset, fetch: MixedFetch, source_names: list[str], seq_len: int):
     super().__init__(rows)
     self._fetch, self._names, self._seq_len = fetch, source_names, seq_len
@@ -155,7 +152,6 @@ class CountedRows(grain.IterDataset):
 class _CountedRowsIterator(grain.DatasetIterator):
   """Counts the tokens of the rounds the packer has finished: whole documents before the current
   round's start (document i, chunk c), plus document i's chunks before c."""
-
   def __init__(self, rows: grain.DatasetIterator, fetch: MixedFetch, source_names: list[str], seq_len: int,
                window: tuple[int, int]):
     super().__init__(rows)

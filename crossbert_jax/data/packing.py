@@ -60,12 +60,12 @@ def flatten(docs: "Documents | Sequence[Document]") -> Documents:
     return docs
   if not any(isinstance(d, tuple) for d in docs):  # Arrays only (the pipeline's fetches): one concatenate.
     lengths_D = np.fromiter(map(len, docs), np.int64, len(docs))
-    return Documents(np.concatenate(docs).astype(np.int32, copy=False) if len(docs) else np.zeros(0, np.int32),
-                     lengths_D)
+    return Documents(
+        np.concatenate(docs).astype(np.int32, copy=False) if len(docs) else np.zeros(0, np.int32), lengths_D)
   pairs = [d if isinstance(d, tuple) else (d, 0) for d in docs]
   lengths_D = np.fromiter((len(ids) for ids, _ in pairs), np.int64, len(pairs))
-  ids_N = (np.concatenate([np.asarray(ids, np.int32) for ids, _ in pairs]) if pairs and lengths_D.any()
-           else np.zeros(0, np.int32))
+  ids_N = (np.concatenate([np.asarray(ids, np.int32) for ids, _ in pairs]) if pairs and lengths_D.any() else np.zeros(
+      0, np.int32))
   first_D = np.fromiter((f for _, f in pairs), np.int64, len(pairs))
   return Documents(ids_N, lengths_D, first_D if first_D.any() else None)
 
@@ -103,7 +103,6 @@ class _FirstFit:
   A max-tree in a list (leaf b at size + b): a query walks down to the leftmost leaf that fits, an
   update walks up until a maximum stops changing; both O(log bins) on Python ints.
   """
-
   def __init__(self, bins: int, seq_len: int):
     self.size = 1 << max(bins - 1, 0).bit_length()
     self.tree = [0] * (2 * self.size)
@@ -134,7 +133,6 @@ class _FirstFit:
 
 class PackIterator(grain.DatasetIterator):
   """See the module docstring."""
-
   def __init__(self, fetch: Fetch, length: int | None, *, seq_len: int, bins: int, seed: int,
                window: tuple[int, int] = (0, 1), specials: SpecialIds = SENTENCEPIECE):
     super().__init__()
@@ -181,8 +179,8 @@ class PackIterator(grain.DatasetIterator):
     self._firsts = self._firsts[drop:] + ([0] * len(sizes_D) if first_D is None else first_D.tolist())
     self._buffer_start = keep_from
     tokens = max(int(sizes_D.sum()), 1)
-    self._fetch_size = int(np.clip(FETCH_ROUNDS * self._bins * self._seq_len * len(sizes_D) // tokens,
-                                   FETCH_MIN, FETCH_MAX))
+    self._fetch_size = int(
+        np.clip(FETCH_ROUNDS * self._bins * self._seq_len * len(sizes_D) // tokens, FETCH_MIN, FETCH_MAX))
     self._fetches += 1
     # Read ahead (the read and the encode release the GIL) once an endless stream is read on: not
     # on the first fetch, which is often a restore's re-pack of one round (data/elastic.py).
@@ -269,8 +267,9 @@ class PackIterator(grain.DatasetIterator):
     tokens[padding] = self._specials.pad
     positions = np.arange(rows * L, dtype=np.int32) - np.repeat(start_Q.astype(np.int32), len_Q)
     positions[padding] = 0
-    return {"tokens": tokens.reshape(rows, L), "segment_ids": segment_ids.reshape(rows, L),
-            "positions": positions.reshape(rows, L)}
+    return {
+        "tokens": tokens.reshape(rows, L), "segment_ids": segment_ids.reshape(rows, L),
+        "positions": positions.reshape(rows, L)}
 
   def __next__(self) -> Row:
     return {k: v[0] for k, v in self.next_rows(1).items()}
@@ -291,8 +290,9 @@ class PackIterator(grain.DatasetIterator):
     return parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
   def get_state(self) -> dict[str, Any]:
-    return {"parent": {"parent": {"next_index": self._start[0]}, "chunk": self._start[1]},
-            "next_row": self._next_row, "counter": self._counter}
+    return {
+        "parent": {"parent": {"next_index": self._start[0]}, "chunk": self._start[1]}, "next_row": self._next_row,
+        "counter": self._counter}
 
   def set_state(self, state: dict[str, Any]) -> None:
     self._set(state["parent"]["parent"]["next_index"], state["parent"]["chunk"], state["next_row"], state["counter"])
@@ -303,7 +303,6 @@ class PackDataset(grain.IterDataset):
 
   `length`: documents in the stream (None: endless). `specials`: the tokenizer's [CLS] / [SEP] / [PAD].
   """
-
   def __init__(self, fetch: Fetch, length: int | None, *, seq_len: int, bins: int, seed: int,
                specials: SpecialIds = SENTENCEPIECE):
     super().__init__()
@@ -330,7 +329,6 @@ class PackDataset(grain.IterDataset):
 class BatchRows(grain.IterDataset):
   """Batches of `batch_size` rows (a remainder is dropped), as Grain's `batch` makes them and with
   its state (the parent's); a parent iterator with `next_rows` gives each batch in one call."""
-
   def __init__(self, parent: grain.IterDataset, batch_size: int):
     super().__init__(parent)
     self._batch_size = batch_size
@@ -344,7 +342,6 @@ class BatchRows(grain.IterDataset):
 
 class _BatchRowsIterator(grain.DatasetIterator):
   """See `BatchRows`."""
-
   def __init__(self, parent: grain.DatasetIterator, batch_size: int):
     super().__init__(parent)
     self._batch_size = batch_size

@@ -18,7 +18,6 @@ documents are never merged. The iterator has `get_state` / `set_state` and is sa
 through `grain.checkpoint.CheckpointSave(iterator)` / `CheckpointRestore(iterator)`.
 """
 
-
 from collections.abc import Sequence
 import itertools
 import threading
@@ -42,17 +41,15 @@ from crossbert_jax.data import workers
 MIN_PACKING_BINS = 64
 _MIXTURE_SALT = 1 << 21  # Seeds the choice of a mixture's sources apart from the shuffles.
 
-
 # ----------------------------------------------------------------------------- pipeline
 
 
 def _combine_seeds(*seeds: int) -> int:
-  return int(np.random.SeedSequence([s % 2**32 for s in seeds]).generate_state(1)[0])
+  return int(np.random.SeedSequence([s % 2 ** 32 for s in seeds]).generate_state(1)[0])
 
 
 class _Tokenize:
   """Document -> int32 ids without specials (a class, so worker processes can pickle it)."""
-
   def __init__(self, tokenizer: tokenizer_lib.Tokenizer):
     self._tokenizer = tokenizer
 
@@ -63,7 +60,6 @@ class _Tokenize:
 class _Fetch:
   """Documents at stream `indices` as `packing.Documents`: index mapping, one batched read and
   (text) one batched encode, without Grain's per-element bookkeeping."""
-
   def __init__(self, order: "_Order", tokenizer: tokenizer_lib.Tokenizer | None):
     self._order, self._tokenizer = order, tokenizer
     self._lock = threading.Lock()  # Packers read ahead in a thread; one read of the source at a time.
@@ -81,8 +77,7 @@ class _Fetch:
         return packing.Documents(*source.read_tokens(keys))
       ids = self._tokenizer.encode_batch(source._getitems(keys))  # pylint: disable=protected-access
     lengths_D = np.fromiter(map(len, ids), np.int64, len(ids))
-    return packing.Documents(np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths_D.sum())),
-                             lengths_D)
+    return packing.Documents(np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths_D.sum())), lengths_D)
 
 
 def check_process(process_index: int, process_count: int) -> None:
@@ -99,8 +94,8 @@ def document_dataset(data_cfg: sections.Data, *, seed: int, process_index: int =
   if data_cfg.get("mixture"):  # A partial data config (path and format keys only) has no mixture key.
     raise UserError("document_dataset reads one source (data.path); a data.mixture stream is read through "
                     "make_iterator, or give each source's config (mixture.source_configs)")
-  return _shard(sources.document_source(data_cfg, process_index, process_count), data_cfg, seed,
-                process_index, process_count)
+  return _shard(sources.document_source(data_cfg, process_index, process_count), data_cfg, seed, process_index,
+                process_count)
 
 
 class _SmallShuffle(grain.MapDataset):
@@ -110,7 +105,6 @@ class _SmallShuffle(grain.MapDataset):
   against ~10 us at 10^5; a permutation array is cheap below `SMALL_SHUFFLE_MAX` elements.
   Like `MapDataset.shuffle`, element `i + e * len` is epoch e's i-th element.
   """
-
   def __init__(self, parent: grain.MapDataset, seed: int):
     super().__init__(parent)
     self._seed = seed
@@ -154,9 +148,8 @@ class _Order:
   a uniform sample; per-host sources (data/splits.py) shuffle this process's share. Both shuffles
   draw a fresh permutation for each epoch (index // len) once the dataset is repeated.
   """
-
-  def __init__(self, source: sources.DocumentSource, data_cfg: sections.Data, seed: int,
-               process_index: int, process_count: int):
+  def __init__(self, source: sources.DocumentSource, data_cfg: sections.Data, seed: int, process_index: int,
+               process_count: int):
     self.source, self._n = source, len(source)
     self._seed = _combine_seeds(data_cfg.shuffle_seed, seed)
     self._small = self._n <= SMALL_SHUFFLE_MAX
@@ -180,7 +173,7 @@ class _Order:
     epoch_K, in_epoch_K = np.divmod(self._stride[0] + offset_K * self._stride[1] + epoch_K * self._n, self._n)
     if not self._small:  # Grain's shuffle: one index_shuffle call per element, as Grain makes them.
       shuffle = grain.experimental.index_shuffle
-      return np.fromiter((shuffle(i, max_index=self._n - 1, seed=(self._seed + e) % 2**32, rounds=4)
+      return np.fromiter((shuffle(i, max_index=self._n - 1, seed=(self._seed + e) % 2 ** 32, rounds=4)
                           for i, e in zip(in_epoch_K.tolist(), epoch_K.tolist())), np.int64, len(in_epoch_K))
     out_K = np.empty_like(in_epoch_K)
     for epoch in np.unique(epoch_K).tolist():
@@ -192,8 +185,8 @@ class _Order:
     return out_K
 
 
-def _shard(source: sources.DocumentSource, data_cfg: sections.Data, seed: int,
-           process_index: int, process_count: int) -> grain.MapDataset:
+def _shard(source: sources.DocumentSource, data_cfg: sections.Data, seed: int, process_index: int,
+           process_count: int) -> grain.MapDataset:
   return _Order(source, data_cfg, seed, process_index, process_count).dataset()
 
 
@@ -221,9 +214,8 @@ class Layout:
   epoch i // n (n = `epoch_length()`), each epoch in a new order. `rows()` packs it: the stream of packed
   rows that `make_dataset` batches. `pack` packs any other documents the same way (data/elastic.py).
   """
-
-  def __init__(self, data_cfg: sections.Data, tokenizer: tokenizer_lib.Tokenizer, *, bins: int,
-               seed: int, process_index: int, process_count: int):
+  def __init__(self, data_cfg: sections.Data, tokenizer: tokenizer_lib.Tokenizer, *, bins: int, seed: int,
+               process_index: int, process_count: int):
     if data_cfg.seq_len < 4:
       raise UserError(f"data.seq_len must be >= 4, got {data_cfg.seq_len}")
     check_process(process_index, process_count)
@@ -258,8 +250,9 @@ class Layout:
         try:
           fetches.append(self._source(cfg, self.seed if k == 0 else _combine_seeds(self.seed, k))[1])
         except UserError as e:
-          named = str(e).replace("data.path / --input", f"data.mixture[{k}].path").replace(
-              "(data.path, data.mixture, or --input)", f"(data.mixture[{k}].path)")
+          named = str(e).replace("data.path / --input",
+                                 f"data.mixture[{k}].path").replace("(data.path, data.mixture, or --input)",
+                                                                    f"(data.mixture[{k}].path)")
           raise UserError(f"data.mixture[{k}] ({name}): {named}") from None
       selection = mixture.Selection([src["weight"] for src in self.data_cfg.mixture],
                                     _combine_seeds(self.data_cfg.shuffle_seed, self.seed, _MIXTURE_SALT))
@@ -274,8 +267,8 @@ class Layout:
   def pack(self, fetch: packing.Fetch, length: int | None, *salt: int) -> grain.IterDataset:
     """Documents `fetch(indices)` (token ids, or (ids, first chunk)) -> packed rows (module doc)."""
     return packing.PackDataset(fetch, length, seq_len=self.data_cfg.seq_len, bins=self.bins,
-                               seed=_combine_seeds(self.data_cfg.shuffle_seed, self.seed, self.process_index, *salt),
-                               specials=self.tokenizer.special_ids)
+                               seed=_combine_seeds(self.data_cfg.shuffle_seed, self.seed, self.process_index,
+                                                   *salt), specials=self.tokenizer.special_ids)
 
   def under(self, *, bins: int, process_index: int, process_count: int) -> "Layout":
     """The same data and seed under another process layout (an earlier run's)."""
@@ -287,9 +280,8 @@ class Layout:
     return self.pack(self._fetch, None)
 
 
-def make_dataset(data_cfg: sections.Data, tokenizer: tokenizer_lib.Tokenizer, *,
-                 batch_size: int, seed: int, process_index: int = 0,
-                 process_count: int = 1) -> grain.IterDataset:
+def make_dataset(data_cfg: sections.Data, tokenizer: tokenizer_lib.Tokenizer, *, batch_size: int, seed: int,
+                 process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
   """The infinite training stream of this process: dicts of int32 [B, L] arrays (see module doc).
 
   Its iterator's state is the packer's; after a change of process count the trainer sets a
@@ -307,18 +299,19 @@ def make_dataset(data_cfg: sections.Data, tokenizer: tokenizer_lib.Tokenizer, *,
     rows = elastic.ElasticRows(layout)
   it_ds = packing.BatchRows(rows, batch_size)
   if data_cfg.worker_count > 0:
-    it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=data_cfg.worker_count, per_worker_buffer_size=data_cfg.worker_buffer_size),
+    it_ds = it_ds.mp_prefetch(
+        grain.MultiprocessingOptions(num_workers=data_cfg.worker_count,
+                                     per_worker_buffer_size=data_cfg.worker_buffer_size),
         worker_init_fn=workers.exit_with_parent)
   return it_ds
 
 
-def make_iterator(data_cfg: sections.Data, tokenizer: tokenizer_lib.Tokenizer, *,
-                  batch_size: int, seed: int, process_index: int = 0,
-                  process_count: int = 1) -> grain.DatasetIterator:
+def make_iterator(data_cfg: sections.Data, tokenizer: tokenizer_lib.Tokenizer, *, batch_size: int, seed: int,
+                  process_index: int = 0, process_count: int = 1) -> grain.DatasetIterator:
   """`iter(make_dataset(...))`: a checkpointable iterator (`get_state` / `set_state`)."""
-  return iter(make_dataset(data_cfg, tokenizer, batch_size=batch_size, seed=seed,
-                           process_index=process_index, process_count=process_count))
+  return iter(
+      make_dataset(data_cfg, tokenizer, batch_size=batch_size, seed=seed, process_index=process_index,
+                   process_count=process_count))
 
 
 def check_paths(data_cfg: sections.Data) -> None:

@@ -83,8 +83,8 @@ def _encode(tok: tokenizer_lib.AnyTokenizer, batch: list[str], index: int) -> li
                     "tokenizer that encodes any text (with an unknown token)") from None
 
 
-def write_shard(spec: str, output: str, index: int, count: int, fmt: str, text_field: str,
-                text_unit: str, tokenizer_proto: bytes | None = None) -> tuple[int, int]:
+def write_shard(spec: str, output: str, index: int, count: int, fmt: str, text_field: str, text_unit: str,
+                tokenizer_proto: bytes | None = None) -> tuple[int, int]:
   """Writes shard `index` of `count` to `output`; returns its (documents, tokens)."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
 
@@ -159,9 +159,10 @@ def _check_output(spec: str, files: list[epath.Path], output: str) -> None:
 def _identity(spec: str, files: list[epath.Path], shards: int, fmt: str, text_field: str, text_unit: str,
               tokenizer: tokenizer_lib.Tokenizer | None) -> dict[str, Any]:
   """What a resumed run must share with the run that started the folder."""
-  return {"input": spec, "files": [[str(f), f.stat().length] for f in files], "shards": shards, "format": fmt,
-          "text_field": text_field, "text_unit": text_unit,
-          "tokenizer_sha256": shards_lib.sha256(tokenizer.content) if tokenizer else None}
+  return {
+      "input": spec, "files": [[str(f), f.stat().length] for f in files], "shards": shards, "format": fmt,
+      "text_field": text_field, "text_unit": text_unit,
+      "tokenizer_sha256": shards_lib.sha256(tokenizer.content) if tokenizer else None}
 
 
 def _start(out: epath.Path, identity: dict[str, Any], kind: str, shards: int) -> tuple[list[int], bool]:
@@ -255,12 +256,12 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
   main_thread = threading.current_thread() is threading.main_thread()  # Only it may set signal handlers.
   handlers = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)} if main_thread else {}
   # Spawned workers: no fork of a parent that may hold threads (grain, tqdm).
-  pool = concurrent.futures.ProcessPoolExecutor(workers or min(len(todo), os.cpu_count() or 1) or 1,
+  pool = concurrent.futures.ProcessPoolExecutor(workers or min(len(todo),
+                                                               os.cpu_count() or 1) or 1,
                                                 mp_context=multiprocessing.get_context("spawn"),
                                                 initializer=workers_lib.quiet_worker, initargs=(os.getpid(),))
   try:
-    futures = {pool.submit(write_shard, spec, output, k, shards, fmt, text_field, text_unit, proto): k
-               for k in todo}
+    futures = {pool.submit(write_shard, spec, output, k, shards, fmt, text_field, text_unit, proto): k for k in todo}
     for future in concurrent.futures.as_completed(futures):
       stats[futures[future]] = future.result()
       bar.update(1)
@@ -288,12 +289,12 @@ def prepare(spec: str, output: str, shards: int, *, fmt: str = "auto", text_fiel
     raise UserError(f"shards {listed} of {shards} got no documents ({sum(counts)} documents in all): use fewer "
                     "--shards (or --text_unit=line)")
   if tokenizer is not None:
-    shards_lib.write_manifest(out, {
-        "tokenizer": {"sha256": shards_lib.sha256(proto), "vocab_size": tokenizer.vocab_size,
-                      "source": tokenizer.source},
-        "dtype": shards_lib.token_dtype(tokenizer.vocab_size).name,
-        "shards": [{"name": shard_name(k, shards, kind), "documents": n, "tokens": t}
-                   for k, (n, t) in enumerate(stats)]})
+    shards_lib.write_manifest(
+        out, {
+            "tokenizer": {
+                "sha256": shards_lib.sha256(proto), "vocab_size": tokenizer.vocab_size, "source": tokenizer.source},
+            "dtype": shards_lib.token_dtype(tokenizer.vocab_size).name, "shards": [
+                {"name": shard_name(k, shards, kind), "documents": n, "tokens": t} for k, (n, t) in enumerate(stats)]})
   _write_marker(out, {**identity, "finished": True})  # Last: a rerun of this command now only says it is done.
   return counts
 

@@ -21,7 +21,9 @@ def _decode(raw: bytes, where: str) -> str:
 
 
 def no_documents(path: epath.Path) -> UserError:
-  return UserError(f"{path}: holds no documents (empty or blank); remove it from the files named (data.path, data.mixture, or --input)")
+  return UserError(
+      f"{path}: holds no documents (empty or blank); remove it from the files named (data.path, data.mixture, or --input)"
+  )
 
 
 def _read(path: epath.Path, part: splits.Part | None, unit: str) -> tuple[bytes, str]:
@@ -140,5 +142,3 @@ def decode_record(raw: bytes, text_field: str, where: str) -> str:
     if isinstance(record, dict):
       return _field(record, text_field, where)
   return _decode(raw, where)
-
-

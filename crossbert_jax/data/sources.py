@@ -23,7 +23,6 @@ from crossbert_jax.data import splits
 
 _GLOB_CHARS = "*?["
 
-
 # ----------------------------------------------------------------------------- paths
 
 
@@ -116,7 +115,6 @@ def _gather(ends: np.ndarray, indices: Sequence[int], read: Callable[[int, list[
 
 class _ArrayRecordDocuments:
   """Random access to the documents of ArrayRecord files, read on demand (not in memory)."""
-
   def __init__(self, paths: Sequence[epath.Path], text_field: str):
     self._paths, self._text_field = [str(p) for p in paths], text_field
     try:
@@ -153,7 +151,6 @@ class _ArrayRecordDocuments:
 
 class _ArrayRecordTokens(_ArrayRecordDocuments):
   """Random access to the documents of pre-tokenized shards: int32 token ids, without specials."""
-
   def __init__(self, paths: Sequence[epath.Path], dtype: str):
     self._dtype = np.dtype(dtype)
     super().__init__(paths, "")
@@ -165,7 +162,6 @@ class _ArrayRecordTokens(_ArrayRecordDocuments):
 class DocumentSource(grain.sources.RandomAccessDataSource):
   """Random-access documents from all files of a spec, in file order: str, or int32 token ids
   when `tokenizer` (the manifest's {sha256, vocab_size, source}) is set."""
-
   def __init__(self, parts: Sequence[Sequence[str]], per_process: bool = False,
                tokenizer: dict[str, Any] | None = None):
     self._parts = list(parts)
@@ -187,8 +183,9 @@ class DocumentSource(grain.sources.RandomAccessDataSource):
 
   def _getitems(self, indices: Sequence[int]) -> list[Any]:
     """Batched read: one batched call per file part that has one (Grain calls this for `_getitems`)."""
-    read = lambda p, keys: (self._parts[p]._getitems(keys) if hasattr(self._parts[p], "_getitems")  # pylint: disable=protected-access
-                            else [self._parts[p][k] for k in keys])
+    read = lambda p, keys: (
+        self._parts[p]._getitems(keys) if hasattr(self._parts[p], "_getitems")  # pylint: disable=protected-access
+        else [self._parts[p][k] for k in keys])
     return _gather(self._ends, indices, read)
 
 
@@ -243,8 +240,7 @@ def _token_shards(paths: list[epath.Path], spec: str) -> tuple[list[epath.Path],
   return [], source
 
 
-def document_source(data_cfg: sections.Data, process_index: int = 0,
-                    process_count: int = 1) -> DocumentSource:
+def document_source(data_cfg: sections.Data, process_index: int = 0, process_count: int = 1) -> DocumentSource:
   """The documents of `data_cfg.path` ("builtin" or files) for this process, random access.
 
   `per_process` on the result says whether it holds only this process's share (text, JSONL,
@@ -254,8 +250,8 @@ def document_source(data_cfg: sections.Data, process_index: int = 0,
     from crossbert_jax.data import corpus  # pylint: disable=g-import-not-at-top
 
     return DocumentSource([corpus.builtin_documents()])
-  parts, per_process = _file_parts(data_cfg.path, data_cfg.format, data_cfg.text_field,
-                                   data_cfg.text_unit, process_index, process_count)
+  parts, per_process = _file_parts(data_cfg.path, data_cfg.format, data_cfg.text_field, data_cfg.text_unit,
+                                   process_index, process_count)
   return DocumentSource(parts, per_process, getattr(parts[0], "tokenizer", None) if parts else None)
 
 

@@ -76,11 +76,13 @@ def bounds(part: Part, unit: str) -> tuple[int, int]:
   if part.count == 1:
     return 0, size
   with part.path.open("rb") as f:
+
     def snap(k: int) -> int:
       x = k * size // part.count
       if x >= size:
         return size
       return _paragraph_start(f, x, size) if unit == "paragraph" else _line_start(f, x)
+
     return snap(part.index), snap(part.index + 1)
 
 

@@ -45,13 +45,14 @@ def corpora(books: list[pathlib.Path], root: pathlib.Path, vocab_size: int = 819
   pq.write_table(pa.table({"text": docs}), root / "docs.parquet", row_group_size=4096)
   prepare.prepare(str(text), str(root / "ar_text"), 2, progress=False)
   prepare.prepare(str(text), str(root / "ar_tokens"), 2, progress=False, tokenizer=tok)
-  paths = {"text": str(text), "jsonl": str(root / "docs.jsonl"), "parquet": str(root / "docs.parquet"),
-           "arrayrecord_text": str(root / "ar_text"), "arrayrecord_tokens": str(root / "ar_tokens")}
+  paths = {
+      "text": str(text), "jsonl": str(root / "docs.jsonl"), "parquet": str(root / "docs.parquet"),
+      "arrayrecord_text": str(root / "ar_text"), "arrayrecord_tokens": str(root / "ar_tokens")}
   return paths, tok
 
 
-def hf_corpora(paths: dict[str, str], root: pathlib.Path, vocab_size: int = 8192
-               ) -> tuple[dict[str, str], tokenizer_lib.AnyTokenizer]:
+def hf_corpora(paths: dict[str, str], root: pathlib.Path,
+               vocab_size: int = 8192) -> tuple[dict[str, str], tokenizer_lib.AnyTokenizer]:
   """({text, arrayrecord_tokens}, tokenizer) for a Hugging Face byte-level BPE (ModernBERT's kind, its special
   names above the regular pieces) trained with `tokenizers` on `corpora`'s text; its shards under `root`."""
   from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
@@ -60,11 +61,12 @@ def hf_corpora(paths: dict[str, str], root: pathlib.Path, vocab_size: int = 8192
   bpe = Tokenizer(models.BPE())
   bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   bpe.decoder = decoders.ByteLevel()
-  bpe.train_from_iterator(docs, trainers.BpeTrainer(
-      vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|padding|>"],
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-  bpe.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                          for t in ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")])
+  bpe.train_from_iterator(
+      docs,
+      trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|padding|>"],
+                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+  bpe.add_special_tokens([
+      AddedToken(t, special=True, normalized=False) for t in ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")])
   root.mkdir(parents=True, exist_ok=True)
   bpe.save(str(root / "tokenizer.json"))
   tok = tokenizer_lib.Tokenizer.load(root / "tokenizer.json")
@@ -90,5 +92,6 @@ def measure(data_cfg: sections.Data, tok: tokenizer_lib.Tokenizer, *, tokens_per
   elapsed = time.perf_counter() - start
   del it  # Stops its workers.
   slots = n * batch * data_cfg.seq_len
-  return {"tokens_per_s": slots / elapsed, "fill_ratio": real / slots, "batches": n, "batch_size": batch,
-          "seconds": elapsed}
+  return {
+      "tokens_per_s": slots / elapsed, "fill_ratio": real / slots, "batches": n, "batch_size": batch,
+      "seconds": elapsed}

@@ -79,10 +79,14 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int, output: str | os.
         model_type=model_type,
         vocab_size=vocab_size,
         # Our ids, recorded in the proto: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3, "[MASK]" -> 4.
-        pad_id=PAD_ID, pad_piece=PAD,
-        unk_id=UNK_ID, unk_piece=UNK,
-        bos_id=CLS_ID, bos_piece=CLS,
-        eos_id=SEP_ID, eos_piece=SEP,
+        pad_id=PAD_ID,
+        pad_piece=PAD,
+        unk_id=UNK_ID,
+        unk_piece=UNK,
+        bos_id=CLS_ID,
+        bos_piece=CLS,
+        eos_id=SEP_ID,
+        eos_piece=SEP,
         user_defined_symbols=[MASK],
         normalization_rule_name="nmt_nfkc",
         byte_fallback=True,
@@ -106,7 +110,6 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int, output: str | os.
 
 class Tokenizer:
   """A SentencePiece model made by this module: plain text <-> ids, no specials added."""
-
   def __init__(self, serialized_proto: bytes, source: str = "<bytes>"):
     self._proto = serialized_proto
     self.source = source  # Where it was loaded from, for messages.
@@ -118,8 +121,7 @@ class Tokenizer:
                       "train one with `python -m crossbert_jax.tokenizer`") from None
     ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id(),
            self._sp.piece_to_id(MASK) if self._sp.get_piece_size() > MASK_ID else -1)
-    pieces = tuple(self._sp.id_to_piece(i) if 0 <= i < self._sp.get_piece_size() else None
-                   for i in range(NUM_SPECIAL))
+    pieces = tuple(self._sp.id_to_piece(i) if 0 <= i < self._sp.get_piece_size() else None for i in range(NUM_SPECIAL))
     if ids != tuple(range(NUM_SPECIAL)) or pieces != SPECIAL_PIECES:
       raise UserError(f"tokenizer {source}: special ids are {dict(zip(SPECIAL_PIECES, ids))}, "
                       f"not {PAD}=0 {UNK}=1 {CLS}=2 {SEP}=3 {MASK}=4; the model was not made by "

@@ -49,8 +49,7 @@ def run_cache_dir(workdir: str) -> epath.Path:
     return default
   # A read-only (e.g. shared or archived) run still evaluates; its embeddings are cached per user.
   fallback = user_cache_root() / hashlib.sha256(absolute(workdir).encode()).hexdigest()[:16]
-  print(f"note: {default} is not writable ({error.strerror or error}); caching embeddings in {fallback}",
-        flush=True)
+  print(f"note: {default} is not writable ({error.strerror or error}); caching embeddings in {fallback}", flush=True)
   return fallback
 
 

@@ -92,12 +92,16 @@ def compare(ours: embedder_lib.Embedder, st, texts: list[str], st_batch_size: in
   theirs_NxD, st_s = _timed(lambda t: _encode(st, t, st_batch_size), texts)
   ours_NxD, our_s = _timed(ours.embed, texts)
   return {
-      "texts": len(texts), "tokens": int(ours.tokens_seen // 2), "max_length": ours.options.max_length,
+      "texts": len(texts),
+      "tokens": int(ours.tokens_seen // 2),
+      "max_length": ours.options.max_length,
       "devices": getattr(ours, "_n", 1),
-      "ours_texts_per_s": len(texts) / our_s, "st_texts_per_s": len(texts) / st_s,
-      "ratio": st_s / our_s, "max_abs_diff": float(np.abs(ours_NxD - theirs_NxD).max()),
-      "ours_s": our_s, "st_s": st_s,
-  }
+      "ours_texts_per_s": len(texts) / our_s,
+      "st_texts_per_s": len(texts) / st_s,
+      "ratio": st_s / our_s,
+      "max_abs_diff": float(np.abs(ours_NxD - theirs_NxD).max()),
+      "ours_s": our_s,
+      "st_s": st_s,}
 
 
 def table_rows(r: dict[str, Any], label: str) -> str:

@@ -217,7 +217,6 @@ class JaxEmbedder(Embedder):
 
   pack_length 0 runs every text in a row of its own (the reference the packed rows must match).
   """
-
   def __init__(self, spec: EncoderSpec, encoder_params, tok: tokenizer_lib.Tokenizer, options: Options = Options(),
                identity: str = "", progress: bool = False, tokens_per_batch: int = TOKENS_PER_BATCH,
                pack_length: int = PACK_LENGTH, devices: Sequence[jax.Device] | None = None):
@@ -227,8 +226,8 @@ class JaxEmbedder(Embedder):
     mesh = local_mesh(devices)
     self._rows, self._n = NamedSharding(mesh, PartitionSpec("rows")), mesh.size
     # Replicated over the mesh; on one device the params stay as given (no copy).
-    self.params = encoder_params if self._n == 1 else jax.device_put(encoder_params,
-                                                                      NamedSharding(mesh, PartitionSpec()))
+    self.params = encoder_params if self._n == 1 else jax.device_put(encoder_params, NamedSharding(
+        mesh, PartitionSpec()))
     self._fn = _pooled_fn(spec, options.layers, options.pooling)
     self._packed = _pooled_fn(spec, options.layers, options.pooling, PACK_SLOTS)
 
@@ -287,7 +286,6 @@ class JaxEmbedder(Embedder):
 
 class HFEmbedder(Embedder):
   """A local Hugging Face encoder folder (transformers AutoModel on torch CPU), same pooling."""
-
   def __init__(self, path: str, options: Options = Options(), progress: bool = False, batch_size: int = 64):
     import torch  # Local: only --hf needs torch.
     import transformers
@@ -327,18 +325,18 @@ class HFEmbedder(Embedder):
         res = self.model(**enc, output_hidden_states=not final_only)
         mask = enc["attention_mask"].unsqueeze(-1).float()
         # The last entry of hidden_states may precede the final norm: use last_hidden_state, as ours.
-        hiddens = [res.last_hidden_state if l % (self.num_layers + 1) == self.num_layers else res.hidden_states[l]
-                   for l in opts.layers]
-        pooled = [h[:, 0] if opts.pooling == "cls" else (h * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-                  for h in hiddens]
+        hiddens = [
+            res.last_hidden_state if l % (self.num_layers + 1) == self.num_layers else res.hidden_states[l]
+            for l in opts.layers]
+        pooled = [h[:, 0] if opts.pooling == "cls" else (h * mask).sum(1) / mask.sum(1).clamp(min=1.0) for h in hiddens]
         emb = torch.stack(pooled).mean(0).float().numpy()
         for row, j in enumerate(idx):
           out[j] = emb[row]
     return np.stack(out).astype(np.float32) if out else np.zeros((0, self.model.config.hidden_size), np.float32)
 
 
-def cache_path(cache_dir: str | epath.Path, embedder: Embedder, task: str, split: str, part: str,
-               texts: Sequence[str], pairs: Sequence[str] | None) -> epath.Path:
+def cache_path(cache_dir: str | epath.Path, embedder: Embedder, task: str, split: str, part: str, texts: Sequence[str],
+               pairs: Sequence[str] | None) -> epath.Path:
   """The .npy file for these embeddings (the key includes a hash of the texts themselves)."""
   h = hashlib.sha256()
   for t in (embedder.identity, embedder.options.tag, task, split, part):

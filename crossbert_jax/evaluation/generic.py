@@ -21,8 +21,7 @@ import numpy as np
 from etils import epath
 
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.evaluation.tasks import (
-    CLASSIFICATION, PAIR_CLASSIFICATION, REGRESSION, Split, Task)
+from crossbert_jax.evaluation.tasks import (CLASSIFICATION, PAIR_CLASSIFICATION, REGRESSION, Split, Task)
 
 PAIR_REGRESSION = "pair_regression"
 TYPES = (CLASSIFICATION, REGRESSION, PAIR_CLASSIFICATION, PAIR_REGRESSION)
@@ -51,6 +50,7 @@ class GenericSpec:
 
 
 # ----------------------------------------------------------------------------- files
+
 
 def decode(path: str) -> str:
   """The file's text; a missing or non-UTF-8 file is a UserError naming the byte offset."""
@@ -103,14 +103,15 @@ def read_records(path: str, columns: tuple[str, ...]) -> list[tuple[int, dict[st
   for n, line in body:
     fields = line.split("\t")
     if len(fields) != len(header):
-      why = ("a tab inside a text? remove it, or use JSONL" if len(fields) > len(header)
-             else "a missing value? fill it in")
+      why = ("a tab inside a text? remove it, or use JSONL"
+             if len(fields) > len(header) else "a missing value? fill it in")
       raise UserError(f"{path} line {n} has {len(fields)} tab-separated fields, the header has {len(header)}: {why}")
     rows.append((n, dict(zip(header, fields))))
   return rows
 
 
 # ----------------------------------------------------------------------------- labels
+
 
 def _number(value: Any) -> float | None:
   if isinstance(value, bool):
@@ -139,6 +140,7 @@ def _check_label(path: str, n: int, value: Any, label: str) -> None:
 
 # ----------------------------------------------------------------------------- a task
 
+
 def read_generic(spec: GenericSpec) -> Task:
   """A TSV/JSONL task driven by column names and a task type (pair tasks get zero-shot cosine)."""
   if spec.kind not in TYPES:
@@ -158,8 +160,7 @@ def read_generic(spec: GenericSpec) -> Task:
         raise UserError(f"{path} line {n}: label {row[spec.label]!r} is not a number; a regression needs "
                         "numeric labels (or use type classification)")
     labels = [_number(r[spec.label]) if regression else _class_key(r[spec.label]) for _, r in rows]
-    return ([str(r[spec.text]) for _, r in rows],
-            [str(r[spec.pair]) for _, r in rows] if spec.pair else None, labels)
+    return ([str(r[spec.text]) for _, r in rows], [str(r[spec.pair]) for _, r in rows] if spec.pair else None, labels)
 
   parts = {"train": split(spec.train)} | {name: split(path) for name, path in spec.splits.items()}
   cv = not spec.splits
@@ -196,8 +197,7 @@ def _classes(spec: GenericSpec, parts: dict, cv: bool) -> tuple[dict[str, Split]
   rare = [c for c in classes if counts[c] < need]
   if rare:
     raise UserError(f"task {spec.name!r}: class {_class_name(rare[0])!r} has {counts[rare[0]]} rows in "
-                    f"{spec.train}; each class needs at least {need}"
-                    + (" (or an evaluation file)" if cv else ""))
+                    f"{spec.train}; each class needs at least {need}" + (" (or an evaluation file)" if cv else ""))
   index = {c: i for i, c in enumerate(classes)}
   splits = {}
   for name, (texts, pairs, keys) in parts.items():
@@ -274,8 +274,8 @@ def read_task_file(path: str) -> list[GenericSpec]:
     ev = {"eval": ev} if isinstance(ev, str) else ev
     if not isinstance(ev, dict):
       raise UserError(f"--task_file={path}: task {name!r}: eval is a file or {{split name: file}}")
-    specs.append(GenericSpec(
-        resolve(e["train"], f"task {name!r} train"), "", str(cols.get("text", "text")), str(cols.get("pair", "")),
-        str(cols.get("label", "label")), str(e["type"]), name,
-        tuple((str(k), resolve(v, f"task {name!r} eval {k}")) for k, v in ev.items())))
+    specs.append(
+        GenericSpec(resolve(e["train"], f"task {name!r} train"), "", str(cols.get("text", "text")),
+                    str(cols.get("pair", "")), str(cols.get("label", "label")), str(e["type"]), name,
+                    tuple((str(k), resolve(v, f"task {name!r} eval {k}")) for k, v in ev.items())))
   return specs

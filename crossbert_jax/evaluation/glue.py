@@ -46,20 +46,22 @@ def _t(name, config, columns, classes, metrics, rows=None, select=None) -> GlueT
   return GlueTask(name, config, columns, classes, metrics, rows or ((name, "validation"),), select or metrics[0])
 
 
-TASKS: dict[str, GlueTask] = {t.name: t for t in (
-    _t("cola", "cola", ("sentence",), 2, ("matthews",)),
-    _t("sst2", "sst2", ("sentence",), 2, ("accuracy",)),
-    _t("mrpc", "mrpc", ("sentence1", "sentence2"), 2, ("f1", "accuracy")),
-    _t("stsb", "stsb", ("sentence1", "sentence2"), 0, ("pearson", "spearman"), select="spearman"),
-    _t("qqp", "qqp", ("question1", "question2"), 2, ("f1", "accuracy")),
-    _t("mnli", "mnli", ("premise", "hypothesis"), 3, ("accuracy",),
-       rows=(("mnli-m", "validation_matched"), ("mnli-mm", "validation_mismatched"))),
-    _t("qnli", "qnli", ("question", "sentence"), 2, ("accuracy",)),
-    _t("rte", "rte", ("sentence1", "sentence2"), 2, ("accuracy",)),
-)}
+TASKS: dict[str, GlueTask] = {
+    t.name: t for t in (
+        _t("cola", "cola", ("sentence",), 2, ("matthews",)),
+        _t("sst2", "sst2", ("sentence",), 2, ("accuracy",)),
+        _t("mrpc", "mrpc", ("sentence1", "sentence2"), 2, ("f1", "accuracy")),
+        _t("stsb", "stsb", ("sentence1", "sentence2"), 0, ("pearson", "spearman"), select="spearman"),
+        _t("qqp", "qqp", ("question1", "question2"), 2, ("f1", "accuracy")),
+        _t("mnli", "mnli", ("premise", "hypothesis"), 3, ("accuracy",), rows=(("mnli-m", "validation_matched"),
+                                                                              ("mnli-mm", "validation_mismatched"))),
+        _t("qnli", "qnli", ("question", "sentence"), 2, ("accuracy",)),
+        _t("rte", "rte", ("sentence1", "sentence2"), 2, ("accuracy",)),
+    )}
 ROWS = tuple(row for t in TASKS.values() for row, _ in t.rows)  # The nine reported rows, GLUE's order.
-ROW_TITLES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli-m": "MNLI-m",
-              "mnli-mm": "MNLI-mm", "qnli": "QNLI", "rte": "RTE"}
+ROW_TITLES = {
+    "cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli-m": "MNLI-m",
+    "mnli-mm": "MNLI-mm", "qnli": "QNLI", "rte": "RTE"}
 STSB_RANGE = (0.0, 5.0)
 
 

@@ -28,14 +28,13 @@ READERS = {
              "SentEval's MRPC files: fitted on MSR train (4,076), reported on MSR test (1,725), not GLUE's dev"),
     "stsb": ("stsb", {"train": "train", "validation": "dev"}, ""),
     "qnli": ("qnli", {"validation": "dev"}, ""),
-    "rte": ("rte", {"train": "train", "validation": "dev"}, ""),
-}
+    "rte": ("rte", {"train": "train", "validation": "dev"}, ""),}
 CV_NOTE = "no train split: 5-fold cross-validation on dev (each fold chooses its own C / k)"
 
 
 def _offline() -> bool:
-  return any(os.environ.get(v, "0") not in ("0", "", "false", "False") for v in ("HF_DATASETS_OFFLINE",
-                                                                                   "HF_HUB_OFFLINE"))
+  return any(
+      os.environ.get(v, "0") not in ("0", "", "false", "False") for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
 
 
 def hub_cached(config: str) -> bool:
@@ -154,8 +153,8 @@ def plan(names: list[str], data_dir: str, online: bool | None = None) -> tuple[d
   return sources, skipped
 
 
-def checked_plan(names: list[str], data_dir: str, strict: bool, log=print, online: bool | None = None
-                 ) -> tuple[dict[str, str], dict[str, str]]:
+def checked_plan(names: list[str], data_dir: str, strict: bool, log=print,
+                 online: bool | None = None) -> tuple[dict[str, str], dict[str, str]]:
   """`plan`, with the skipped tasks named in one line, or refused (strict); refuses a plan with no task."""
   sources, skipped = plan(names, data_dir, online)
   if skipped and strict:
@@ -191,5 +190,6 @@ def load(name: str, source: str, data_dir: str) -> eval_tasks.Task:
 
 def source_label(source: str, data_dir: str) -> str:
   """Where a task's data came from, as the table states it."""
-  return {"copy": f"local copy of {glue.HUB_REPO} ({data_dir})", "hub": f"{glue.HUB_REPO}@{glue.HUB_REVISION}",
-          "readers": f"shared data files ({data_dir})"}[source]
+  return {
+      "copy": f"local copy of {glue.HUB_REPO} ({data_dir})", "hub": f"{glue.HUB_REPO}@{glue.HUB_REVISION}",
+      "readers": f"shared data files ({data_dir})"}[source]

@@ -46,13 +46,13 @@ def _features(emb: embedder_lib.Embedder, task: eval_tasks.Task, cache_dir: str 
   for name in sorted({task.fit, *task.scored}):
     sp = task.splits[name]
     cache = {"cache_dir": cache_dir, "task": f"glue-{task.name}", "split": name}
-    out[name] = (embedder_lib.embed_cached(emb, sp.texts, **cache) if sp.pairs is None
-                 else embedder_lib.pair_features(emb, sp.texts, sp.pairs, **cache))
+    out[name] = (embedder_lib.embed_cached(emb, sp.texts, **cache) if sp.pairs is None else embedder_lib.pair_features(
+        emb, sp.texts, sp.pairs, **cache))
   return out
 
 
-def nearest_large(keys_NxD: np.ndarray, queries_MxD: np.ndarray, k: int, chunk: int = 256
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def nearest_large(keys_NxD: np.ndarray, queries_MxD: np.ndarray, k: int,
+                  chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
   """probes.nearest for a big key set: torch's matmul and top-k (measured 6.7x numpy's argpartition on
   393k keys), chunks of 256 queries (~400 MB of similarities); ties ordered by index, as there."""
   import torch  # Local: only big train sets need it.
@@ -80,8 +80,9 @@ def _big_knn(task: eval_tasks.Task, features: dict[str, np.ndarray], seed: int, 
     val_idx = np.sort(np.random.default_rng(seed).permutation(val_idx)[:KNN_VAL_CAP])
   idx, sims = nearest_large(x[fit_idx], x[val_idx], max(probes.K_GRID))
   metric = task.metrics[0]
-  scores = [probes.METRICS[metric](y[val_idx], probes.knn_predict(idx, sims, y[fit_idx], k, classification,
-                                                                  num_classes)) for k in probes.K_GRID]
+  scores = [
+      probes.METRICS[metric](y[val_idx], probes.knn_predict(idx, sims, y[fit_idx], k, classification, num_classes))
+      for k in probes.K_GRID]
   best = probes.K_GRID[int(np.argmax(scores))]
   out = {}
   for split in task.scored:
@@ -93,8 +94,8 @@ def _big_knn(task: eval_tasks.Task, features: dict[str, np.ndarray], seed: int, 
   return out, best
 
 
-def seed_scores(task: eval_tasks.Task, features: dict[str, np.ndarray], seed: int, neighbours: dict
-                 ) -> tuple[dict[str, float], dict[str, Any]]:
+def seed_scores(task: eval_tasks.Task, features: dict[str, np.ndarray], seed: int,
+                neighbours: dict) -> tuple[dict[str, float], dict[str, Any]]:
   """One probe seed's {"<probe>/<split>/<metric>": score} and chosen hyperparameters."""
   if len(task.splits[task.fit]) <= BIG_TRAIN or not task.scored:
     return probes.score_task(task, features, seed=seed, probes=PROBES)
@@ -114,8 +115,9 @@ def run_task(emb: embedder_lib.Embedder, task: eval_tasks.Task, spec: glue.GlueT
   for row, split in spec.rows:
     key = split if task.scored else "cv"
     rows[row] = {p: {m: [s[f"{p}/{key}/{m}"] for s, _ in per_seed] for m in spec.metrics} for p in PROBES}
-  return {"rows": rows, "chosen": [c for _, c in per_seed], "sizes": {s: len(v) for s, v in task.splits.items()},
-          "note": task.note}
+  return {
+      "rows": rows, "chosen": [c for _, c in per_seed], "sizes": {s: len(v) for s, v in task.splits.items()},
+      "note": task.note}
 
 
 def _write_json(path: epath.Path, obj: Any) -> None:
@@ -147,8 +149,8 @@ def run_model(emb: embedder_lib.Embedder, plan: dict[str, str], folder: epath.Pa
     if todo[i - 1]:
       task = load(name, source)
       task = eval_tasks.Task(task.name, task.kind, task.metrics,
-                             {s: v.subset(max_examples, data_seed) for s, v in task.splits.items()},
-                             task.fit, task.scored, task.note)
+                             {s: v.subset(max_examples, data_seed) for s, v in task.splits.items()}, task.fit,
+                             task.scored, task.note)
       result = run_task(emb, task, glue.TASKS[name], seeds=seeds, cache_dir=cache_dir)
       _write_json(path, {"task": name, "source": source, **result})
       spent, done = spent + time.perf_counter() - start, done + 1

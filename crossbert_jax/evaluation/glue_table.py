@@ -27,8 +27,9 @@ def summary(results: dict[str, dict[str, dict]], skipped: dict[str, str], source
   per_seed: dict[str, dict[str, dict[str, list[float]]]] = {c: {p: {} for p in ("linear", "knn")} for c in results}
   for name, task in glue.TASKS.items():
     for row, _ in task.rows:
-      entry = {"title": glue.ROW_TITLES[row], "metrics": list(task.metrics), "source": sources.get(name),
-               "skipped": skipped.get(name), "scores": {}}
+      entry = {
+          "title": glue.ROW_TITLES[row], "metrics": list(task.metrics), "source": sources.get(name),
+          "skipped": skipped.get(name), "scores": {}}
       for column, by_task in results.items():
         if name not in by_task:
           continue
@@ -42,8 +43,9 @@ def summary(results: dict[str, dict[str, dict]], skipped: dict[str, str], source
           cell[probe] = {**_stats(seeds), "metrics": {m: _stats(v) for m, v in metrics.items()}}
         entry["scores"][column] = cell
       rows[row] = entry
-  return {"benchmark": "glue", "settings": settings, "columns": list(results), "rows": rows,
-          "average": {c: _averages(per_seed[c]) for c in results}, "skipped": skipped}
+  return {
+      "benchmark": "glue", "settings": settings, "columns": list(results), "rows": rows,
+      "average": {c: _averages(per_seed[c]) for c in results}, "skipped": skipped}
 
 
 def _averages(by_probe: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
@@ -52,8 +54,9 @@ def _averages(by_probe: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     n = min((len(v) for v in rows.values()), default=0)
     full = [glue.glue_average({r: v[i] for r, v in rows.items()}) for i in range(n)]
     part = [glue.partial_average({r: v[i] for r, v in rows.items()})[0] for i in range(n)]
-    out[probe] = {"glue": _stats(full) if n and None not in full else None,
-                  "rows_run": len(rows), "mean_of_rows_run": _stats(part) if n else None}
+    out[probe] = {
+        "glue": _stats(full) if n and None not in full else None, "rows_run": len(rows),
+        "mean_of_rows_run": _stats(part) if n else None}
   return out
 
 

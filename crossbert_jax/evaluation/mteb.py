@@ -23,7 +23,6 @@ def _texts(inputs: Any) -> list[str]:
 
 class MtebEncoder:
   """Wraps an `Embedder` in mteb's EncoderProtocol: `encode(inputs, ...) -> NxD numpy`."""
-
   def __init__(self, emb: embedder_lib.Embedder, name: str = "crossbert_jax/local", normalize: bool = True,
                revision: str = "local"):
     self.embedder, self.normalize, self.name, self.revision = emb, normalize, name, revision
@@ -33,8 +32,9 @@ class MtebEncoder:
     """mteb's ModelMeta for the results: results/<name>/<revision>/ (mteb is slow to import)."""
     from mteb.models.model_meta import ModelMeta, ScoringFunction
 
-    return ModelMeta.create_empty({"name": self.name, "revision": self.revision, "framework": ["JAX"],
-                                   "similarity_fn_name": ScoringFunction.COSINE})
+    return ModelMeta.create_empty({
+        "name": self.name, "revision": self.revision, "framework": ["JAX"],
+        "similarity_fn_name": ScoringFunction.COSINE})
 
   def encode(self, inputs: Any, *, batch_size: int = 32, task_metadata: Any = None, hf_split: str | None = None,
              hf_subset: str | None = None, prompt_type: Any = None, **kwargs: Any) -> np.ndarray:

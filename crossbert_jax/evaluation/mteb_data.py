@@ -27,8 +27,9 @@ from crossbert_jax.evaluation import generic
 
 TABLE_TYPES = ("STS", "PairClassification")
 LAYOUT_TYPES = TABLE_TYPES + ("Classification", "Clustering", "Retrieval", "Reranking")
-COLUMNS = {"STS": ("sentence1", "sentence2", "score"), "PairClassification": ("sentence1", "sentence2", "label"),
-           "Classification": ("text", "label"), "Clustering": ("sentences", "labels")}
+COLUMNS = {
+    "STS": ("sentence1", "sentence2", "score"), "PairClassification": ("sentence1", "sentence2", "label"),
+    "Classification": ("text", "label"), "Clustering": ("sentences", "labels")}
 BEIR_FILES = "a retrieval task's folder holds corpus.jsonl, queries.jsonl and qrels/<split>.tsv"
 
 
@@ -158,14 +159,13 @@ def _retrieval_split(folder: epath.Path, split: str, reranking: bool) -> dict[st
   queries = _judged_queries(folder, qrels_path, judged)
   qrels = {q: docs for q, (_, docs) in judged.items()}
   return {
-      "corpus": datasets.Dataset.from_dict({"id": [str(r["_id"]) for r in corpus],
-                                            "title": [r.get("title", "") for r in corpus],
-                                            "text": [r["text"] for r in corpus]}),
-      "queries": datasets.Dataset.from_dict({"id": [str(r["_id"]) for r in queries],
-                                             "text": [r["text"] for r in queries]}),
+      "corpus": datasets.Dataset.from_dict({
+          "id": [str(r["_id"]) for r in corpus], "title": [r.get("title", "") for r in corpus],
+          "text": [r["text"] for r in corpus]}),
+      "queries": datasets.Dataset.
+                 from_dict({"id": [str(r["_id"]) for r in queries], "text": [r["text"] for r in queries]}),
       "relevant_docs": qrels,
-      "top_ranked": {q: list(docs) for q, docs in qrels.items()} if reranking else None,
-  }
+      "top_ranked": {q: list(docs) for q, docs in qrels.items()} if reranking else None,}
 
 
 def _subset_data(task, folder: epath.Path):

@@ -94,8 +94,8 @@ def _result_exists(cache, encoder, name: str) -> bool:
   return cache.get_task_result_path(name, encoder.name, encoder.revision).is_file()
 
 
-def run_tasks(encoder, task_plan: TaskPlan, cache, *, force: bool, log: Callable[[str], None] = print
-              ) -> tuple[dict[str, float], dict[str, str]]:
+def run_tasks(encoder, task_plan: TaskPlan, cache, *, force: bool,
+              log: Callable[[str], None] = print) -> tuple[dict[str, float], dict[str, str]]:
   """{task: main score} of every task run or loaded, and {task: error} of Hub tasks that failed to load.
 
   A progress line per task (documents embedded, tokens/s, time, ETA from the tasks embedded so far).
@@ -145,4 +145,3 @@ def summary_line(task_plan: TaskPlan) -> str:
     return ""
   return (f"skipping {len(task_plan.skipped)} task(s) with no local data and no reachable Hub: "
           f"{', '.join(task_plan.skipped)}")
-

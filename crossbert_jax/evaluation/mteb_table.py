@@ -26,8 +26,8 @@ def summary(scores: dict[str, dict[str, float | None]], task_types: dict[str, st
   types = sorted(set(task_types.values()))
   out: dict[str, Any] = {"tasks": {}, "types": {}, "Mean (Task)": {}, "Mean (TaskType)": {}}
   for task in tasks:
-    out["tasks"][task] = {s: (None if by[task] is None else 100 * by[task]) if task in by else None
-                          for s, by in scores.items()}
+    out["tasks"][
+        task] = {s: (None if by[task] is None else 100 * by[task]) if task in by else None for s, by in scores.items()}
   for source in scores:
     per_type = {t: _mean([out["tasks"][k][source] for k in tasks if task_types[k] == t]) for t in types}
     for t in types:

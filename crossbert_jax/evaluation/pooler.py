@@ -69,6 +69,7 @@ def contrastive_loss(anchor_BxE, positive_BxE, negative_BxE=None, scale: float =
 
 # ----------------------------------------------------------------------------- frozen features
 
+
 @dataclasses.dataclass
 class Features:
   """Cached frozen-encoder outputs: token states NxLxD (L = 1 for the mean pooler) and mask NxL."""
@@ -115,8 +116,9 @@ def frozen_features(emb: embedder_lib.Embedder, kind: str, texts: Sequence[str],
 
 # ----------------------------------------------------------------------------- training data
 
+
 def read_pairs(path: str, split: str = "dev", columns: Sequence[str] = ("anchor", "positive", "negative")
-               ) -> tuple[list[str], list[str], list[str] | None]:
+              ) -> tuple[list[str], list[str], list[str] | None]:
   """(anchors, positives, negatives or None) from a SentEval NLI folder or a TSV/JSONL file.
 
   A SentEval NLI folder (s1.<split>, s2.<split>, labels.<split>, e.g. SNLI) gives, per premise,
@@ -136,7 +138,8 @@ def read_pairs(path: str, split: str = "dev", columns: Sequence[str] = ("anchor"
     by_premise: dict[str, dict[str, str]] = {}
     for s1, s2, label in zip(*parts):
       by_premise.setdefault(s1, {}).setdefault(label, s2)
-    triples = [(a, d["entailment"], d["contradiction"]) for a, d in by_premise.items()
+    triples = [(a, d["entailment"], d["contradiction"])
+               for a, d in by_premise.items()
                if "entailment" in d and "contradiction" in d]
     if not triples:
       raise UserError(f"--pairs={path}: no premise has both an entailment and a contradiction in {split}")
@@ -150,6 +153,7 @@ def read_pairs(path: str, split: str = "dev", columns: Sequence[str] = ("anchor"
 
 
 # ----------------------------------------------------------------------------- training
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainOptions:
@@ -190,8 +194,8 @@ def pooler_loss(model: Pooler, params: dict, hidden_KxBxLxD, mask_KxBxL, scale: 
   return contrastive_loss(*out, scale=scale)
 
 
-def train_pooler(features: Features, triples_Tx3: np.ndarray, opts: TrainOptions, log=print
-                 ) -> tuple[dict, list[float]]:
+def train_pooler(features: Features, triples_Tx3: np.ndarray, opts: TrainOptions,
+                 log=print) -> tuple[dict, list[float]]:
   """(pooler params, loss per step): AdamW with cosine decay on the cached frozen features.
 
   `triples_Tx3` indexes `features` (anchor, positive, negative; negative -1 when absent).
@@ -204,8 +208,9 @@ def train_pooler(features: Features, triples_Tx3: np.ndarray, opts: TrainOptions
   use_neg = opts.hard_negatives and bool((triples_Tx3[:, 2] >= 0).all())
   model = Pooler(opts.kind, opts.out_dim or features.hidden_NxLxD.shape[-1])
   params = model.init(jax.random.key(opts.seed), features.hidden_NxLxD[:1], features.mask_NxL[:1])["params"]
-  tx = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, opts.learning_rate, max(1, opts.steps // 10),
-                                                      max(2, opts.steps)), weight_decay=0.0)
+  tx = optax.adamw(
+      optax.warmup_cosine_decay_schedule(0.0, opts.learning_rate, max(1, opts.steps // 10), max(2, opts.steps)),
+      weight_decay=0.0)
   opt_state = tx.init(params)
 
   @jax.jit
@@ -229,8 +234,8 @@ def train_pooler(features: Features, triples_Tx3: np.ndarray, opts: TrainOptions
   return jax.device_get(params), losses
 
 
-def triples_from(anchors: Sequence[str], positives: Sequence[str], negatives: Sequence[str] | None
-                 ) -> tuple[list[str], np.ndarray]:
+def triples_from(anchors: Sequence[str], positives: Sequence[str],
+                 negatives: Sequence[str] | None) -> tuple[list[str], np.ndarray]:
   """(unique texts, Tx3 indices into them; -1 where there is no negative)."""
   texts: dict[str, int] = {}
   index = lambda s: texts.setdefault(s, len(texts))
@@ -240,6 +245,7 @@ def triples_from(anchors: Sequence[str], positives: Sequence[str], negatives: Se
 
 
 # ----------------------------------------------------------------------------- saving, using
+
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:
   out = {}
@@ -285,7 +291,6 @@ def load_pooler(path: str) -> LoadedPooler:
 
 class PoolerEmbedder(embedder_lib.Embedder):
   """A frozen encoder's embedder followed by a trained pooler (final layer, mean or attention)."""
-
   def __init__(self, base: embedder_lib.Embedder, pooler: LoadedPooler):
     if base.options.layers != (-1,) or base.options.pooling != "mean":
       raise UserError("a pooler reads the final layer's tokens: build its encoder with --layers=-1 --pooling=mean")
@@ -301,5 +306,4 @@ class PoolerEmbedder(embedder_lib.Embedder):
       chunk_pairs = None if pairs is None else pairs[start:start + CHUNK]
       feats = frozen_features(self.base, self.pooler.kind, texts[start:start + CHUNK], chunk_pairs)
       outs.append(np.asarray(self._apply(self.pooler.params, feats.hidden_NxLxD, feats.mask_NxL)))
-    return np.concatenate(outs) if outs else np.zeros((0, self.pooler.params["dense"]["kernel"].shape[-1]),
-                                                      np.float32)
+    return np.concatenate(outs) if outs else np.zeros((0, self.pooler.params["dense"]["kernel"].shape[-1]), np.float32)

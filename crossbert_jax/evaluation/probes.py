@@ -22,8 +22,8 @@ K_GRID = (1, 3, 5, 9, 17, 33)
 VAL_FRACTION = 0.1
 CV_FOLDS = 5
 
-
 # ----------------------------------------------------------------------------- metrics
+
 
 def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
   """Fraction of exact matches."""
@@ -79,8 +79,11 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 
 METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
-    "accuracy": accuracy, "matthews": matthews, "f1": f1, "pearson": pearson, "spearman": spearman,
-}
+    "accuracy": accuracy,
+    "matthews": matthews,
+    "f1": f1,
+    "pearson": pearson,
+    "spearman": spearman,}
 
 
 def weighted_mean(values: list[float], sizes: list[int]) -> float:
@@ -104,6 +107,7 @@ def chance_score(task: eval_tasks.Task, max_examples: int = 0, seed: int = 0) ->
 
 
 # ----------------------------------------------------------------------------- splits
+
 
 def val_split(labels: np.ndarray, seed: int, classification: bool) -> tuple[np.ndarray, np.ndarray]:
   """(fit indices, validation indices): a seeded 10% split, stratified by class."""
@@ -132,6 +136,7 @@ def cv_folds(labels: np.ndarray, seed: int, classification: bool, folds: int = C
 
 # ----------------------------------------------------------------------------- probes
 
+
 def _standardise(fit_NxD: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
   mean_D = fit_NxD.mean(0)
   std_D = fit_NxD.std(0) + 1e-6
@@ -152,14 +157,14 @@ def _fit_predict_linear(x_NxD, y_N, queries, classification, strength):
   return [model.predict(q) for q in queries]
 
 
-def linear_probe(x_NxD: np.ndarray, y_N: np.ndarray, queries: list[np.ndarray], classification: bool,
-                 metric: str, seed: int) -> tuple[list[np.ndarray], float]:
+def linear_probe(x_NxD: np.ndarray, y_N: np.ndarray, queries: list[np.ndarray], classification: bool, metric: str,
+                 seed: int) -> tuple[list[np.ndarray], float]:
   """Predictions on each query matrix and the chosen C (logistic) or alpha (ridge)."""
   fit_idx, val_idx = val_split(y_N, seed, classification)
   xf, xv = _standardise(x_NxD[fit_idx], x_NxD[val_idx])
   grid = C_GRID if classification else ALPHA_GRID
-  scores = [METRICS[metric](y_N[val_idx], _fit_predict_linear(xf, y_N[fit_idx], [xv], classification, s)[0])
-            for s in grid]
+  scores = [
+      METRICS[metric](y_N[val_idx], _fit_predict_linear(xf, y_N[fit_idx], [xv], classification, s)[0]) for s in grid]
   best = grid[int(np.argmax(scores))]  # First best: ties go to the strongest regularisation listed first.
   x_all, *qs = _standardise(x_NxD, *queries)
   return _fit_predict_linear(x_all, y_N, qs, classification, best), best
@@ -177,8 +182,9 @@ def nearest(keys_NxD: np.ndarray, queries_MxD: np.ndarray, k: int, chunk: int = 
   idx_out, sim_out = [], []
   for start in range(0, len(queries_MxD), chunk):
     sims_CxN = unit(queries_MxD[start:start + chunk]) @ keys.T
-    top_CxK = np.argpartition(-sims_CxN, k - 1, axis=1)[:, :k] if k < keys.shape[0] else np.tile(
-        np.arange(keys.shape[0]), (len(sims_CxN), 1))
+    top_CxK = np.argpartition(-sims_CxN, k -
+                              1, axis=1)[:, :k] if k < keys.shape[0] else np.tile(np.arange(keys.shape[0]),
+                                                                                  (len(sims_CxN), 1))
     top_sims = np.take_along_axis(sims_CxN, top_CxK, 1)
     order = np.lexsort((top_CxK, -top_sims), axis=1)  # By similarity, then index: deterministic ties.
     idx_out.append(np.take_along_axis(top_CxK, order, 1))
@@ -199,16 +205,15 @@ def knn_predict(idx_MxK, sims_MxK, y_N, k, classification, num_classes):
   return votes_MxC.argmax(1)
 
 
-def knn_probe(x_NxD: np.ndarray, y_N: np.ndarray, queries: list[np.ndarray], classification: bool,
-              metric: str, seed: int) -> tuple[list[np.ndarray], int]:
+def knn_probe(x_NxD: np.ndarray, y_N: np.ndarray, queries: list[np.ndarray], classification: bool, metric: str,
+              seed: int) -> tuple[list[np.ndarray], int]:
   """Cosine KNN predictions (majority vote, or mean score for regression) and the chosen k."""
   fit_idx, val_idx = val_split(y_N, seed, classification)
   num_classes = int(y_N.max()) + 1 if classification else 0
   idx, sims = nearest(x_NxD[fit_idx], x_NxD[val_idx], max(K_GRID))
   yf = y_N[fit_idx]
   grid = [k for k in K_GRID if k <= len(fit_idx)]
-  scores = [METRICS[metric](y_N[val_idx], knn_predict(idx, sims, yf, k, classification, num_classes))
-            for k in grid]
+  scores = [METRICS[metric](y_N[val_idx], knn_predict(idx, sims, yf, k, classification, num_classes)) for k in grid]
   best = grid[int(np.argmax(scores))]
   preds = []
   for q in queries:
@@ -226,6 +231,7 @@ def cosine(u_NxD: np.ndarray, v_NxD: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- a task
+
 
 def score_task(task: eval_tasks.Task, features: dict[str, np.ndarray], *, seed: int = 0,
                probes: tuple[str, ...] = ("linear", "knn"), scored: tuple[str, ...] | None = None,

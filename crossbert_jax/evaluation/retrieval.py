@@ -98,8 +98,7 @@ def score_rankings(rankings: dict[str, list[str]], qrels: dict[str, dict[str, in
   return {
       "ndcg@10": float(np.mean([ndcg_at(rankings[q], qrels[q], 10) for q in qs])),
       "map@100": float(np.mean([average_precision_at(rankings[q], qrels[q], TOP_K) for q in qs])),
-      "recall@100": float(np.mean([recall_at(rankings[q], qrels[q], TOP_K) for q in qs])),
-  }
+      "recall@100": float(np.mean([recall_at(rankings[q], qrels[q], TOP_K) for q in qs])),}
 
 
 def evaluate_beir(embedder: embedder_lib.Embedder, folder: str | epath.Path, *, split: str = "test",

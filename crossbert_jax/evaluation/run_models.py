@@ -38,7 +38,9 @@ def word_order_report(workdir: str, loaded: tuple[Any, Any, Any, int], init_enco
   options = embedder_lib.Options(max_length=config.data.seq_len)  # Sentences as long as it was trained on.
   pairs = word_order.make_pairs(corpus.builtin_documents(), tok, options.max_length, seed=seed)
   from_scratch = not (config.train.init_from or config.train.fork_from)
-  models = {label(workdir, step): params["encoder"], "random init" + (" (its step 0)" if from_scratch else ""): init_encoder}
-  accuracies = {name: word_order.score(embedder_lib.JaxEmbedder(spec, p, tok, options), pairs, seed)["accuracy"]
-                for name, p in models.items()}
+  models = {
+      label(workdir, step): params["encoder"], "random init" + (" (its step 0)" if from_scratch else ""): init_encoder}
+  accuracies = {
+      name: word_order.score(embedder_lib.JaxEmbedder(spec, p, tok, options), pairs, seed)["accuracy"]
+      for name, p in models.items()}
   return word_order.report(pairs, accuracies)

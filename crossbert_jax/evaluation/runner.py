@@ -20,8 +20,8 @@ from crossbert_jax.model.encoder import EncoderSpec
 
 PROBE_MAX_LENGTH = 128  # probe_scores: SST-2 / STS-B sentences fit easily.
 
-
 # ----------------------------------------------------------------------------- one task
+
 
 def evaluate_task(emb: embedder_lib.Embedder, task: eval_tasks.Task, *, seed: int = 0, max_examples: int = 0,
                   cache_dir: str | None = None, scored: tuple[str, ...] | None = None,
@@ -45,8 +45,8 @@ def evaluate_task(emb: embedder_lib.Embedder, task: eval_tasks.Task, *, seed: in
   for name in sorted(set(cosine_splits) | ({task.fit} if thresholded else set())):
     sp = splits[name]
     cache = {"cache_dir": cache_dir, "task": task.name, "split": name}
-    pair_emb[name] = (embedder_lib.embed_cached(emb, sp.texts, part="a", **cache),
-                      embedder_lib.embed_cached(emb, sp.pairs, part="b", **cache))
+    pair_emb[name] = (embedder_lib.embed_cached(emb, sp.texts, part="a",
+                                                **cache), embedder_lib.embed_cached(emb, sp.pairs, part="b", **cache))
   scores, chosen = probes.score_task(task, features, seed=seed, pair_embeddings=pair_emb)
   return {"scores": scores, "chosen": chosen, "sizes": {s: len(splits[s]) for s in needed}, "note": task.note}
 
@@ -59,8 +59,9 @@ def headline(task: eval_tasks.Task, result: dict[str, Any]) -> dict[str, float]:
   """
   splits = task.scored or ("cv",)
   sizes = [result["sizes"].get(s, 1) for s in splits]
-  out = {p: probes.weighted_mean([result["scores"][f"{p}/{s}/{task.metrics[0]}"] for s in splits], sizes)
-         for p in probes.PROBES}
+  out = {
+      p: probes.weighted_mean([result["scores"][f"{p}/{s}/{task.metrics[0]}"] for s in splits], sizes)
+      for p in probes.PROBES}
   cos = [s for s in task.cosine_splits if f"cosine/{s}/spearman" in result["scores"]]
   if cos:
     out["cosine_spearman"] = probes.weighted_mean([result["scores"][f"cosine/{s}/spearman"] for s in cos],
@@ -69,6 +70,7 @@ def headline(task: eval_tasks.Task, result: dict[str, Any]) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- during pretraining
+
 
 @functools.lru_cache(maxsize=32)
 def _cached_task(name: str, data_dir: str) -> eval_tasks.Task:
@@ -135,10 +137,12 @@ def probe_hook(info: Any) -> None:
 
     encoder = multihost_utils.process_allgather(info.state.params["encoder"], tiled=True)
     return probe_scores(info.config, encoder, info.context.tokenizer) if info.context.primary else {}
+
   info.context.log_scores(scores)
 
 
 # ----------------------------------------------------------------------------- models
+
 
 def evaluate_model(emb: embedder_lib.Embedder, tasks: Sequence[eval_tasks.Task], *, seed: int = 0,
                    max_examples: int = 0, cache_dir: str | None = None, retrieval_dirs: Sequence[str] = (),
@@ -152,8 +156,8 @@ def evaluate_model(emb: embedder_lib.Embedder, tasks: Sequence[eval_tasks.Task],
     log(f"  {task.name}: {time.perf_counter() - t0:.1f}s")
   for folder in retrieval_dirs:
     t0 = time.perf_counter()
-    out["retrieval"][epath.Path(folder).name] = retrieval.evaluate_beir(
-        emb, folder, cache_dir=cache_dir, max_docs=retrieval_max_docs)
+    out["retrieval"][epath.Path(folder).name] = retrieval.evaluate_beir(emb, folder, cache_dir=cache_dir,
+                                                                        max_docs=retrieval_max_docs)
     log(f"  {epath.Path(folder).name}: {time.perf_counter() - t0:.1f}s")
   out["seconds"] = time.perf_counter() - start
   out["embedded_sentences"] = emb.sentences_seen
@@ -162,6 +166,7 @@ def evaluate_model(emb: embedder_lib.Embedder, tasks: Sequence[eval_tasks.Task],
 
 
 # ----------------------------------------------------------------------------- table
+
 
 def flat_scores(result: dict[str, Any]) -> dict[str, float]:
   """{"<task>/<probe>/<split>/<metric>" or "retrieval/<name>/<metric>": value} of one model."""

@@ -64,7 +64,6 @@ class Task:
 
 class MissingTaskFile(UserError):
   """A task's data file is absent under the data root (`load_task` names the flag or config key)."""
-
   def __init__(self, root: epath.Path, rel: str):
     super().__init__(f"--data_dir {root}: {rel} is missing; point --data_dir at the shared data root "
                      "(the folder holding SOURCES.md)")
@@ -102,9 +101,10 @@ def read_cola(root: epath.Path) -> Task:
   def split(*names):
     rows = [r for n in names for r in _rows(_path(root, f"glue/CoLA/raw/{n}.tsv"), header=False)]
     return Split([r[3] for r in rows], np.array([int(r[1]) for r in rows], np.int64))
+
   return Task("cola", CLASSIFICATION, ("matthews", "accuracy"),
-              {"train": split("in_domain_train"), "dev": split("in_domain_dev", "out_of_domain_dev")},
-              fit="train", scored=("dev",))
+              {"train": split("in_domain_train"), "dev": split("in_domain_dev", "out_of_domain_dev")}, fit="train",
+              scored=("dev",))
 
 
 def read_glue_stsb(root: epath.Path, split: str) -> Split:
@@ -121,10 +121,9 @@ def read_sts_benchmark(root: epath.Path, split: str) -> Split:
 
 def read_stsb(root: epath.Path) -> Task:
   """STS-B: probes fit on GLUE train, report on GLUE dev and the STS Benchmark test (as MTEB)."""
-  return Task("stsb", REGRESSION, ("spearman", "pearson"),
-              {"train": read_glue_stsb(root, "train"), "dev": read_glue_stsb(root, "dev"),
-               "test": read_sts_benchmark(root, "test")},
-              fit="train", scored=("dev", "test"), cosine_splits=("dev", "test"))
+  return Task("stsb", REGRESSION, ("spearman", "pearson"), {
+      "train": read_glue_stsb(root, "train"), "dev": read_glue_stsb(root, "dev"), "test": read_sts_benchmark(
+          root, "test")}, fit="train", scored=("dev", "test"), cosine_splits=("dev", "test"))
 
 
 def read_qnli(root: epath.Path) -> Task:
@@ -141,8 +140,9 @@ def read_rte(root: epath.Path) -> Task:
   def split(name):
     rows = _rows(_path(root, f"glue/RTE/{name}.tsv"), header=True)
     return Split([r[0] for r in rows], np.array([int(r[2]) for r in rows], np.int64), [r[1] for r in rows])
-  return Task("rte", PAIR_CLASSIFICATION, ("accuracy",), {"train": split("train"), "dev": split("dev")},
-              fit="train", scored=("dev",))
+
+  return Task("rte", PAIR_CLASSIFICATION, ("accuracy",), {"train": split("train"), "dev": split("dev")}, fit="train",
+              scored=("dev",))
 
 
 def read_sst2(root: epath.Path) -> Task:
@@ -150,9 +150,10 @@ def read_sst2(root: epath.Path) -> Task:
   def split(name):
     rows = _rows(_path(root, f"senteval/downstream/SST/binary/sentiment-{name}"), header=False)
     return Split([r[0].strip() for r in rows], np.array([int(r[1]) for r in rows], np.int64))
+
   return Task("sst2", CLASSIFICATION, ("accuracy",),
-              {"train": split("train"), "dev": split("dev"), "test": split("test")},
-              fit="train", scored=("dev", "test"))
+              {"train": split("train"), "dev": split("dev"), "test": split("test")}, fit="train",
+              scored=("dev", "test"))
 
 
 def read_sst5(root: epath.Path) -> Task:
@@ -164,9 +165,10 @@ def read_sst5(root: epath.Path) -> Task:
     lines = [l for l in _lines(_path(root, f"senteval/downstream/SST/fine/sentiment-{name}")) if l.strip()]
     labels, texts = zip(*(l.split(" ", 1) for l in lines))
     return Split([t.strip() for t in texts], np.array([int(x) for x in labels], np.int64))
+
   return Task("sst5", CLASSIFICATION, ("accuracy",),
-              {"train": split("train"), "dev": split("dev"), "test": split("test")},
-              fit="train", scored=("dev", "test"))
+              {"train": split("train"), "dev": split("dev"), "test": split("test")}, fit="train",
+              scored=("dev", "test"))
 
 
 def read_mrpc(root: epath.Path) -> Task:
@@ -174,6 +176,7 @@ def read_mrpc(root: epath.Path) -> Task:
   def split(name):
     rows = _rows(_path(root, f"senteval/downstream/MRPC/msr_paraphrase_{name}.txt"), header=True)
     return Split([r[3] for r in rows], np.array([int(r[0]) for r in rows], np.int64), [r[4] for r in rows])
+
   return Task("mrpc", PAIR_CLASSIFICATION, ("f1", "accuracy"), {"train": split("train"), "test": split("test")},
               fit="train", scored=("test",))
 
@@ -188,14 +191,20 @@ def read_snli(root: epath.Path) -> Task:
     s1, s2, labels = (_lines(_path(root, base + f"{part}.{name}")) for part in ("s1", "s2", "labels"))
     return Split([s.strip() for s in s1], np.array([SNLI_LABELS.index(l.strip()) for l in labels], np.int64),
                  [s.strip() for s in s2])
-  return Task("snli", PAIR_CLASSIFICATION, ("accuracy",), {"dev": split("dev"), "test": split("test")},
-              fit="dev", scored=("test",), note="no SNLI train split in the data: probes fit on dev, report on test")
+
+  return Task("snli", PAIR_CLASSIFICATION, ("accuracy",), {"dev": split("dev"), "test": split("test")}, fit="dev",
+              scored=("test",), note="no SNLI train split in the data: probes fit on dev, report on test")
 
 
 READERS: dict[str, Callable[[epath.Path], Task]] = {
-    "cola": read_cola, "sst2": read_sst2, "sst5": read_sst5, "mrpc": read_mrpc, "stsb": read_stsb,
-    "qnli": read_qnli, "rte": read_rte, "snli": read_snli,
-}
+    "cola": read_cola,
+    "sst2": read_sst2,
+    "sst5": read_sst5,
+    "mrpc": read_mrpc,
+    "stsb": read_stsb,
+    "qnli": read_qnli,
+    "rte": read_rte,
+    "snli": read_snli,}
 ALL_TASKS = tuple(READERS)
 
 

@@ -108,5 +108,4 @@ def report(pairs: Pairs, accuracies: dict[str, float]) -> str:
       f"  e.g. real:     {pairs.real[i]}",
       f"       shuffled: {pairs.shuffled[i]}",
       *rows,
-      f"  {'chance':<{width}}   50.0%  (both sides have the same tokens: a bag of words cannot do better)",
-  ])
+      f"  {'chance':<{width}}   50.0%  (both sides have the same tokens: a bag of words cannot do better)",])

@@ -44,7 +44,6 @@ VERIFY_SENTENCES = (
     "The sun rose slowly over the quiet hills, and the river shone like silver in the morning light.",
 )
 
-
 # -- numpy views of our params ---------------------------------------------------------------
 
 
@@ -82,8 +81,8 @@ def _tokenizer_kind(tok: tokenizer_lib.AnyTokenizer) -> str:
   return "SentencePiece" if isinstance(tok, tokenizer_lib.Tokenizer) else "Hugging Face tokenizer.json"
 
 
-def write_hf(out: epath.Path, config: plan_lib.Settings, params: Any,
-             tok: tokenizer_lib.AnyTokenizer, info: dict | None = None) -> None:
+def write_hf(out: epath.Path, config: plan_lib.Settings, params: Any, tok: tokenizer_lib.AnyTokenizer,
+             info: dict | None = None) -> None:
   """Writes the HF folder contents into `out` (an existing, empty folder)."""
   spec = inference_spec(config.model)
   with_head = objectives.get(config.objective).exports_mlm_head
@@ -97,8 +96,8 @@ def write_hf(out: epath.Path, config: plan_lib.Settings, params: Any,
   (out / "README.md").write_text(hf_files.model_card(config, info, info.get("verify"), _tokenizer_kind(tok)))
 
 
-def verify(folder: epath.Path, config: plan_lib.Settings, params: Any,
-           tok: tokenizer_lib.Tokenizer, sentences: Sequence[str] = VERIFY_SENTENCES) -> dict:
+def verify(folder: epath.Path, config: plan_lib.Settings, params: Any, tok: tokenizer_lib.Tokenizer,
+           sentences: Sequence[str] = VERIFY_SENTENCES) -> dict:
   """Loads `folder` in transformers / sentence-transformers (torch CPU fp32) and compares with JAX.
 
   Returns the measured numbers; raises UserError (one line) on any mismatch.
@@ -118,8 +117,8 @@ def verify(folder: epath.Path, config: plan_lib.Settings, params: Any,
 
   length = max(len(x) for x in ids)
   batch = inference.pad_batch(ids, length, tok.special_ids.pad)
-  ours_BxLxD = np.asarray(inference.make_encode_fn(spec)(
-      params["encoder"], batch["tokens"], batch["positions"], batch["segment_ids"]))
+  ours_BxLxD = np.asarray(
+      inference.make_encode_fn(spec)(params["encoder"], batch["tokens"], batch["positions"], batch["segment_ids"]))
   valid_BxL = batch["segment_ids"] > 0
 
   with_head = objectives.get(config.objective).exports_mlm_head
@@ -164,9 +163,9 @@ def mlm_logits(config: plan_lib.Settings, params: Any, hidden_BxLxD: Any) -> jax
   return MlmHead(spec).apply({"params": params["head"]}, hidden_BxLxD, embedding_VxD)
 
 
-def export(config: plan_lib.Settings, params: Any, tok: tokenizer_lib.Tokenizer,
-           output: str | epath.Path, *, do_verify: bool = False, force: bool = False,
-           info: dict | None = None, workdir: str | epath.Path | None = None) -> dict | None:
+def export(config: plan_lib.Settings, params: Any, tok: tokenizer_lib.Tokenizer, output: str | epath.Path, *,
+           do_verify: bool = False, force: bool = False, info: dict | None = None,
+           workdir: str | epath.Path | None = None) -> dict | None:
   """Writes the HF folder `output` (atomically); with do_verify, checks it before the rename.
 
   `workdir`: the run exported, which `output` must not be, sit inside, or contain
@@ -181,14 +180,12 @@ def export(config: plan_lib.Settings, params: Any, tok: tokenizer_lib.Tokenizer,
     write_hf(tmp, config, params, tok, info)
     if do_verify:
       result = verify(tmp, config, params, tok)
-      card_info = {**(info or {"step": None, "tokens_seen": None, "loss": None, "results": None}),
-                   "verify": result}
+      card_info = {**(info or {"step": None, "tokens_seen": None, "loss": None, "results": None}), "verify": result}
       (tmp / "README.md").write_text(hf_files.model_card(config, card_info, result, _tokenizer_kind(tok)))
   return result
 
 
 # -- import ----------------------------------------------------------------------------------
-
 
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bfloat16"}
 
@@ -264,7 +261,8 @@ def read_hf(folder: str | epath.Path, objective: str = "crossbert", scan_layers:
   tensors = _load_float_tensors((folder / "model.safetensors").read_bytes(), source)
   prefix = hf_mapping.MLM_ENCODER_PREFIX
   has_prefix = any(k.startswith(prefix) for k in tensors)
-  with_head = objectives.get(objective).exports_mlm_head or (keep_head and has_prefix and "head.dense.weight" in tensors)
+  with_head = objectives.get(objective).exports_mlm_head or (keep_head and has_prefix and
+                                                             "head.dense.weight" in tensors)
   if with_head and "head.dense.weight" not in tensors:
     raise UserError(f"{source} holds no MLM head (head.dense.weight): import it with --objective=crossbert")
   if has_prefix and not with_head:
@@ -305,4 +303,3 @@ def load_imported(folder: str | epath.Path) -> tuple[plan_lib.RunPlan, dict]:
                     "`python -m crossbert_jax.export import --hf=DIR --output=DIR`")
   config = plan_lib.of_saved(json.loads((folder / "config.json").read_text()))
   return config, unflatten(safetensors.numpy.load((folder / PARAMS_FILE).read_bytes()))
-

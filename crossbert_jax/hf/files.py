@@ -46,18 +46,18 @@ def hf_tokenizer(tok: tokenizer_lib.Tokenizer):
     vocab = {p.piece: i for i, p in enumerate(proto.pieces)}
   # legacy=True reproduces SentencePiece's dummy prefix exactly (also before a leading "▁").
   fast = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab, legacy=True)
-  fast.add_special_tokens([AddedToken(p, special=True, normalized=False)
-                           for p in tokenizer_lib.SPECIAL_PIECES])
+  fast.add_special_tokens([AddedToken(p, special=True, normalized=False) for p in tokenizer_lib.SPECIAL_PIECES])
   cls, sep = tokenizer_lib.CLS, tokenizer_lib.SEP
   fast.post_processor = processors.TemplateProcessing(
-      single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
-      special_tokens=[(cls, tokenizer_lib.CLS_ID), (sep, tokenizer_lib.SEP_ID)])
+      single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1", special_tokens=[(cls, tokenizer_lib.CLS_ID),
+                                                                                     (sep, tokenizer_lib.SEP_ID)])
   return fast
 
 
 def special_tokens_map() -> dict[str, str]:
-  return {"pad_token": tokenizer_lib.PAD, "unk_token": tokenizer_lib.UNK, "cls_token": tokenizer_lib.CLS,
-          "sep_token": tokenizer_lib.SEP, "mask_token": tokenizer_lib.MASK}
+  return {
+      "pad_token": tokenizer_lib.PAD, "unk_token": tokenizer_lib.UNK, "cls_token": tokenizer_lib.CLS,
+      "sep_token": tokenizer_lib.SEP, "mask_token": tokenizer_lib.MASK}
 
 
 def write_tokenizer(out: epath.Path, tok: tokenizer_lib.AnyTokenizer, seq_len: int) -> None:
@@ -68,30 +68,31 @@ def write_tokenizer(out: epath.Path, tok: tokenizer_lib.AnyTokenizer, seq_len: i
   else:
     (out / "tokenizer.json").write_text(tok.to_hf_json())
     pieces, roles = hf_tokenizer_lib.reserved_tokens(tok), hf_tokenizer_lib.special_tokens_map(tok)
-  added = {str(i): {"content": p, "lstrip": False, "normalized": False, "rstrip": False,
-                    "single_word": False, "special": True}
-           for i, p in pieces.items()}
-  write_json(out / "tokenizer_config.json", {
-      "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_len,
-      "padding_side": "right", "truncation_side": "right", "clean_up_tokenization_spaces": False,
-      "model_input_names": ["input_ids", "attention_mask"], "added_tokens_decoder": added,
-      **roles})
+  added = {
+      str(i): {
+          "content": p, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+          "special": True} for i, p in pieces.items()}
+  write_json(
+      out / "tokenizer_config.json", {
+          "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_len, "padding_side": "right",
+          "truncation_side": "right", "clean_up_tokenization_spaces": False, "model_input_names": [
+              "input_ids", "attention_mask"], "added_tokens_decoder": added, **roles})
   write_json(out / "special_tokens_map.json", roles)
 
 
 def sentence_transformers_files(out: epath.Path, embed_dim: int, seq_len: int) -> None:
   # The classic module names load in sentence-transformers 2.x to 6.x.
-  write_json(out / "modules.json", [
-      {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-      {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])
-  write_json(out / "1_Pooling" / "config.json", {
-      "word_embedding_dimension": embed_dim, "pooling_mode_cls_token": False,
-      "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
-      "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
-      "pooling_mode_lasttoken": False, "include_prompt": True})
+  write_json(out / "modules.json",
+             [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}, {
+                 "idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])
+  write_json(
+      out / "1_Pooling" / "config.json", {
+          "word_embedding_dimension": embed_dim, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+          "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+          "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": False, "include_prompt": True})
   write_json(out / "sentence_bert_config.json", {"max_seq_length": seq_len, "do_lower_case": False})
-  write_json(out / "config_sentence_transformers.json", {
-      "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
+  write_json(out / "config_sentence_transformers.json",
+             {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
 
 
 def dense_module_files(out: epath.Path, kernel_DxE: Any, bias_E: Any) -> None:
@@ -104,9 +105,10 @@ def dense_module_files(out: epath.Path, kernel_DxE: Any, bias_E: Any) -> None:
   modules.append({"idx": idx, "name": str(idx), "path": f"{idx}_Dense", "type": "sentence_transformers.models.Dense"})
   write_json(out / "modules.json", modules)
   kernel_DxE = np.asarray(kernel_DxE, np.float32)
-  write_json(out / f"{idx}_Dense" / "config.json", {
-      "in_features": kernel_DxE.shape[0], "out_features": kernel_DxE.shape[1], "bias": True,
-      "activation_function": "torch.nn.modules.linear.Identity"})
+  write_json(
+      out / f"{idx}_Dense" / "config.json", {
+          "in_features": kernel_DxE.shape[0], "out_features": kernel_DxE.shape[1], "bias": True,
+          "activation_function": "torch.nn.modules.linear.Identity"})
   tensors = {"linear.weight": np.ascontiguousarray(kernel_DxE.T), "linear.bias": np.asarray(bias_E, np.float32)}
   (out / f"{idx}_Dense" / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
 
@@ -158,9 +160,10 @@ def _evaluation_table(record: dict, step: int) -> list[str]:
   settings = record["settings"]
   subset = f", at most {settings['max_examples']} examples per split" if settings.get("max_examples") else ""
   at = f"step {record['step']}" + ("" if record["step"] == step else f" (this export is step {step})")
-  lines = [f"Frozen probes (`python -m crossbert_jax.evaluate`) at {at}: mean-pooled layer(s) "
-           f"{settings.get('layers')}, max length {settings.get('max_length')}{subset}. Scores x100.", "",
-           "| score | value |", "|---|---:|"]
+  lines = [
+      f"Frozen probes (`python -m crossbert_jax.evaluate`) at {at}: mean-pooled layer(s) "
+      f"{settings.get('layers')}, max length {settings.get('max_length')}{subset}. Scores x100.", "",
+      "| score | value |", "|---|---:|"]
   return lines + [f"| {k} | {100 * v:.1f} |" for k, v in record["scores"].items()]
 
 
@@ -173,21 +176,29 @@ def model_card(config: plan_lib.Settings, info: dict, verify: dict | None,
       f"global every {m.global_every} layers, local window {m.local_window}"
   tokens = "unknown" if info["tokens_seen"] is None else f"{int(info['tokens_seen']):,}"
   lines = [
-      "---", "library_name: transformers", "pipeline_tag: feature-extraction",
-      "tags: [modernbert, sentence-transformers, crossbert_jax]", "---", "",
-      f"# {kind}", "",
+      "---",
+      "library_name: transformers",
+      "pipeline_tag: feature-extraction",
+      "tags: [modernbert, sentence-transformers, crossbert_jax]",
+      "---",
+      "",
+      f"# {kind}",
+      "",
       "Pretrained with `crossbert_jax` and exported to Hugging Face "
-      "`ModernBertModel` format (no custom code).", "",
-      "## Architecture", "",
+      "`ModernBertModel` format (no custom code).",
+      "",
+      "## Architecture",
+      "",
       f"- ModernBERT layout: {m.num_layers} layers, width {m.embed_dim}, {m.num_heads} heads, "
       f"GeGLU MLP {m.mlp_dim}, vocabulary {m.vocab_size}",
       f"- Attention: {layout}; RoPE theta {m.rope_theta:g} (global), {m.local_rope_theta:g} (local)",
-      f"- Trained sequence length {config.data.seq_len}; embeddings: mean over non-pad tokens", "",
-      "## Training", "",
+      f"- Trained sequence length {config.data.seq_len}; embeddings: mean over non-pad tokens",
+      "",
+      "## Training",
+      "",
       f"- Objective: `{config.objective}`, masking ratio {config.masking.ratio}" + objective.card_training(config),
       f"- Data: {_data(config.data)} (tokenizer: {tokenizer_kind}, {m.vocab_size} pieces)",
-      f"- Steps: {info['step']}; batch {config.train.batch_size} x {config.data.seq_len}; tokens seen: {tokens}",
-  ]
+      f"- Steps: {info['step']}; batch {config.train.batch_size} x {config.data.seq_len}; tokens seen: {tokens}",]
   if info["loss"] is not None:
     lines.append(f"- Final training loss: {info['loss']:.4f}")
   lines += ["", "## Evaluation", ""]
@@ -199,11 +210,12 @@ def model_card(config: plan_lib.Settings, info: dict, verify: dict | None,
   else:
     lines.append("No evaluation results were recorded with this run.")
   if verify:
-    lines += ["", "## Export check", "",
-              f"- transformers `last_hidden_state` vs JAX: max abs diff {verify['hidden_max_abs_diff']:.2e}",
-              f"- sentence-transformers embedding vs JAX: max abs diff {verify['sentence_max_abs_diff']:.2e}",
-              "- tokenizer ids identical on the check sentences"]
-  lines += ["", "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer",
-            "model = SentenceTransformer('PATH')", "emb = model.encode(['A sentence.', 'Another one.'])",
-            "```", ""]
+    lines += [
+        "", "## Export check", "",
+        f"- transformers `last_hidden_state` vs JAX: max abs diff {verify['hidden_max_abs_diff']:.2e}",
+        f"- sentence-transformers embedding vs JAX: max abs diff {verify['sentence_max_abs_diff']:.2e}",
+        "- tokenizer ids identical on the check sentences"]
+  lines += [
+      "", "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer",
+      "model = SentenceTransformer('PATH')", "emb = model.encode(['A sentence.', 'Another one.'])", "```", ""]
   return "\n".join(lines)

@@ -18,8 +18,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # Reconstructor keys that default to the encoder's (core/config.py): they follow the import unless set.
 FOLLOWING_KEYS = ("embed_dim", "num_heads", "mlp_dim")
 # Model keys that fix the imported encoder's params (`run.warm_start` checks them again).
-SHAPE_KEYS = ("vocab_size", "embed_dim", "num_heads", "num_layers", "mlp_dim", "global_every",
-              "local_window", "rope_theta", "local_rope_theta", "norm_eps", "scan_layers")
+SHAPE_KEYS = ("vocab_size", "embed_dim", "num_heads", "num_layers", "mlp_dim", "global_every", "local_window",
+              "rope_theta", "local_rope_theta", "norm_eps", "scan_layers")
 
 
 def copy_tokenizer(hf: epath.Path, out: epath.Path) -> None:

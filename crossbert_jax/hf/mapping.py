@@ -178,8 +178,7 @@ FIXED_HF = {
     "mlp_bias": False,
     "classifier_bias": False,
     "decoder_bias": True,
-    "tie_word_embeddings": True,
-}
+    "tie_word_embeddings": True,}
 
 
 def layer_types(num_layers: int, global_every: int) -> list[str]:
@@ -208,17 +207,15 @@ def to_hf_config(model_cfg: Mapping, seq_len: int, specials: SpecialIds = SENTEN
       "local_attention": m["local_window"],
       "rope_parameters": {
           "full_attention": {"rope_type": "default", "rope_theta": float(m["rope_theta"])},
-          "sliding_attention": {"rope_type": "default", "rope_theta": float(m["local_rope_theta"])},
-      },
-      **FIXED_HF,
-  }
+          "sliding_attention": {"rope_type": "default", "rope_theta": float(m["local_rope_theta"])},},
+      **FIXED_HF,}
 
 
 def legacy_config_keys(model_cfg: Mapping) -> dict:
   """The pre-transformers-5 spelling of the layout and thetas, kept in config.json for old readers."""
-  return {"global_attn_every_n_layers": model_cfg["global_every"],
-          "global_rope_theta": float(model_cfg["rope_theta"]),
-          "local_rope_theta": float(model_cfg["local_rope_theta"])}
+  return {
+      "global_attn_every_n_layers": model_cfg["global_every"], "global_rope_theta": float(model_cfg["rope_theta"]),
+      "local_rope_theta": float(model_cfg["local_rope_theta"])}
 
 
 def _global_every(types: list[str], legacy: int | None, source: str) -> int:
@@ -260,8 +257,7 @@ def from_hf_config(hf: Mapping, source: str = "--hf") -> dict:
       "norm_eps": hf.get("norm_eps", 1e-5),
       "init_std": hf.get("initializer_range", 0.02),
       "rope_theta": float(rope.get("full_attention", {}).get("rope_theta", hf.get("global_rope_theta", 160_000.0))),
-      "local_rope_theta": float(rope.get("sliding_attention", {}).get("rope_theta",
-                                                                     hf.get("local_rope_theta", 10_000.0))),
+      "local_rope_theta": float(
+          rope.get("sliding_attention", {}).get("rope_theta", hf.get("local_rope_theta", 10_000.0))),
       "local_window": hf.get("local_attention", 128),
-      "global_every": _global_every(list(types), hf.get("global_attn_every_n_layers"), source),
-  }
+      "global_every": _global_every(list(types), hf.get("global_attn_every_n_layers"), source),}

@@ -37,8 +37,7 @@ class AttentionSpec:
 
   @classmethod
   def from_config(cls, model_cfg: sections.Model) -> "AttentionSpec":
-    return cls(backend=model_cfg.attention, block_q=model_cfg.attention_block_q,
-               block_kv=model_cfg.attention_block_kv,
+    return cls(backend=model_cfg.attention, block_q=model_cfg.attention_block_q, block_kv=model_cfg.attention_block_kv,
                chunked_min_len=model_cfg.attention_chunked_min_len)
 
 
@@ -59,8 +58,8 @@ def resolve_backend(spec: AttentionSpec, q_len: int, kv_len: int) -> str:
   return "chunked" if max(q_len, kv_len) >= spec.chunked_min_len else "xla"
 
 
-def mask(q_seg_BxT: Array, kv_seg_BxS: Array, q_pos_BxT: Array | None = None,
-         kv_pos_BxS: Array | None = None, window: int | None = None) -> Array:
+def mask(q_seg_BxT: Array, kv_seg_BxS: Array, q_pos_BxT: Array | None = None, kv_pos_BxS: Array | None = None,
+         window: int | None = None) -> Array:
   """BxTxS bool: same non-pad segment, and (if window) |q_pos - kv_pos| <= window // 2."""
   allowed = (q_seg_BxT[:, :, None] == kv_seg_BxS[:, None, :]) & (kv_seg_BxS[:, None, :] > 0)
   if window is not None:
@@ -85,9 +84,9 @@ def dense(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, mask_BxTxS: Arra
   return out_BxTxHxK * has_key_BxTx1x1.astype(out_BxTxHxK.dtype)
 
 
-def attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: Array,
-              kv_seg_BxS: Array | None = None, *, spec: AttentionSpec, q_pos_BxT: Array | None = None,
-              kv_pos_BxS: Array | None = None, window: int | None = None) -> Array:
+def attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: Array, kv_seg_BxS: Array | None = None,
+              *, spec: AttentionSpec, q_pos_BxT: Array | None = None, kv_pos_BxS: Array | None = None,
+              window: int | None = None) -> Array:
   """Softmax attention (scale K**-0.5) under the module's mask; BxTxHxK out, q's dtype.
 
   kv_seg_BxS (and kv_pos_BxS) None: self-attention, the keys' ids are the queries'.
@@ -100,23 +99,20 @@ def attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: A
   backend = resolve_backend(spec, q_BxTxHxK.shape[1], k_BxSxHxK.shape[1])
   args = (q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS)
   if backend == "xla":
-    return dense(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK,
-                 mask(q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS, window))
+    return dense(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask(q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS, window))
   if backend == "chunked":
     return attention_chunked.chunked_attention(*args, window=window, block_kv=spec.block_kv)
   if backend == "splash":
-    return attention_kernels.splash_attention(*args, window=window, block_q=spec.block_q,
-                                              block_kv=spec.block_kv, interpret=spec.interpret)
+    return attention_kernels.splash_attention(*args, window=window, block_q=spec.block_q, block_kv=spec.block_kv,
+                                              interpret=spec.interpret)
   if backend == "gpu_flash":
-    return attention_kernels.gpu_flash_attention(*args, window=window, shared_segments=shared,
-                                                 block_q=spec.block_q, block_kv=spec.block_kv,
-                                                 interpret=spec.interpret)
+    return attention_kernels.gpu_flash_attention(*args, window=window, shared_segments=shared, block_q=spec.block_q,
+                                                 block_kv=spec.block_kv, interpret=spec.interpret)
   raise ValueError(f"unknown attention backend {backend!r}; use one of {BACKENDS}")
 
 
-def self_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, seg_BxT: Array,
-                   pos_BxT: Array | None, *, spec: AttentionSpec, window: int | None,
-                   is_global=True) -> Array:
+def self_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, seg_BxT: Array, pos_BxT: Array | None, *,
+                   spec: AttentionSpec, window: int | None, is_global=True) -> Array:
   """Self-attention, global or windowed; `is_global` may be traced (scanned layers): then a cond."""
   if window is None or is_global is True:
     return attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, seg_BxT, spec=spec, q_pos_BxT=pos_BxT)

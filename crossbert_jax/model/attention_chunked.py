@@ -55,10 +55,9 @@ def _forward(q_BxHxTxK, k_blocks, v_blocks, q_seg_BxT, q_pos_BxT, seg_blocks, po
                             preferred_element_type=jnp.float32)
     return (m_new, l_BxHxT, alpha_BxHxT[..., None] * acc_BxHxTxK + pv_BxHxTxK), None
 
-  init = (jnp.full((b, h, t), _NEG, jnp.float32), jnp.zeros((b, h, t), jnp.float32),
-          jnp.zeros((b, h, t, k), jnp.float32))
-  (m_BxHxT, l_BxHxT, acc_BxHxTxK), _ = jax.lax.scan(
-      body, init, (k_blocks, v_blocks, seg_blocks, pos_blocks))
+  init = (jnp.full((b, h, t), _NEG, jnp.float32), jnp.zeros((b, h, t), jnp.float32), jnp.zeros((b, h, t, k),
+                                                                                               jnp.float32))
+  (m_BxHxT, l_BxHxT, acc_BxHxTxK), _ = jax.lax.scan(body, init, (k_blocks, v_blocks, seg_blocks, pos_blocks))
   has_key_BxHxT = l_BxHxT > 0.0
   l_safe = jnp.where(has_key_BxHxT, l_BxHxT, 1.0)
   out_BxHxTxK = acc_BxHxTxK / l_safe[..., None]
@@ -74,19 +73,17 @@ def _flash(q, k, v, q_seg, kv_seg, q_pos, kv_pos, window, block_kv):
 def _prepare(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, kv_seg_BxS, kv_pos_BxS, block_kv):
   scale = q_BxTxHxK.shape[-1] ** -0.5
   q_BxHxTxK = jnp.swapaxes(q_BxTxHxK * jnp.asarray(scale, q_BxTxHxK.dtype), 1, 2)
-  blocks = (_to_blocks(k_BxSxHxK, block_kv, 0), _to_blocks(v_BxSxHxK, block_kv, 0),
-            _to_blocks(kv_seg_BxS, block_kv, 0), _to_blocks(kv_pos_BxS, block_kv, 0))
+  blocks = (_to_blocks(k_BxSxHxK, block_kv, 0), _to_blocks(v_BxSxHxK, block_kv,
+                                                           0), _to_blocks(kv_seg_BxS, block_kv,
+                                                                          0), _to_blocks(kv_pos_BxS, block_kv, 0))
   return scale, q_BxHxTxK, blocks
 
 
-def _flash_fwd(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS,
-               window, block_kv):
+def _flash_fwd(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS, window, block_kv):
   _, q_BxHxTxK, blocks = _prepare(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, kv_seg_BxS, kv_pos_BxS, block_kv)
-  out_BxHxTxK, lse_BxHxT = _forward(q_BxHxTxK, blocks[0], blocks[1], q_seg_BxT, q_pos_BxT,
-                                    blocks[2], blocks[3], window)
+  out_BxHxTxK, lse_BxHxT = _forward(q_BxHxTxK, blocks[0], blocks[1], q_seg_BxT, q_pos_BxT, blocks[2], blocks[3], window)
   out_BxTxHxK = jnp.swapaxes(out_BxHxTxK, 1, 2).astype(q_BxTxHxK.dtype)
-  residuals = (q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS,
-               out_BxTxHxK, lse_BxHxT)
+  residuals = (q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS, out_BxTxHxK, lse_BxHxT)
   return out_BxTxHxK, residuals
 
 
@@ -107,28 +104,24 @@ def _flash_bwd(window, block_kv, residuals, dout_BxTxHxK):
                             preferred_element_type=jnp.float32)
     dp_BxHxTxC = jnp.einsum("bhtk,bchk->bhtc", do_BxHxTxK, v_BxCxHxK, preferred_element_type=jnp.float32)
     ds_BxHxTxC = (p_BxHxTxC * (dp_BxHxTxC - delta_BxHxT[..., None])).astype(q_BxHxTxK.dtype)
-    dq_BxHxTxK = dq_BxHxTxK + jnp.einsum("bhtc,bchk->bhtk", ds_BxHxTxC, k_BxCxHxK,
-                                         preferred_element_type=jnp.float32)
+    dq_BxHxTxK = dq_BxHxTxK + jnp.einsum("bhtc,bchk->bhtk", ds_BxHxTxC, k_BxCxHxK, preferred_element_type=jnp.float32)
     dk_BxCxHxK = jnp.einsum("bhtc,bhtk->bchk", ds_BxHxTxC, q_BxHxTxK, preferred_element_type=jnp.float32)
     return dq_BxHxTxK, (dk_BxCxHxK, dv_BxCxHxK)
 
-  dq_BxHxTxK, (dk_NxBxCxHxK, dv_NxBxCxHxK) = jax.lax.scan(
-      body, jnp.zeros(q_BxHxTxK.shape, jnp.float32), blocks)
+  dq_BxHxTxK, (dk_NxBxCxHxK, dv_NxBxCxHxK) = jax.lax.scan(body, jnp.zeros(q_BxHxTxK.shape, jnp.float32), blocks)
   unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape((x.shape[1], -1) + x.shape[3:])[:, :s_len]
   dq = (jnp.swapaxes(dq_BxHxTxK, 1, 2) * scale).astype(q_BxTxHxK.dtype)
-  return (dq, unblock(dk_NxBxCxHxK).astype(k_BxSxHxK.dtype), unblock(dv_NxBxCxHxK).astype(v_BxSxHxK.dtype),
-          None, None, None, None)
+  return (dq, unblock(dk_NxBxCxHxK).astype(k_BxSxHxK.dtype), unblock(dv_NxBxCxHxK).astype(v_BxSxHxK.dtype), None, None,
+          None, None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def chunked_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: Array,
-                      kv_seg_BxS: Array, q_pos_BxT: Array | None, kv_pos_BxS: Array | None, *,
-                      window: int | None, block_kv: int) -> Array:
+def chunked_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: Array, kv_seg_BxS: Array,
+                      q_pos_BxT: Array | None, kv_pos_BxS: Array | None, *, window: int | None, block_kv: int) -> Array:
   """`attention.dense` semantics, one key block of scores at a time (forward and backward)."""
   if q_pos_BxT is None:  # No window: positions are never read; zeros keep one code path.
     q_pos_BxT, kv_pos_BxS = jnp.zeros_like(q_seg_BxT), jnp.zeros_like(kv_seg_BxS)
   block = min(block_kv, k_BxSxHxK.shape[1])
-  return _flash(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS,
-                window, block)
+  return _flash(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS, window, block)

@@ -48,8 +48,7 @@ def has_key(q_seg_BxT: Array, kv_seg_BxS: Array) -> Array:
   return (found_BxT == q_seg_BxT) & (q_seg_BxT > 0)
 
 
-def positions_follow_indices(q_seg_BxT: Array, q_pos_BxT: Array, kv_seg_BxS: Array,
-                             kv_pos_BxS: Array) -> Array:
+def positions_follow_indices(q_seg_BxT: Array, q_pos_BxT: Array, kv_seg_BxS: Array, kv_pos_BxS: Array) -> Array:
   """Scalar bool: in every non-pad segment, position - index is one constant over q and kv."""
   t, s = q_seg_BxT.shape[1], kv_seg_BxS.shape[1]
   seg_BxN = jnp.concatenate([q_seg_BxT, kv_seg_BxS], axis=1)
@@ -72,19 +71,16 @@ def _pad_to(x, length: int, fill):
   return jnp.pad(x, pad, constant_values=fill)
 
 
-def _splash_kernel(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, q_seg_BxT, kv_seg_BxS, *, window, block_q,
-                   block_kv, interpret):
+def _splash_kernel(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, q_seg_BxT, kv_seg_BxS, *, window, block_q, block_kv, interpret):
   """One shard: builds the kernel for the local head count and maps it over the local batch."""
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
   h, t, s = q_BxHxTxK.shape[1], q_BxHxTxK.shape[2], k_BxHxSxK.shape[2]
-  head_mask = (sm.FullMask((t, s)) if window is None
-               else sm.LocalMask((t, s), (window // 2, window // 2), offset=0))
-  sizes = sk.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
-                        block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
-                        block_q_dq=block_q, block_kv_dq=block_kv)
-  kernel = sk.make_splash_mha(sm.MultiHeadMask([head_mask] * h), block_sizes=sizes, head_shards=1,
-                              q_seq_shards=1, interpret=interpret)
+  head_mask = (sm.FullMask((t, s)) if window is None else sm.LocalMask((t, s), (window // 2, window // 2), offset=0))
+  sizes = sk.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv, block_q_dkv=block_q,
+                        block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv, block_q_dq=block_q, block_kv_dq=block_kv)
+  kernel = sk.make_splash_mha(sm.MultiHeadMask([head_mask] * h), block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                              interpret=interpret)
   one = lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=sk.SegmentIds(q=qs, kv=ks))
   return jax.vmap(one)(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, q_seg_BxT, kv_seg_BxS)
 
@@ -98,13 +94,12 @@ def _sharded(fn, qkv_axes: tuple[str | None, ...], *args):
   # never names a mesh axis. Lengths and head dims stay whole inside each shard.
   qkv_spec = nn.logical_to_mesh_axes(qkv_axes)
   seg_spec = nn.logical_to_mesh_axes(("batch", None))
-  return jax.shard_map(fn, in_specs=(qkv_spec,) * 3 + (seg_spec,) * 2, out_specs=qkv_spec,
-                       check_vma=False)(*args)
+  return jax.shard_map(fn, in_specs=(qkv_spec,) * 3 + (seg_spec,) * 2, out_specs=qkv_spec, check_vma=False)(*args)
 
 
-def splash_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: Array,
-                     kv_seg_BxS: Array, q_pos_BxT: Array | None, kv_pos_BxS: Array | None, *,
-                     window: int | None, block_q: int, block_kv: int, interpret: bool) -> Array:
+def splash_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: Array, kv_seg_BxS: Array,
+                     q_pos_BxT: Array | None, kv_pos_BxS: Array | None, *, window: int | None, block_q: int,
+                     block_kv: int, interpret: bool) -> Array:
   """`attention.dense` semantics through the TPU splash kernel, sharded over batch and heads."""
   b, t, h, k = q_BxTxHxK.shape
   s = k_BxSxHxK.shape[1]
@@ -125,9 +120,10 @@ def splash_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg
   if window is None:
     out_BxHxTxK = run(None)
   else:
-    fallback = lambda: jnp.swapaxes(_pad_to(attention_chunked.chunked_attention(
-        q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS,
-        window=window, block_kv=block_kv), tp, 0), 1, 2)
+    fallback = lambda: jnp.swapaxes(
+        _pad_to(
+            attention_chunked.chunked_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT,
+                                                kv_pos_BxS, window=window, block_kv=block_kv), tp, 0), 1, 2)
     exact = positions_follow_indices(q_seg_BxT, q_pos_BxT, kv_seg_BxS, kv_pos_BxS)
     out_BxHxTxK = jax.lax.cond(exact, lambda: run(window), fallback)
   out_BxTxHxK = jnp.swapaxes(out_BxHxTxK, 1, 2)[:, :t]
@@ -138,29 +134,27 @@ def _round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
-def gpu_flash_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: Array,
-                        kv_seg_BxS: Array, q_pos_BxT: Array | None, kv_pos_BxS: Array | None, *,
-                        window: int | None, shared_segments: bool, block_q: int,
-                        block_kv: int, interpret: bool) -> Array:
+def gpu_flash_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: Array, kv_seg_BxS: Array,
+                        q_pos_BxT: Array | None, kv_pos_BxS: Array | None, *, window: int | None, shared_segments: bool,
+                        block_q: int, block_kv: int, interpret: bool) -> Array:
   """`attention.dense` semantics through the Pallas GPU flash kernel (self-attention, no window)."""
   if window is not None or not shared_segments:
     warn_once(f"gpu_flash has no {'local window' if window is not None else 'cross-attention'} "
-               "mask (one segment-id array, no window); running the chunked kernel there")
-    return attention_chunked.chunked_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS,
-                                               q_pos_BxT, kv_pos_BxS, window=window, block_kv=block_kv)
+              "mask (one segment-id array, no window); running the chunked kernel there")
+    return attention_chunked.chunked_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT,
+                                               kv_pos_BxS, window=window, block_kv=block_kv)
   from jax.experimental.pallas.ops.gpu import attention as gpu_attention
   b, t, h, k = q_BxTxHxK.shape
   # The Triton kernel's tiles: up to 128 rows, at least 16; the length is padded to a multiple.
   blk = max(16, min(block_q, block_kv, 128, 1 << max(t - 1, 1).bit_length()))
   tp = _round_up(t, blk)
-  sizes = gpu_attention.BlockSizes(block_q=blk, block_k=blk, block_q_dkv=min(blk, 32),
-                                   block_kv_dkv=min(blk, 32), block_q_dq=min(blk, 32),
-                                   block_kv_dq=min(blk, 32))
+  sizes = gpu_attention.BlockSizes(block_q=blk, block_k=blk, block_q_dkv=min(blk, 32), block_kv_dkv=min(blk, 32),
+                                   block_q_dq=min(blk, 32), block_kv_dq=min(blk, 32))
   pad = lambda x: _pad_to(x, tp, 0)
   mha = functools.partial(gpu_attention.mha, sm_scale=k ** -0.5, block_sizes=sizes, interpret=interpret)
   fn = lambda q, kk, v, seg, _: mha(q, kk, v, seg)
   # Shared segment ids: pad queries (segment 0) see pad keys; their output is zeroed below.
   seg = pad(q_seg_BxT)
-  out_BxTxHxK = _sharded(fn, ("batch", None, "heads", None), pad(q_BxTxHxK), pad(k_BxSxHxK),
-                         pad(v_BxSxHxK), seg, seg)[:, :t]
+  out_BxTxHxK = _sharded(fn, ("batch", None, "heads", None), pad(q_BxTxHxK), pad(k_BxSxHxK), pad(v_BxSxHxK), seg,
+                         seg)[:, :t]
   return out_BxTxHxK * (q_seg_BxT > 0)[:, :, None, None].astype(out_BxTxHxK.dtype)

@@ -78,8 +78,7 @@ class EncoderBlock(nn.Module):
   first: bool = False
 
   @nn.compact
-  def __call__(self, x_BxTxD: Array, rope_global, rope_local, seg_BxT: Array, pos_BxT: Array,
-               is_global) -> Array:
+  def __call__(self, x_BxTxD: Array, rope_global, rope_local, seg_BxT: Array, pos_BxT: Array, is_global) -> Array:
     s = self.spec
     dt = s.compute_dtype
     out_std = s.init_std / math.sqrt(2.0 * s.num_layers)
@@ -89,8 +88,8 @@ class EncoderBlock(nn.Module):
       cos_sin = jax.tree.map(lambda g, l: jnp.where(is_global, g, l), rope_global, rope_local)
     window = s.local_window if s.global_every > 1 else None
     h = x_BxTxD if self.first else layers.layer_norm(s.norm_eps, dt, "attn_norm")(x_BxTxD)
-    h = layers.SelfAttention(s.num_heads, s.init_std, out_std, dt, s.attention_spec, name="attn")(
-        h, cos_sin, seg_BxT, pos_BxT, window, is_global)
+    h = layers.SelfAttention(s.num_heads, s.init_std, out_std, dt, s.attention_spec,
+                             name="attn")(h, cos_sin, seg_BxT, pos_BxT, window, is_global)
     x_BxTxD = x_BxTxD + h
     h = layers.layer_norm(s.norm_eps, dt, "mlp_norm")(x_BxTxD)
     h = layers.GeGLU(s.mlp_dim, s.init_std, out_std, dt, name="mlp")(h)
@@ -117,8 +116,8 @@ class TokenEmbedding(nn.Module):
   @nn.compact
   def __call__(self) -> Array:
     s = self.spec
-    return self.param("embedding", layers.init_normal(s.init_std, ("vocab", "embed")),
-                      (s.vocab_size, s.embed_dim), jnp.float32)
+    return self.param("embedding", layers.init_normal(s.init_std, ("vocab", "embed")), (s.vocab_size, s.embed_dim),
+                      jnp.float32)
 
 
 class Embeddings(nn.Module):
@@ -146,8 +145,8 @@ class Encoder(nn.Module):
   spec: EncoderSpec
 
   @nn.compact
-  def __call__(self, tokens_BxL: Array, positions_BxL: Array, segment_ids_BxL: Array,
-               keep_idx_BxT: Array | None = None, *, return_all_layers: bool = False):
+  def __call__(self, tokens_BxL: Array, positions_BxL: Array, segment_ids_BxL: Array, keep_idx_BxT: Array | None = None,
+               *, return_all_layers: bool = False):
     """Returns final hidden states BxTxD, or (final, [embedding output, block 1..N outputs])."""
     s = self.spec
     x_BxTxD = Embeddings(s, name="embeddings")(tokens_BxL, keep_idx_BxT)
@@ -167,21 +166,22 @@ class Encoder(nn.Module):
     args = (rope_global, rope_local, seg_BxT, pos_BxT)
 
     outputs = [x_BxTxD]
-    x_BxTxD = _remat(EncoderBlock, s, static_argnums=(6,))(s, first=True, name="layers_0")(
-        x_BxTxD, *args, True if s.global_every == 1 else s.is_global(0))
+    x_BxTxD = _remat(EncoderBlock, s,
+                     static_argnums=(6,))(s, first=True,
+                                          name="layers_0")(x_BxTxD, *args,
+                                                           True if s.global_every == 1 else s.is_global(0))
     outputs.append(x_BxTxD)
     if s.scan_layers:
       flags = jnp.array([s.is_global(i) for i in range(1, s.num_layers)])
       scan = nn.scan(_ScanBody, variable_axes={"params": 0}, split_rngs={"params": True},
-                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
-                     length=s.num_layers - 1, metadata_params={nn.PARTITION_NAME: "layers"})
+                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=s.num_layers - 1,
+                     metadata_params={nn.PARTITION_NAME: "layers"})
       x_BxTxD, ys = scan(s, return_all_layers, name="layers")(x_BxTxD, flags, *args)
       if return_all_layers:
         outputs.extend(ys[i] for i in range(s.num_layers - 1))
     else:
       for i in range(1, s.num_layers):
-        x_BxTxD = _remat(EncoderBlock, s, static_argnums=(6,))(s, name=f"layers_{i}")(
-            x_BxTxD, *args, s.is_global(i))
+        x_BxTxD = _remat(EncoderBlock, s, static_argnums=(6,))(s, name=f"layers_{i}")(x_BxTxD, *args, s.is_global(i))
         outputs.append(x_BxTxD)
     x_BxTxD = layers.layer_norm(s.norm_eps, s.compute_dtype, "final_norm")(x_BxTxD)
     if return_all_layers:

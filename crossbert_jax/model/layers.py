@@ -19,15 +19,13 @@ Array = jax.Array
 
 def init_normal(std: float, axes: tuple[str | None, ...]):
   """ModernBERT's init (normal truncated at +-2 std) with logical axis names."""
-  return nn.with_logical_partitioning(
-      jax.nn.initializers.truncated_normal(stddev=std, lower=-2.0, upper=2.0), axes)
+  return nn.with_logical_partitioning(jax.nn.initializers.truncated_normal(stddev=std, lower=-2.0, upper=2.0), axes)
 
 
 def layer_norm(eps: float, dtype: Dtype, name: str) -> nn.LayerNorm:
   """LayerNorm without bias (ModernBERT: norm_bias=False)."""
   return nn.LayerNorm(epsilon=eps, use_bias=False, dtype=dtype, param_dtype=jnp.float32,
-                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                      name=name)
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), name=name)
 
 
 def rope_tables(positions_BxT: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
@@ -47,8 +45,7 @@ def apply_rope(x_BxTxHxK: Array, cos_sin: tuple[Array, Array]) -> Array:
 
 def vocab_logits(x_BxQxD: Array, w_DxV: Array, b_V: Array | None) -> Array:
   """float32 logits x @ w (+ b): the matmul accumulates in float32 (bf16 inputs, no bf16 logits)."""
-  logits_BxQxV = jnp.einsum("bqd,dv->bqv", x_BxQxD, w_DxV.astype(x_BxQxD.dtype),
-                            preferred_element_type=jnp.float32)
+  logits_BxQxV = jnp.einsum("bqd,dv->bqv", x_BxQxD, w_DxV.astype(x_BxQxD.dtype), preferred_element_type=jnp.float32)
   if b_V is not None:
     logits_BxQxV = logits_BxQxV + b_V.astype(jnp.float32)[None, None, :]
   return nn.with_logical_constraint(logits_BxQxV, ("batch", "length", "vocab"))
@@ -61,10 +58,10 @@ class VocabHead(nn.Module):
 
   @nn.compact
   def __call__(self, embed_dim: int) -> tuple[Array, Array]:
-    kernel_DxV = self.param("kernel", init_normal(self.init_std, ("embed", "vocab")),
-                            (embed_dim, self.vocab_size), jnp.float32)
-    bias_V = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-                        (self.vocab_size,), jnp.float32)
+    kernel_DxV = self.param("kernel", init_normal(self.init_std, ("embed", "vocab")), (embed_dim, self.vocab_size),
+                            jnp.float32)
+    bias_V = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (self.vocab_size,),
+                        jnp.float32)
     return kernel_DxV, bias_V
 
 
@@ -83,8 +80,7 @@ class Dense(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     in_shape = x.shape[x.ndim - self.contract:]
-    kernel = self.param("kernel", init_normal(self.std, self.axes), in_shape + tuple(self.features),
-                        jnp.float32)
+    kernel = self.param("kernel", init_normal(self.std, self.axes), in_shape + tuple(self.features), jnp.float32)
     contract_x = tuple(range(x.ndim - self.contract, x.ndim))
     return jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype),
                          axes=(contract_x, tuple(range(self.contract))))
@@ -103,21 +99,19 @@ class SelfAttention(nn.Module):
   attention: attention_lib.AttentionSpec = attention_lib.AttentionSpec()
 
   @nn.compact
-  def __call__(self, x_BxTxD: Array, cos_sin: tuple[Array, Array], seg_BxT: Array,
-               pos_BxT: Array | None = None, window: int | None = None, is_global=True) -> Array:
+  def __call__(self, x_BxTxD: Array, cos_sin: tuple[Array, Array], seg_BxT: Array, pos_BxT: Array | None = None,
+               window: int | None = None, is_global=True) -> Array:
     d = x_BxTxD.shape[-1]
     k = d // self.num_heads
-    qkv_BxTx3xHxK = Dense((3, self.num_heads, k), ("embed", None, "heads", "kv"), self.init_std,
-                          dtype=self.dtype, name="Wqkv")(x_BxTxD)
+    qkv_BxTx3xHxK = Dense((3, self.num_heads, k), ("embed", None, "heads", "kv"), self.init_std, dtype=self.dtype,
+                          name="Wqkv")(x_BxTxD)
     qkv_BxTx3xHxK = nn.with_logical_constraint(qkv_BxTx3xHxK, ("batch", "length", None, "heads", "kv"))
     # One split (its transpose is a concatenate) rather than three slices (three pads + adds).
     q, kk, v = (a[:, :, 0] for a in jnp.split(qkv_BxTx3xHxK, 3, axis=2))
-    out_BxTxHxK = attention_lib.self_attention(apply_rope(q, cos_sin), apply_rope(kk, cos_sin), v, seg_BxT,
-                                               pos_BxT, spec=self.attention, window=window,
-                                               is_global=is_global)
+    out_BxTxHxK = attention_lib.self_attention(apply_rope(q, cos_sin), apply_rope(kk, cos_sin), v, seg_BxT, pos_BxT,
+                                               spec=self.attention, window=window, is_global=is_global)
     out_BxTxHxK = nn.with_logical_constraint(out_BxTxHxK, ("batch", "length", "heads", "kv"))
-    return Dense((d,), ("heads", "kv", "embed"), self.out_std, contract=2, dtype=self.dtype,
-                 name="Wo")(out_BxTxHxK)
+    return Dense((d,), ("heads", "kv", "embed"), self.out_std, contract=2, dtype=self.dtype, name="Wo")(out_BxTxHxK)
 
 
 class CrossAttention(nn.Module):
@@ -129,20 +123,19 @@ class CrossAttention(nn.Module):
   attention: attention_lib.AttentionSpec = attention_lib.AttentionSpec()
 
   @nn.compact
-  def __call__(self, x_BxTxD: Array, mem_BxSxE: Array, q_cos_sin: tuple[Array, Array],
-               kv_cos_sin: tuple[Array, Array], q_seg_BxT: Array, kv_seg_BxS: Array) -> Array:
+  def __call__(self, x_BxTxD: Array, mem_BxSxE: Array, q_cos_sin: tuple[Array, Array], kv_cos_sin: tuple[Array, Array],
+               q_seg_BxT: Array, kv_seg_BxS: Array) -> Array:
     d = x_BxTxD.shape[-1]
     k = d // self.num_heads
     q_BxTxHxK = Dense((self.num_heads, k), ("embed", "heads", "kv"), self.init_std, dtype=self.dtype,
                       name="Wq")(x_BxTxD)
-    kv_BxSx2xHxK = Dense((2, self.num_heads, k), ("embed", None, "heads", "kv"), self.init_std,
-                         dtype=self.dtype, name="Wkv")(mem_BxSxE)
+    kv_BxSx2xHxK = Dense((2, self.num_heads, k), ("embed", None, "heads", "kv"), self.init_std, dtype=self.dtype,
+                         name="Wkv")(mem_BxSxE)
     kv_BxSx2xHxK = nn.with_logical_constraint(kv_BxSx2xHxK, ("batch", "length", None, "heads", "kv"))
     k_BxSxHxK, v_BxSxHxK = (a[:, :, 0] for a in jnp.split(kv_BxSx2xHxK, 2, axis=2))
     out_BxTxHxK = attention_lib.attention(apply_rope(q_BxTxHxK, q_cos_sin), apply_rope(k_BxSxHxK, kv_cos_sin),
                                           v_BxSxHxK, q_seg_BxT, kv_seg_BxS, spec=self.attention)
-    return Dense((d,), ("heads", "kv", "embed"), self.out_std, contract=2, dtype=self.dtype,
-                 name="Wo")(out_BxTxHxK)
+    return Dense((d,), ("heads", "kv", "embed"), self.out_std, contract=2, dtype=self.dtype, name="Wo")(out_BxTxHxK)
 
 
 class GeGLU(nn.Module):
@@ -155,8 +148,7 @@ class GeGLU(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD: Array) -> Array:
     d = x_BxTxD.shape[-1]
-    h_BxTx2xF = Dense((2, self.mlp_dim), ("embed", None, "mlp"), self.init_std, dtype=self.dtype,
-                      name="Wi")(x_BxTxD)
+    h_BxTx2xF = Dense((2, self.mlp_dim), ("embed", None, "mlp"), self.init_std, dtype=self.dtype, name="Wi")(x_BxTxD)
     h_BxTx2xF = nn.with_logical_constraint(h_BxTx2xF, ("batch", "length", None, "mlp"))
     in_BxTxF, gate_BxTxF = (a[:, :, 0] for a in jnp.split(h_BxTx2xF, 2, axis=2))
     h_BxTxF = nn.gelu(in_BxTxF, approximate=False) * gate_BxTxF

@@ -46,10 +46,9 @@ class ReconstructorSpec:
   @classmethod
   def from_config(cls, c: plan_lib.Settings) -> "ReconstructorSpec":
     r, m = c.reconstructor, c.model
-    return cls(vocab_size=m.vocab_size, embed_dim=r.embed_dim, num_heads=r.num_heads,
-               num_layers=r.num_layers, mlp_dim=r.mlp_dim, num_memory_layers=m.num_layers + 1,
-               self_attention=r.self_attention, feature_mixing=r.feature_mixing,
-               tie_head=r.tie_head, norm_eps=m.norm_eps, init_std=m.init_std,
+    return cls(vocab_size=m.vocab_size, embed_dim=r.embed_dim, num_heads=r.num_heads, num_layers=r.num_layers,
+               mlp_dim=r.mlp_dim, num_memory_layers=m.num_layers + 1, self_attention=r.self_attention,
+               feature_mixing=r.feature_mixing, tie_head=r.tie_head, norm_eps=m.norm_eps, init_std=m.init_std,
                rope_theta=m.rope_theta, remat=m.remat, dtype=m.dtype,
                attention=attention_lib.AttentionSpec.from_config(m))
 
@@ -69,20 +68,19 @@ class ReconstructorBlock(nn.Module):
     out_std = s.init_std / math.sqrt(2.0 * s.num_layers)
     if s.self_attention:
       h = layers.layer_norm(s.norm_eps, dt, "self_attn_norm")(x_BxQxD)
-      x_BxQxD = x_BxQxD + layers.SelfAttention(s.num_heads, s.init_std, out_std, dt, s.attention,
-                                               name="self_attn")(h, q_rope, q_seg_BxQ)
+      x_BxQxD = x_BxQxD + layers.SelfAttention(s.num_heads, s.init_std, out_std, dt, s.attention, name="self_attn")(
+          h, q_rope, q_seg_BxQ)
     if s.feature_mixing:
       # CrossMAE: this block's own linear mix of all encoder layer outputs, then a norm.
       feats_NxBxSxE = memory
-      w_N = self.param("mix_weights", nn.with_logical_partitioning(
-          lambda _, n: jnp.zeros((n,)).at[-1].set(1.0), (None,)), feats_NxBxSxE.shape[0])
+      w_N = self.param("mix_weights", nn.with_logical_partitioning(lambda _, n: jnp.zeros((n,)).at[-1].set(1.0),
+                                                                   (None,)), feats_NxBxSxE.shape[0])
       mem_BxSxE = jnp.einsum("n,nbse->bse", w_N.astype(dt), feats_NxBxSxE.astype(dt))
       mem_BxSxE = layers.layer_norm(s.norm_eps, dt, "memory_norm")(mem_BxSxE)
     else:
       mem_BxSxE = memory
     h = layers.layer_norm(s.norm_eps, dt, "cross_attn_norm")(x_BxQxD)
-    x_BxQxD = x_BxQxD + layers.CrossAttention(s.num_heads, s.init_std, out_std, dt, s.attention,
-                                              name="cross_attn")(
+    x_BxQxD = x_BxQxD + layers.CrossAttention(s.num_heads, s.init_std, out_std, dt, s.attention, name="cross_attn")(
         h, mem_BxSxE, q_rope, kv_rope, q_seg_BxQ, mem_seg_BxS)
     h = layers.layer_norm(s.norm_eps, dt, "mlp_norm")(x_BxQxD)
     x_BxQxD = x_BxQxD + layers.GeGLU(s.mlp_dim, s.init_std, out_std, dt, name="mlp")(h)
@@ -94,8 +92,8 @@ class Reconstructor(nn.Module):
   spec: ReconstructorSpec
 
   @nn.compact
-  def __call__(self, memory, mem_pos_BxS: Array, mem_seg_BxS: Array, q_pos_BxQ: Array,
-               q_seg_BxQ: Array, embedding_VxE: Array | None = None, *, return_hidden: bool = False):
+  def __call__(self, memory, mem_pos_BxS: Array, mem_seg_BxS: Array, q_pos_BxQ: Array, q_seg_BxQ: Array,
+               embedding_VxE: Array | None = None, *, return_hidden: bool = False):
     """memory: BxSxE encoder output, or (feature mixing) NxBxSxE stacked layer outputs.
 
     Returns float32 logits BxQxV, or with `return_hidden` (final hidden BxQxD, (head DxV, bias V
@@ -104,8 +102,7 @@ class Reconstructor(nn.Module):
     s = self.spec
     dt = s.compute_dtype
     b, q = q_pos_BxQ.shape
-    mask_emb_D = self.param("mask_embedding", layers.init_normal(s.init_std, ("embed",)),
-                            (s.embed_dim,), jnp.float32)
+    mask_emb_D = self.param("mask_embedding", layers.init_normal(s.init_std, ("embed",)), (s.embed_dim,), jnp.float32)
     x_BxQxD = jnp.broadcast_to(mask_emb_D.astype(dt), (b, q, s.embed_dim))
     x_BxQxD = nn.with_logical_constraint(x_BxQxD, ("batch", "length", "embed"))
     head_dim = s.embed_dim // s.num_heads

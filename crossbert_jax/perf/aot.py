@@ -56,8 +56,7 @@ HBM_GIB: dict[str, float] = {
     "GH200": 96.0,
     "B200": 180.0,
     "L40S": 48.0,
-    "L4": 24.0,
-}
+    "L4": 24.0,}
 
 # TPU generation (the topology name's prefix) -> chip config: v4 and v5p run both TensorCores
 # of a chip as one device ("megacore"), which is what a pod slice gives JAX.
@@ -134,10 +133,11 @@ def param_table(c: plan_lib.Settings, params, shardings) -> list[dict[str, Any]]
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   specs = jax.tree.leaves(logical, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
   for (path, leaf), names, shard in zip(flat, specs, jax.tree.leaves(shardings), strict=True):
-    rows.append({"path": "/".join(str(getattr(k, "key", k)) for k in path), "shape": list(leaf.shape),
-                 "dtype": str(leaf.dtype), "logical": list(names) + [None] * (leaf.ndim - len(names)),
-                 "spec": list(shard.spec) + [None] * (leaf.ndim - len(shard.spec)),
-                 "shard_shape": list(shard.shard_shape(leaf.shape))})
+    rows.append({
+        "path": "/".join(str(getattr(k, "key", k)) for k in path), "shape": list(leaf.shape), "dtype": str(leaf.dtype),
+        "logical": list(names) + [None] * (leaf.ndim - len(names)),
+        "spec": list(shard.spec) + [None] * (leaf.ndim - len(shard.spec)),
+        "shard_shape": list(shard.shard_shape(leaf.shape))})
   return rows
 
 
@@ -148,11 +148,10 @@ def _memory(compiled) -> dict[str, int]:
       "output_bytes": int(m.output_size_in_bytes),
       "alias_bytes": int(m.alias_size_in_bytes),  # Outputs written into donated arguments (the state).
       "temp_bytes": int(m.temp_size_in_bytes),
-      "generated_code_bytes": int(m.generated_code_size_in_bytes),
-  }
+      "generated_code_bytes": int(m.generated_code_size_in_bytes),}
   # Live at once: arguments, outputs not aliased onto them, temporaries and the program itself.
-  out["total_bytes"] = (out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
-                        + out["generated_code_bytes"])
+  out["total_bytes"] = (out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"] +
+                        out["generated_code_bytes"])
   return out
 
 
@@ -192,8 +191,7 @@ def target_chip(topology: str, device: jax.Device, chip: str | roofline.Chip = "
   return roofline.chip_for(topology.partition(":")[0] if topology else device.device_kind)
 
 
-def compile_train_step(c: plan_lib.RunPlan, topology: str = "",
-                       chip: str | roofline.Chip = "") -> dict[str, Any]:
+def compile_train_step(c: plan_lib.RunPlan, topology: str = "", chip: str | roofline.Chip = "") -> dict[str, Any]:
   """Lowers and compiles the real train step (every phase's); the report. UserError when it cannot run there."""
   devices = topology_devices(topology) if topology else None
   mesh = make_mesh(c, devices)
@@ -202,8 +200,8 @@ def compile_train_step(c: plan_lib.RunPlan, topology: str = "",
     return _compile_one(c, mesh, topology, target)
   phases = list(c.phases)
   # Every phase's batch shards on the mesh: checked before the first (slow) compile.
-  phases_lib.check_each(phases, lambda p: sharding.check_batch_divisible(p.config.train.batch_size,
-                                                                        c.train.grad_accum, mesh))
+  phases_lib.check_each(phases,
+                        lambda p: sharding.check_batch_divisible(p.config.train.batch_size, c.train.grad_accum, mesh))
   by_shape: dict[tuple[int, int], dict[str, Any]] = {}
   rows = []
   for phase in phases:
@@ -218,13 +216,13 @@ def compile_train_step(c: plan_lib.RunPlan, topology: str = "",
         by_shape[shape] = {"error": str(e)}
     one = by_shape[shape]
     m, bound = one.get("memory", {}), one.get("roofline") or {}
-    rows.append({"phase": phase.index, "first_step": phase.start + 1, "last_step": phase.end,
-                 "batch_size": shape[0], "seq_len": shape[1], "total_bytes": m.get("total_bytes"),
-                 "temp_bytes": m.get("temp_bytes"), "fits": m.get("fits", False if "error" in one else None),
-                 "analytic_flops_per_device": one.get("flops", {}).get("analytic_per_device"),
-                 "compile_seconds": one.get("compile_seconds"), "error": one.get("error"),
-                 "bound_by": bound.get("bound_by"), "step_s_lower_bound": bound.get("step_s_lower_bound"),
-                 "mfu_upper_bound": bound.get("mfu_upper_bound")})
+    rows.append({
+        "phase": phase.index, "first_step": phase.start + 1, "last_step": phase.end, "batch_size": shape[0],
+        "seq_len": shape[1], "total_bytes": m.get("total_bytes"), "temp_bytes": m.get("temp_bytes"),
+        "fits": m.get("fits", False if "error" in one else None),
+        "analytic_flops_per_device": one.get("flops", {}).get("analytic_per_device"),
+        "compile_seconds": one.get("compile_seconds"), "error": one.get("error"), "bound_by": bound.get("bound_by"),
+        "step_s_lower_bound": bound.get("step_s_lower_bound"), "mfu_upper_bound": bound.get("mfu_upper_bound")})
   compiled = [r for r in by_shape.values() if "error" not in r]
   if not compiled:
     raise UserError(next(iter(by_shape.values()))["error"] + " (every phase)")
@@ -265,8 +263,8 @@ def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str,
   # calls; XLA's count, each loop body once).
   xla_flops = _xla_flops(compiled)
   executed = max(per_step / mesh.size, traffic["dot_flops"], xla_flops or 0.0)
-  bound = None if chip is None else roofline.estimate(chip, executed, per_step / mesh.size,
-                                                       traffic["bytes_accessed"], traffic["collective_bytes"])
+  bound = None if chip is None else roofline.estimate(chip, executed, per_step /
+                                                      mesh.size, traffic["bytes_accessed"], traffic["collective_bytes"])
   return {
       "topology": topology or None,
       "platform": device.platform,
@@ -284,22 +282,24 @@ def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str,
       "lower_seconds": t1 - t0,
       "compile_seconds": t2 - t1,
       "memory": memory,
-      "flops": {"analytic_per_device": per_step / mesh.size, "xla_per_device": xla_flops,
-                "executed_matmul_per_device": traffic["dot_flops"]},
+      "flops": {
+          "analytic_per_device": per_step / mesh.size, "xla_per_device": xla_flops,
+          "executed_matmul_per_device": traffic["dot_flops"]},
       "traffic": {k: traffic[k] for k in ("bytes_accessed", "collective_bytes", "collectives", "unknown_trip_counts")},
       "roofline": bound,
-      "params": {"total": counts["total"], "non_embedding": counts["non_embedding"],
-                 "table": param_table(c, state.params, train_program.shardings.params)},
-      "jax_version": jax.__version__,
-  }
+      "params": {
+          "total": counts["total"], "non_embedding": counts["non_embedding"],
+          "table": param_table(c, state.params, train_program.shardings.params)},
+      "jax_version": jax.__version__,}
 
 
 def check_fits(report: dict[str, Any], c: plan_lib.Settings) -> None:
   """UserError (one line) when the compiled step needs more memory than the device has."""
   for row in report.get("phases", []):
     if row["fits"] is False:
-      what = (row["error"] if row["error"] else f"the train step needs {row['total_bytes'] / GIB:.2f} GiB per "
-              f"device but a {report['device_kind']} has {report['memory']['hbm_bytes'] / GIB:.1f} GiB; try {_hints(c)}")
+      what = (
+          row["error"] if row["error"] else f"the train step needs {row['total_bytes'] / GIB:.2f} GiB per "
+          f"device but a {report['device_kind']} has {report['memory']['hbm_bytes'] / GIB:.1f} GiB; try {_hints(c)}")
       raise UserError(f"phase {row['phase']} (steps {row['first_step']}-{row['last_step']}, batch "
                       f"{row['batch_size']} x L={row['seq_len']}): {what}")
   m = report["memory"]
@@ -330,37 +330,34 @@ def format_report(report: dict[str, Any], params: bool = True) -> str:
       f"  outputs      {_gib(m['output_bytes']):>8}   ({_gib(m['alias_bytes'])} of it written into the donated state)",
       f"  temporaries  {_gib(m['temp_bytes']):>8}   (activations, gradients, collectives)",
       f"  code         {_gib(m['generated_code_bytes']):>8}",
-      f"  total        {_gib(m['total_bytes']):>8}   "
-      + (f"(no memory size known for {report['device_kind']}: not checked)" if m["hbm_bytes"] is None else
-         f"of {_gib(m['hbm_bytes'])} HBM ({100 * m['total_bytes'] / m['hbm_bytes']:.0f}%): "
-         + ("fits" if m["fits"] else "DOES NOT FIT")),
+      f"  total        {_gib(m['total_bytes']):>8}   " +
+      (f"(no memory size known for {report['device_kind']}: not checked)" if m["hbm_bytes"] is None else
+       f"of {_gib(m['hbm_bytes'])} HBM ({100 * m['total_bytes'] / m['hbm_bytes']:.0f}%): " +
+       ("fits" if m["fits"] else "DOES NOT FIT")),
       "",
-      f"FLOPs per device per step: analytic {f['analytic_per_device']:.3e}, XLA cost analysis "
-      + ("n/a" if f["xla_per_device"] is None else f"{f['xla_per_device']:.3e}")
-      + (" (XLA counts a loop body once: scan over layers, grad_accum)"
-         if f["xla_per_device"] is not None and (report["scan_layers"] or report["grad_accum"] > 1) else ""),
+      f"FLOPs per device per step: analytic {f['analytic_per_device']:.3e}, XLA cost analysis " +
+      ("n/a" if f["xla_per_device"] is None else f"{f['xla_per_device']:.3e}") +
+      (" (XLA counts a loop body once: scan over layers, grad_accum)" if f["xla_per_device"] is not None and
+       (report["scan_layers"] or report["grad_accum"] > 1) else ""),
       f"params: {report['params']['total'] / 1e6:.1f} M ({report['params']['non_embedding'] / 1e6:.1f} M non-embedding)",
-      f"collectives per device per step: {hlo_costs.summary(report['traffic'])}",
-  ]
-  lines += ([""] + roofline.format_lines(report["roofline"]) if report.get("roofline") else
-            ["", f"roofline: no chip figures for {report['device_kind']}; pass --chip (see --helpfull)"])
+      f"collectives per device per step: {hlo_costs.summary(report['traffic'])}",]
+  lines += ([""] + roofline.format_lines(report["roofline"]) if report.get("roofline") else [
+      "", f"roofline: no chip figures for {report['device_kind']}; pass --chip (see --helpfull)"])
   if report.get("phases"):
     lines += ["", "phases (the details above: the phase needing the most memory):"]
-    lines += _table(("phase", "steps", "batch x L", "total GiB", "temp GiB", "fits", "bound by", "step ms >=",
-                     "MFU <="),
-                    [(str(r["phase"]), f"{r['first_step']}-{r['last_step']}", f"{r['batch_size']} x {r['seq_len']}",
-                      _gib(r["total_bytes"]), _gib(r["temp_bytes"]),
-                      {True: "fits", False: "DOES NOT FIT", None: "not checked"}[r["fits"]], r["bound_by"] or "-",
-                      "-" if r["step_s_lower_bound"] is None else f"{1e3 * r['step_s_lower_bound']:.2f}",
-                      "-" if r["mfu_upper_bound"] is None else f"{100 * r['mfu_upper_bound']:.1f}%")
-                     for r in report["phases"]])
+    lines += _table(
+        ("phase", "steps", "batch x L", "total GiB", "temp GiB", "fits", "bound by", "step ms >=", "MFU <="), [
+            (str(r["phase"]), f"{r['first_step']}-{r['last_step']}", f"{r['batch_size']} x {r['seq_len']}",
+             _gib(r["total_bytes"]), _gib(r["temp_bytes"]), {True: "fits", False: "DOES NOT FIT", None: "not checked"
+                                                            }[r["fits"]], r["bound_by"] or
+             "-", "-" if r["step_s_lower_bound"] is None else f"{1e3 * r['step_s_lower_bound']:.2f}",
+             "-" if r["mfu_upper_bound"] is None else f"{100 * r['mfu_upper_bound']:.1f}%") for r in report["phases"]])
   if not params:
     return "\n".join(lines)
   lines.append("")
-  lines += _table(("param", "shape", "logical axes", "mesh spec", "per-device shard"),
-                  [(r["path"], "x".join(map(str, r["shape"])), ",".join(str(n) for n in r["logical"]),
-                    ",".join(str(s) for s in r["spec"]), "x".join(map(str, r["shard_shape"])))
-                   for r in report["params"]["table"]])
+  lines += _table(("param", "shape", "logical axes", "mesh spec", "per-device shard"), [
+      (r["path"], "x".join(map(str, r["shape"])), ",".join(str(n) for n in r["logical"]), ",".join(
+          str(s) for s in r["spec"]), "x".join(map(str, r["shard_shape"]))) for r in report["params"]["table"]])
   return "\n".join(lines)
 
 

@@ -43,6 +43,7 @@ def _set_crossbert(ratio: float, views: int, half_reconstructor: bool = False):
       c.reconstructor.mlp_dim = c.model.mlp_dim // 2
       c.reconstructor.num_heads = c.model.num_heads
       c.reconstructor.tie_head = False
+
   return edit
 
 
@@ -52,6 +53,7 @@ def _set_mlm(ratio: float):
     c.masking.ratio = ratio
     c.masking.views = 1
     c.masking.reconstruct_ratio = 1.0
+
   return edit
 
 
@@ -69,8 +71,7 @@ LONG_CASES = (("bert_r0.15", _set_mlm(0.15)), ("cb_r0.5_k1", _set_crossbert(0.5,
 
 
 def case_config(base: plan_lib.Settings | config_lib.ConfigDict, edit: Callable[[config_lib.ConfigDict], None],
-                seq_len: int, attention: str = "", batch_size: int = 0,
-                dtype: str = "float32") -> plan_lib.RunPlan:
+                seq_len: int, attention: str = "", batch_size: int = 0, dtype: str = "float32") -> plan_lib.RunPlan:
   """The plan of `base` with the case's objective/masking keys, one-device mesh and `dtype`."""
   c = config_lib.from_dict(base.to_dict())
   c.unlock()
@@ -95,8 +96,7 @@ def random_batch(c: plan_lib.Settings, seed: int = 0) -> dict[str, np.ndarray]:
   return {
       "tokens": rng.integers(5, c.model.vocab_size, (b, seq_len)).astype(np.int32),
       "segment_ids": np.ones((b, seq_len), np.int32),
-      "positions": np.tile(np.arange(seq_len, dtype=np.int32), (b, 1)),
-  }
+      "positions": np.tile(np.arange(seq_len, dtype=np.int32), (b, 1)),}
 
 
 TRACED_STEPS = 3
@@ -140,9 +140,10 @@ def time_case(c: plan_lib.Settings, steps: int, warmup: int, trace_dir: str = ""
   if not np.isfinite(loss):
     raise RuntimeError(f"non-finite loss {loss} in the benchmark step")
   del state
-  return {"compile_s": compile_s, "temp_bytes": temp_bytes, "first_step_s": first_s, "step_times_s": times,
-          "median_s": statistics.median(times), "min_s": min(times), "loss": loss,
-          "num_targets": float(metrics["num_targets"])}
+  return {
+      "compile_s": compile_s, "temp_bytes": temp_bytes, "first_step_s": first_s, "step_times_s": times,
+      "median_s": statistics.median(times), "min_s": min(times), "loss": loss,
+      "num_targets": float(metrics["num_targets"])}
 
 
 def case_summary(c: plan_lib.Settings, timing: dict[str, Any]) -> dict[str, Any]:
@@ -154,18 +155,23 @@ def case_summary(c: plan_lib.Settings, timing: dict[str, Any]) -> dict[str, Any]
   decoder = "reconstructor" in objectives.get(c.objective).spec.sections
   return {
       **timing,
-      "objective": c.objective, "ratio": c.masking.ratio, "views": views, "attention": c.model.attention,
-      "encoder_tokens_per_view": visible, "predicted_slots_per_view": slots,
+      "objective": c.objective,
+      "ratio": c.masking.ratio,
+      "views": views,
+      "attention": c.model.attention,
+      "encoder_tokens_per_view": visible,
+      "predicted_slots_per_view": slots,
       "reconstructor_embed_dim": c.reconstructor.embed_dim if decoder else None,
       "reconstructor_mlp_dim": c.reconstructor.mlp_dim if decoder else None,
       "reconstructor_num_heads": c.reconstructor.num_heads if decoder else None,
-      "steps_per_s": 1.0 / med, "sequences_per_s": b / med, "tokens_per_s": b * seq_len / med,
+      "steps_per_s": 1.0 / med,
+      "sequences_per_s": b / med,
+      "tokens_per_s": b * seq_len / med,
       "sequences_per_s_best": b / best,
       "train_flops_per_step": flops_step,
       "forward_flops_per_sequence": flops.forward_flops_breakdown(c),
       "achieved_tflops": flops.achieved_tflops_per_device(flops_step, med, 1),
-      "achieved_tflops_best": flops.achieved_tflops_per_device(flops_step, best, 1),
-  }
+      "achieved_tflops_best": flops.achieved_tflops_per_device(flops_step, best, 1),}
 
 
 def _status(ok: bool) -> str:
@@ -186,18 +192,20 @@ def evaluate(results: dict[str, dict[str, Any]], matmul: dict[str, float], seq_l
   if "cb_r0.5_k1_half" in results:
     target = SPEEDUP_TARGET.get(seq_len, SPEEDUP_TARGET[512] if seq_len > 512 else SPEEDUP_TARGET[256])
     got = results["cb_r0.5_k1_half"]["seq_per_s_ratio_vs_bert"]
-    checks.append({"target": f"CrossBERT r=0.5 K=1 rec d/2 sequences/s >= {target}x BERT r=0.15 (L={seq_len})",
-                   "value": got, "threshold": target, "pass": got >= target})
+    checks.append({
+        "target": f"CrossBERT r=0.5 K=1 rec d/2 sequences/s >= {target}x BERT r=0.15 (L={seq_len})", "value": got,
+        "threshold": target, "pass": got >= target})
   for name, r in results.items():
     if r["objective"] != ref["objective"]:  # Every case of another objective than the reference's.
       got = r["seq_per_s_ratio_vs_bert"] / r["analytic_seq_per_s_ratio_vs_bert"]
-      checks.append({"target": f"{name}: speed-up >= {FLOP_BOUND_FRACTION_TARGET} of its FLOP bound",
-                     "value": got, "threshold": FLOP_BOUND_FRACTION_TARGET,
-                     "pass": got >= FLOP_BOUND_FRACTION_TARGET})
+      checks.append({
+          "target": f"{name}: speed-up >= {FLOP_BOUND_FRACTION_TARGET} of its FLOP bound", "value": got,
+          "threshold": FLOP_BOUND_FRACTION_TARGET, "pass": got >= FLOP_BOUND_FRACTION_TARGET})
   for name, r in results.items():
     got = r["fraction_of_matmul"]
-    checks.append({"target": f"{name}: achieved FLOP/s >= {MATMUL_FRACTION_TARGET:.0%} of the matmul's",
-                   "value": got, "threshold": MATMUL_FRACTION_TARGET, "pass": got >= MATMUL_FRACTION_TARGET})
+    checks.append({
+        "target": f"{name}: achieved FLOP/s >= {MATMUL_FRACTION_TARGET:.0%} of the matmul's", "value": got,
+        "threshold": MATMUL_FRACTION_TARGET, "pass": got >= MATMUL_FRACTION_TARGET})
   return checks
 
 
@@ -210,9 +218,9 @@ def format_table(results: dict[str, dict[str, Any]], descriptions: dict[str, str
     enc = f"{r['views']}x{r['encoder_tokens_per_view']}"
     rows.append((descriptions[name], r["attention"], enc, f"{r['compile_s']:.1f}", f"{1e3 * r['median_s']:.0f}",
                  f"{1e3 * r['min_s']:.0f}", f"{r['temp_bytes'] / 2**20:.0f}", f"{r['sequences_per_s']:.2f}",
-                 f"{r['tokens_per_s']:.0f}", f"{r['train_flops_per_step'] / 1e9:.0f}",
-                 f"{r['achieved_tflops']:.4f}", f"{100 * r['fraction_of_matmul']:.0f}%",
-                 f"{r['seq_per_s_ratio_vs_bert']:.2f}x", f"{r['analytic_seq_per_s_ratio_vs_bert']:.2f}x"))
+                 f"{r['tokens_per_s']:.0f}", f"{r['train_flops_per_step'] / 1e9:.0f}", f"{r['achieved_tflops']:.4f}",
+                 f"{100 * r['fraction_of_matmul']:.0f}%", f"{r['seq_per_s_ratio_vs_bert']:.2f}x",
+                 f"{r['analytic_seq_per_s_ratio_vs_bert']:.2f}x"))
   widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
   lines = []
   for j, row in enumerate(rows):
@@ -231,14 +239,14 @@ def run_long(base: plan_lib.Settings, long_len: int, long_batch: int, steps: int
     for attention in ("xla", "chunked"):
       c = case_config(base, edit, long_len, attention=attention, batch_size=long_batch)
       results[f"{name}_{attention}"] = r = case_summary(c, time_case(c, steps, warmup))
-      print(f"L={long_len} {name} {attention}: median step {1e3 * r['median_s']:.0f} ms, "
-            f"temporaries {r['temp_bytes'] / 2**20:.0f} MiB", flush=True)
+      print(
+          f"L={long_len} {name} {attention}: median step {1e3 * r['median_s']:.0f} ms, "
+          f"temporaries {r['temp_bytes'] / 2**20:.0f} MiB", flush=True)
   return results
 
 
-def run(base: plan_lib.Settings, *, seq_len: int, steps: int, warmup: int, out: str,
-        case_names: list[str], matmul_size: int, matmul_repeats: int, long_len: int = 0,
-        long_batch: int = 2) -> dict[str, Any]:
+def run(base: plan_lib.Settings, *, seq_len: int, steps: int, warmup: int, out: str, case_names: list[str],
+        matmul_size: int, matmul_repeats: int, long_len: int = 0, long_batch: int = 2) -> dict[str, Any]:
   """Runs every case and the reference matmul; prints the table and writes JSON to `out`."""
   if steps < 1 or warmup < 0:
     raise UserError(f"--steps must be >= 1 and --warmup >= 0, got steps={steps} warmup={warmup}")
@@ -255,14 +263,16 @@ def run(base: plan_lib.Settings, *, seq_len: int, steps: int, warmup: int, out: 
   started = datetime.datetime.now(datetime.timezone.utc)
 
   matmul = machine.time_matmul(matmul_size, matmul_repeats)
-  print(f"matmul {matmul_size}^3 float32: {1e3 * matmul['median_s']:.1f} ms median, "
-        f"{matmul['tflops_median']:.4f} TFLOP/s", flush=True)
+  print(
+      f"matmul {matmul_size}^3 float32: {1e3 * matmul['median_s']:.1f} ms median, "
+      f"{matmul['tflops_median']:.4f} TFLOP/s", flush=True)
   results = {}
   for name, c in configs.items():
     timing = time_case(c, steps, warmup)
     results[name] = case_summary(c, timing)
-    print(f"{descriptions[name]}: compile {timing['compile_s']:.1f} s, median step "
-          f"{1e3 * timing['median_s']:.0f} ms", flush=True)
+    print(
+        f"{descriptions[name]}: compile {timing['compile_s']:.1f} s, median step "
+        f"{1e3 * timing['median_s']:.0f} ms", flush=True)
   long = run_long(base, long_len, long_batch, steps, warmup) if long_len else {}
   matmul_end = machine.time_matmul(matmul_size, matmul_repeats)
   load_end = os.getloadavg()
@@ -271,15 +281,19 @@ def run(base: plan_lib.Settings, *, seq_len: int, steps: int, warmup: int, out: 
   checks = evaluate(results, matmul, length)
   if long:
     evaluate(long, matmul, long_len, reference=f"{REFERENCE}_xla")
-  _print_summary(configs[REFERENCE], results, descriptions, checks, long, matmul, matmul_end,
-                 steps=steps, warmup=warmup, load=(load_start[0], load_end[0]), long_len=long_len,
-                 long_batch=long_batch)
+  _print_summary(configs[REFERENCE], results, descriptions, checks, long, matmul, matmul_end, steps=steps,
+                 warmup=warmup, load=(load_start[0], load_end[0]), long_len=long_len, long_batch=long_batch)
   report = {
       **_machine(started, load_start, load_end),
-      "seq_len": length, "steps": steps, "warmup": warmup, "matmul": matmul, "matmul_end": matmul_end,
-      "cases": results, "checks": checks, "long": long,
-      "configs": {name: c.to_dict() for name, c in configs.items()},
-  }
+      "seq_len": length,
+      "steps": steps,
+      "warmup": warmup,
+      "matmul": matmul,
+      "matmul_end": matmul_end,
+      "cases": results,
+      "checks": checks,
+      "long": long,
+      "configs": {name: c.to_dict() for name, c in configs.items()},}
   path = epath.Path(out)
   if str(path.parent) not in ("", "."):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -292,20 +306,21 @@ def _machine(started: datetime.datetime, load_start: tuple[float, ...], load_end
   """Where and when the benchmark ran: the head of its JSON."""
   return {
       "date": started.isoformat(timespec="seconds"),
-      "jax_version": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "jax_version": jax.__version__,
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "device_kind": jax.devices()[0].device_kind,
       "platform": jax.devices()[0].platform,
       "cpu_model": host.cpu_model(),
       "cpu_count": os.cpu_count(),
       "load_avg_start": list(load_start),
-      "load_avg_end": list(load_end),
-  }
+      "load_avg_end": list(load_end),}
 
 
 def _print_summary(c0: plan_lib.Settings, results: dict[str, dict[str, Any]], descriptions: dict[str, str],
-                   checks: list[dict], long: dict[str, dict[str, Any]], matmul: dict[str, float],
-                   matmul_end: dict[str, float], *, steps: int, warmup: int, load: tuple[float, float],
-                   long_len: int, long_batch: int) -> None:
+                   checks: list[dict], long: dict[str, dict[str, Any]], matmul: dict[str,
+                                                                                     float], matmul_end: dict[str,
+                                                                                                              float], *,
+                   steps: int, warmup: int, load: tuple[float, float], long_len: int, long_batch: int) -> None:
   """The shape line, the case table, the PASS/MISS lines and the long-context table."""
   print()
   print(f"L={c0.data.seq_len} batch={c0.train.batch_size} d={c0.model.embed_dim} heads={c0.model.num_heads} "

@@ -28,8 +28,7 @@ from crossbert_jax.training import flops
 
 MFU = 0.5
 # (accelerator, flops.PEAK_TFLOPS key, chips per host or per process).
-HOSTS = (("v5p", "TPU v5p", 4), ("v5e", "TPU v5e", 4), ("v6e", "TPU v6e", 4), ("H100", "H100", 1),
-         ("H200", "H200", 1))
+HOSTS = (("v5p", "TPU v5p", 4), ("v5e", "TPU v5e", 4), ("v6e", "TPU v6e", 4), ("H100", "H100", 1), ("H200", "H200", 1))
 SIZES = ("base", "large")
 OBJECTIVES = {"crossbert": "crossbert", "bert": "mlm"}
 
@@ -45,13 +44,14 @@ def demand(seq_len: int) -> list[dict[str, Any]]:
       per_token = flops.train_flops_per_sequence(c) / seq_len
       for accel, key, chips in HOSTS:
         peak = flops.PEAK_TFLOPS[key]["bfloat16"] * 1e12
-        rows.append({"size": size, "objective": name, "accelerator": accel, "chips": chips, "seq_len": seq_len,
-                     "flops_per_token": per_token, "tokens_per_s": chips * peak * MFU / per_token})
+        rows.append({
+            "size": size, "objective": name, "accelerator": accel, "chips": chips, "seq_len": seq_len,
+            "flops_per_token": per_token, "tokens_per_s": chips * peak * MFU / per_token})
   return rows
 
 
-def supply(paths: dict[str, str], tok, seq_lens: list[int], worker_counts: list[int],
-           seconds: float, tokenizer: str = "sentencepiece") -> list[dict[str, Any]]:
+def supply(paths: dict[str, str], tok, seq_lens: list[int], worker_counts: list[int], seconds: float,
+           tokenizer: str = "sentencepiece") -> list[dict[str, Any]]:
   """One process's rate for every format (of `paths`) x length x worker count."""
   rows = []
   for seq_len in seq_lens:
@@ -59,17 +59,21 @@ def supply(paths: dict[str, str], tok, seq_lens: list[int], worker_counts: list[
       for workers in worker_counts:
         r = throughput.measure(throughput.data_config(paths[fmt], seq_len, workers), tok, seconds=seconds)
         rows.append({"format": fmt, "tokenizer": tokenizer, "seq_len": seq_len, "worker_count": workers, **r})
-        print(f"  {fmt:<20} {tokenizer:<13} L={seq_len:<5} workers={workers}  {r['tokens_per_s'] / 1e6:7.3f} M tokens/s  "
-              f"fill {r['fill_ratio']:.3f}", flush=True)
+        print(
+            f"  {fmt:<20} {tokenizer:<13} L={seq_len:<5} workers={workers}  {r['tokens_per_s'] / 1e6:7.3f} M tokens/s  "
+            f"fill {r['fill_ratio']:.3f}", flush=True)
   return rows
 
 
 def _table(supply_rows: list[dict[str, Any]], demand_rows: list[dict[str, Any]], seq_len: int) -> str:
-  best = {r["format"]: r["tokens_per_s"] for r in supply_rows
-          if r["seq_len"] == seq_len and r["worker_count"] == 0 and r["tokenizer"] == "sentencepiece"}
-  lines = [f"demand per host at L={seq_len} (50% MFU) and headroom = supply (workers=0) / demand",
-           f"{'size':<6} {'objective':<10} {'accel':<6} {'chips':>5} {'demand M/s':>11} {'text x':>8} "
-           f"{'pretok x':>9}"]
+  best = {
+      r["format"]: r["tokens_per_s"]
+      for r in supply_rows
+      if r["seq_len"] == seq_len and r["worker_count"] == 0 and r["tokenizer"] == "sentencepiece"}
+  lines = [
+      f"demand per host at L={seq_len} (50% MFU) and headroom = supply (workers=0) / demand",
+      f"{'size':<6} {'objective':<10} {'accel':<6} {'chips':>5} {'demand M/s':>11} {'text x':>8} "
+      f"{'pretok x':>9}"]
   for d in demand_rows:
     if d["seq_len"] != seq_len:
       continue
@@ -79,9 +83,9 @@ def _table(supply_rows: list[dict[str, Any]], demand_rows: list[dict[str, Any]],
   return "\n".join(lines)
 
 
-def run(out: str, *, books: int = 20, seq_lens: tuple[int, ...] = (512, 8192),
-        worker_counts: tuple[int, ...] = (0, 1, 2), seconds: float = 1.0, tokenizer: str = "",
-        corpus: str = "") -> dict[str, Any]:
+def run(out: str, *, books: int = 20, seq_lens: tuple[int, ...] = (512, 8192), worker_counts: tuple[int,
+                                                                                                    ...] = (0, 1, 2),
+        seconds: float = 1.0, tokenizer: str = "", corpus: str = "") -> dict[str, Any]:
   """Builds the corpora (in a temporary folder), measures, prints the tables and writes `out`."""
   corpus = corpus or os.path.join(os.environ.get("CROSSBERT_DATA", "../shared/data"), "gutenberg")
   files = sorted(pathlib.Path(corpus).glob("*.txt"))[:books]
@@ -98,9 +102,9 @@ def run(out: str, *, books: int = 20, seq_lens: tuple[int, ...] = (512, 8192),
   demand_rows = [d for L in seq_lens for d in demand(L)]
   for L in seq_lens:
     print(_table(supply_rows, demand_rows, L))
-  result = {"supply": supply_rows, "demand": demand_rows, "mfu": MFU, "books": len(files),
-            "vocab_size": tok.vocab_size, "host": platform.node(), "load_avg": list(_load()),
-            "wall_s": time.perf_counter() - t0}
+  result = {
+      "supply": supply_rows, "demand": demand_rows, "mfu": MFU, "books": len(files), "vocab_size": tok.vocab_size,
+      "host": platform.node(), "load_avg": list(_load()), "wall_s": time.perf_counter() - t0}
   epath.Path(out).write_text(json.dumps(result, indent=1))
   print(f"wrote {out}")
   return result

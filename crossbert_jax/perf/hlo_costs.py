@@ -31,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
-_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
-                "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_DTYPE_BYTES = {
+    "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+    "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 _SHAPE = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([^\]]*)\]")
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
@@ -43,10 +44,11 @@ _IOTA_GROUPS = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([
 _MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _LIST_GROUPS = re.compile(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}")
 # Instructions that move no data of their own (their bodies, if any, are counted instead).
-_NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional", "call",
-               "after-all", "partition-id", "replica-id", "opt-barrier", "copy-start", "copy-done",
-               "async-start", "async-update", "async-done", "all-gather-done", "all-reduce-done",
-               "collective-permute-done", "send-done", "recv-done", "add-dependency", "domain"}
+_NO_TRAFFIC = {
+    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional", "call", "after-all",
+    "partition-id", "replica-id", "opt-barrier", "copy-start", "copy-done", "async-start", "async-update", "async-done",
+    "all-gather-done", "all-reduce-done", "collective-permute-done", "send-done", "recv-done", "add-dependency",
+    "domain"}
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 
@@ -155,8 +157,8 @@ def _run_counts(computations: dict[str, list[Instruction]], entry: str) -> tuple
           continue
         times = counts[name] * (trips or 1)
         counts[callee] += times
-        if kind in ("body", "condition", "true_computation", "false_computation", "branch") or (
-            kind in ("calls", "to_apply") and ins.opcode in ("call", "async-start")):
+        if kind in ("body", "condition", "true_computation", "false_computation",
+                    "branch") or (kind in ("calls", "to_apply") and ins.opcode in ("call", "async-start")):
           control.add(callee)
         if callee not in order:
           order.append(callee)
@@ -300,13 +302,15 @@ def costs(hlo: str, mesh_shape: dict[str, int]) -> dict[str, Any]:
         written = shape_bytes(types.get(ins.operands[1], ""))
       accessed += times * (reads + written)
   collectives = {op: dict(by_axes) for op, by_axes in sent.items()}
-  return {"bytes_accessed": accessed, "dot_flops": dot_flops, "collectives": collectives,
-          "collective_bytes": sum(v for by_axes in collectives.values() for v in by_axes.values()),
-          "loops": loops, "unknown_trip_counts": unknown}
+  return {
+      "bytes_accessed": accessed, "dot_flops": dot_flops, "collectives": collectives,
+      "collective_bytes": sum(v for by_axes in collectives.values() for v in by_axes.values()), "loops": loops,
+      "unknown_trip_counts": unknown}
 
 
 def summary(report: dict[str, Any]) -> str:
   """The collectives of `costs` as one line: "all-gather fsdp 1.2 GB, reduce-scatter fsdp 0.6 GB"."""
-  parts = [f"{op} {axes} {b / 1e9:.3g} GB" for op, by_axes in report["collectives"].items()
-           for axes, b in sorted(by_axes.items())]
+  parts = [
+      f"{op} {axes} {b / 1e9:.3g} GB" for op, by_axes in report["collectives"].items()
+      for axes, b in sorted(by_axes.items())]
   return ", ".join(parts) or "none"

@@ -24,8 +24,9 @@ def time_matmul(n: int, repeats: int) -> dict[str, float]:
     jax.block_until_ready(matmul(a, b))
     times.append(time.perf_counter() - t0)
   med = statistics.median(times)
-  return {"n": n, "flops": 2.0 * n ** 3, "median_s": med, "min_s": min(times),
-          "tflops_median": 2.0 * n ** 3 / med / 1e12, "tflops_max": 2.0 * n ** 3 / min(times) / 1e12}
+  return {
+      "n": n, "flops": 2.0 * n ** 3, "median_s": med, "min_s": min(times), "tflops_median": 2.0 * n ** 3 / med / 1e12,
+      "tflops_max": 2.0 * n ** 3 / min(times) / 1e12}
 
 
 def copy_bandwidth(mib: int = 512, repeats: int = 5) -> float:

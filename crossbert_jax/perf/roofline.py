@@ -38,8 +38,7 @@ CHIPS: dict[str, Chip] = {
     "h100": Chip("NVIDIA H100 SXM", 989e12, 3.35e12, 900e9 / 2,
                  "https://www.nvidia.com/en-us/data-center/h100/ (datasheet, dense bf16)"),
     "h200": Chip("NVIDIA H200 SXM", 989e12, 4.8e12, 900e9 / 2,
-                 "https://www.nvidia.com/en-us/data-center/h200/ (datasheet, dense bf16)"),
-}
+                 "https://www.nvidia.com/en-us/data-center/h200/ (datasheet, dense bf16)"),}
 # Substrings of a JAX device_kind (lower case) or a topology's generation -> the table's key.
 _KINDS = (("v5 lite", "v5e"), ("v5litepod", "v5e"), ("v5e", "v5e"), ("v5p", "v5p"), ("tpu v5", "v5p"),
           ("v6 lite", "v6e"), ("v6e", "v6e"), ("tpu v4", "v4"), ("v4", "v4"), ("h200", "h200"), ("h100", "h100"))
@@ -68,22 +67,26 @@ def estimate(chip: Chip, executed_flops: float, model_flops: float, bytes_per_de
   bounds = {
       "compute_s": executed_flops / chip.peak_flops,
       "memory_s": bytes_per_device / chip.hbm_bytes_per_s,
-      "communication_s": (collective_bytes_per_device / chip.link_bytes_per_s if chip.link_bytes_per_s
-                          else (0.0 if not collective_bytes_per_device else float("inf"))),
-  }
+      "communication_s": (collective_bytes_per_device / chip.link_bytes_per_s if chip.link_bytes_per_s else
+                          (0.0 if not collective_bytes_per_device else float("inf"))),}
   binding = max(bounds, key=bounds.get)
   step_s = bounds[binding]
   return {
-      "chip": chip.name, "chip_source": chip.source, "peak_flops": chip.peak_flops,
-      "hbm_bytes_per_s": chip.hbm_bytes_per_s, "link_bytes_per_s": chip.link_bytes_per_s,
-      "executed_flops_per_device": executed_flops, "model_flops_per_device": model_flops,
+      "chip": chip.name,
+      "chip_source": chip.source,
+      "peak_flops": chip.peak_flops,
+      "hbm_bytes_per_s": chip.hbm_bytes_per_s,
+      "link_bytes_per_s": chip.link_bytes_per_s,
+      "executed_flops_per_device": executed_flops,
+      "model_flops_per_device": model_flops,
       "bytes_accessed_per_device": bytes_per_device,
       "collective_bytes_per_device": collective_bytes_per_device,
       "arithmetic_intensity": executed_flops / bytes_per_device if bytes_per_device else None,
-      **bounds, "bound_by": binding.removesuffix("_s"), "step_s_lower_bound": step_s,
+      **bounds,
+      "bound_by": binding.removesuffix("_s"),
+      "step_s_lower_bound": step_s,
       "mfu_upper_bound": model_flops / (step_s * chip.peak_flops) if step_s > 0 else None,
-      "note": "upper bound on performance (each resource at its peak, perfect overlap), not a measurement",
-  }
+      "note": "upper bound on performance (each resource at its peak, perfect overlap), not a measurement",}
 
 
 def format_lines(r: dict[str, Any]) -> list[str]:
@@ -97,6 +100,5 @@ def format_lines(r: dict[str, Any]) -> list[str]:
       f"  memory         {ms['memory']:10.3f} ms   ({r['bytes_accessed_per_device'] / 1e9:.3f} GB accessed per device, "
       "loops counted per trip)",
       f"  communication  {ms['communication']:10.3f} ms   ({r['collective_bytes_per_device'] / 1e9:.3f} GB sent per device)",
-      f"  bound by {r['bound_by']}: step >= {1e3 * r['step_s_lower_bound']:.3f} ms, MFU <= "
-      + ("n/a" if r["mfu_upper_bound"] is None else f"{100 * r['mfu_upper_bound']:.1f}%"),
-  ]
+      f"  bound by {r['bound_by']}: step >= {1e3 * r['step_s_lower_bound']:.3f} ms, MFU <= " +
+      ("n/a" if r["mfu_upper_bound"] is None else f"{100 * r['mfu_upper_bound']:.1f}%"),]

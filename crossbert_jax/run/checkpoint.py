@@ -83,8 +83,7 @@ class CheckpointLayout:
 
   def iterator_states(self, step: int, count: int) -> list[dict[str, Any]]:
     """The `count` per-process iterator states saved with `step`, in process order."""
-    return [json.loads((self.item(step, "data") / f"process_{p}-of-{count}.json").read_text())
-            for p in range(count)]
+    return [json.loads((self.item(step, "data") / f"process_{p}-of-{count}.json").read_text()) for p in range(count)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,18 +211,16 @@ def is_save_step(ckpt_cfg: sections.Checkpoint, step: int) -> bool:
 
 class Checkpointer:
   """Save/restore of {state, data iterator, config, meta} under `workdir/checkpoints`."""
-
   def __init__(self, workdir: str | epath.Path, ckpt_cfg: sections.Checkpoint, read_only: bool = False):
     self.layout = CheckpointLayout.of(workdir, absolute=True)
     self.directory = self.layout.directory
     self.read_only = read_only
     policy = ocp.checkpoint_managers.LatestN(ckpt_cfg.keep)
     if ckpt_cfg.keep_steps:
-      policy = ocp.checkpoint_managers.AnyPreservationPolicy(
-          [policy, ocp.checkpoint_managers.CustomSteps(list(ckpt_cfg.keep_steps))])
-    options = ocp.CheckpointManagerOptions(
-        preservation_policy=policy, create=not read_only, read_only=read_only,
-        enable_async_checkpointing=ckpt_cfg.async_save)
+      policy = ocp.checkpoint_managers.AnyPreservationPolicy([
+          policy, ocp.checkpoint_managers.CustomSteps(list(ckpt_cfg.keep_steps))])
+    options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=not read_only, read_only=read_only,
+                                           enable_async_checkpointing=ckpt_cfg.async_save)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   @classmethod
@@ -309,8 +306,7 @@ class Checkpointer:
 
   def restore(self, step: int, abstract_state: Any, shardings: Any, data_iter: Any) -> Any:
     """Restores the state into `shardings` and the iterator in place; returns the state."""
-    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          abstract_state, shardings)
+    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, shardings)
     args = {"state": ocp.args.StandardRestore(target)}
     if data_iter is not None:
       args["data"] = grain.checkpoint.CheckpointRestore(data_iter)
@@ -318,8 +314,9 @@ class Checkpointer:
 
   def restore_params(self, step: int, abstract_params: Any, shardings: Any) -> Any:
     """Only the params of the state saved at `step`, into `shardings` (the optimizer state is not read)."""
-    target = {"params": jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                     abstract_params, shardings)}
+    target = {
+        "params": jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params,
+                               shardings)}
     args = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
                                   partial_restore=True)
     return self._manager.restore(step, args=ocp.args.Composite(state=args))["state"]["params"]
@@ -333,7 +330,6 @@ class Checkpointer:
 
 class _IteratorState:
   """A data iterator's state taken earlier, saved by Grain's handler like the iterator itself."""
-
   def __init__(self, state: dict):
     self._state = state
 

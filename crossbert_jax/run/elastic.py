@@ -31,8 +31,8 @@ def saved_states(workdir: str | epath.Path, step: int, count: int) -> list[dict[
   return checkpoint.CheckpointLayout.of(workdir).iterator_states(step, count)
 
 
-def reshard(workdir: str | epath.Path, step: int, old: int | None, saved: dict[str, Any],
-            now: plan_lib.RunPlan, process_count: int) -> tuple[str, dict[str, Any] | None] | None:
+def reshard(workdir: str | epath.Path, step: int, old: int | None, saved: dict[str, Any], now: plan_lib.RunPlan,
+            process_count: int) -> tuple[str, dict[str, Any] | None] | None:
   """None if `step`'s iterator was saved by `process_count` processes (`old`: the count that saved
   it, None if unknown); else (warning line, the re-shard state for every process, or None where the
   data stream has to start over). UserError for a data.mixture stream (no exact re-shard)."""

@@ -21,9 +21,10 @@ from crossbert_jax.core.errors import UserError
 from crossbert_jax.run import checkpoint
 
 # OSError numbers of a full or read-only workdir: reported in one line, not a traceback.
-ENV_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-              errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-              errno.EPERM: "operation not permitted", errno.EFBIG: "the file is too large"}
+ENV_ERRNOS = {
+    errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted", errno.EFBIG: "the file is too large"}
 
 
 class Doing(Protocol):
@@ -48,7 +49,6 @@ def environment_error(e: BaseException | None) -> tuple[str, str] | None:
 
 class _EnvironmentLogFilter(logging.Filter):
   """Drops the tracebacks Orbax's writer threads log for a full or read-only disk."""
-
   def filter(self, record: logging.LogRecord) -> bool:
     text = record.getMessage()
     if record.exc_info and record.exc_info[1] is not None:
@@ -79,8 +79,8 @@ def reported(workdir: epath.Path, progress: Doing) -> Iterator[None]:
     warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
     layout = checkpoint.CheckpointLayout.of(workdir)
     intact = layout.steps_on_disk()  # Not the trainer's view: an async save may have failed late.
-    kept = (f"the checkpoints of steps {intact} in {layout.directory} are intact" if intact
-            else "no checkpoint was written")
+    kept = (f"the checkpoints of steps {intact} in {layout.directory} are intact"
+            if intact else "no checkpoint was written")
     raise UserError(f"{reason} while {progress.doing}{' (' + path + ')' if path else ''}; {kept}: "
                     f"free space or make {workdir} writable, then rerun the same command to resume") from None
 

@@ -19,7 +19,6 @@ from crossbert_jax.data import pipeline, tokenizer as tokenizer_lib
 
 class PhaseFeed:
   """This process's batches of the current phase."""
-
   def __init__(self, tok: tokenizer_lib.Tokenizer, *, seed: int, process_index: int, process_count: int):
     self._tok, self._seed = tok, seed
     self._process_index, self._process_count = process_index, process_count

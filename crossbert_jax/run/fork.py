@@ -97,8 +97,8 @@ def check_workdir(c: plan_lib.Settings, workdir: str | epath.Path) -> None:
                     "; a fork writes its own checkpoints: give it a new --workdir outside the source")
 
 
-def check_resumed(c: plan_lib.Settings, workdir: str | epath.Path, step: int,
-                  saved: dict[str, Any]) -> plan_lib.Settings:
+def check_resumed(c: plan_lib.Settings, workdir: str | epath.Path, step: int, saved: dict[str,
+                                                                                          Any]) -> plan_lib.Settings:
   """A workdir holding checkpoints resumes as the run they record: UserError when `c`'s
   `train.fork_from` names another source or step than its checkpoint `step` records (or it records
   none). A rerun with the same value resumes, recording the resolved "SOURCE:STEP" again: the
@@ -122,9 +122,9 @@ class _Removed(Exception):
   """The source's step folder went away while it was read (the source's own cleanup)."""
 
 
-def restore(c: plan_lib.Settings, workdir: epath.Path, tokenizer: dict[str, Any], abstract_state: Any,
-            shardings: Any, iterator_of: Callable[[int], Any],
-            warn: Callable[[str], None]) -> tuple[checkpoint.Restored, plan_lib.Settings]:
+def restore(c: plan_lib.Settings, workdir: epath.Path, tokenizer: dict[str, Any], abstract_state: Any, shardings: Any,
+            iterator_of: Callable[[int], Any], warn: Callable[[str],
+                                                              None]) -> tuple[checkpoint.Restored, plan_lib.Settings]:
   """The fork's source checkpoint, restored into `shardings` and `iterator_of(step)` (the data
   iterator of the step's phase), through the resume's restore policy (`restore_policy.vet`, `read`).
 
@@ -159,8 +159,7 @@ def restore(c: plan_lib.Settings, workdir: epath.Path, tokenizer: dict[str, Any]
   return found, plan_lib.with_keys(c, {"train.fork_from": f"{source}:{found.step}"})
 
 
-def _chosen_step(key: str, source: str, reader: checkpoint.Checkpointer, step: int | None,
-                 c: plan_lib.Settings) -> int:
+def _chosen_step(key: str, source: str, reader: checkpoint.Checkpointer, step: int | None, c: plan_lib.Settings) -> int:
   """The source step to fork from (`step`, or the newest), checked against the fork's schedule."""
   steps = sorted(reader.all_steps())
   if not steps:

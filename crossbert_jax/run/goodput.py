@@ -30,8 +30,7 @@ from typing import Any
 from etils import epath
 
 GOODPUT_FILE = "goodput.json"
-CAUSES = ("startup", "restore", "compile", "data_wait", "eval", "save", "profile", "recomputed", "preemption",
-          "other")
+CAUSES = ("startup", "restore", "compile", "data_wait", "eval", "save", "profile", "recomputed", "preemption", "other")
 WRITE_SECONDS = 30.0
 _STEADY_KEPT = 200  # Step times kept for the median (the latest).
 
@@ -47,7 +46,6 @@ def read(workdir: epath.Path) -> list[dict[str, Any]]:
 
 class Ledger:
   """This attempt's timed intervals, beside the earlier attempts read from the workdir."""
-
   def __init__(self, workdir: epath.Path, started: float, enabled: bool, logged_until: int = 0):
     """`started`: time.time() at the command's start; `logged_until`: the last step already logged."""
     self._workdir, self._enabled, self._logged_until = workdir, enabled, logged_until
@@ -91,7 +89,8 @@ class Ledger:
     """Records this attempt ("running", "finished", "stopped", "failed") beside the earlier ones."""
     if not self._enabled:
       return
-    path, text = self._workdir / GOODPUT_FILE, json.dumps({"attempts": self._earlier + [self._closed(status)]}, indent=1)
+    path, text = self._workdir / GOODPUT_FILE, json.dumps({"attempts": self._earlier + [self._closed(status)]},
+                                                          indent=1)
     if "://" in str(path):  # An object store writes an object whole.
       path.write_text(text)
     else:  # A kill mid-write leaves the previous file.
@@ -131,8 +130,9 @@ def fractions(seconds: dict[str, float]) -> dict[str, float]:
 def scalars(seconds: dict[str, float]) -> dict[str, float]:
   """The metrics row: goodput (the productive share), goodput/<cause> shares, goodput/wall_s."""
   shares = fractions(seconds)
-  return {"goodput": shares["productive"], **{f"goodput/{k}": shares[k] for k in CAUSES},
-          "goodput/wall_s": sum(seconds.values())}
+  return {
+      "goodput": shares["productive"],
+      **{f"goodput/{k}": shares[k] for k in CAUSES}, "goodput/wall_s": sum(seconds.values())}
 
 
 def line(seconds: dict[str, float]) -> str:

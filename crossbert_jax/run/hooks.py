@@ -16,7 +16,6 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.run import recorder as recorder_lib
 
@@ -70,10 +69,11 @@ def run_due(hooks: list[Hook], info: StepInfo) -> dict[str, float]:
   return took
 
 
-def metrics(recorder: recorder_lib.StepRecorder,
-            source_tokens: Callable[[], tuple[dict[str, int] | None, dict[str, float]]]) -> Hook:
+def metrics(recorder: recorder_lib.StepRecorder, source_tokens: Callable[[], tuple[dict[str, int] | None,
+                                                                                   dict[str, float]]]) -> Hook:
   """Every step's metrics row; `source_tokens()`: a mixture's per-source tokens of the current stream
   (None otherwise) and those of the run's earlier streams."""
   def run(info: StepInfo) -> None:
     recorder.dispatched(info.step, info.device_metrics, info.dispatched_at, info.data_wait_s, *source_tokens())
+
   return Hook("metrics", 1, run)

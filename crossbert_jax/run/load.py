@@ -82,8 +82,8 @@ def load_run(workdir: str | epath.Path, step: int | None = None) -> tuple[plan_l
             file=sys.stderr, flush=True)
 
     # The newest readable step; an explicit --step must be readable.
-    step, (config, params) = checkpoint.first_readable([step] if step is not None else sorted(steps, reverse=True), attempt,
-                                            passed_over)
+    step, (config, params) = checkpoint.first_readable([step] if step is not None else sorted(steps, reverse=True),
+                                                       attempt, passed_over)
   finally:
     ckpt.close()
   return config, params, step

@@ -96,9 +96,8 @@ def _delete_on_gcs(path: epath.Path, generation: int) -> bool:
 
 class WorkdirLock:
   """Holds `workdir/lock.json` between `acquire()` and `release()` (or as a context manager)."""
-
-  def __init__(self, workdir: str | epath.Path, *, break_lock: bool = False,
-               warn: Callable[[str], None] = print, on_lost: Callable[[str], None] | None = None):
+  def __init__(self, workdir: str | epath.Path, *, break_lock: bool = False, warn: Callable[[str], None] = print,
+               on_lost: Callable[[str], None] | None = None):
     self.path = epath.Path(workdir) / LOCK_FILE
     self._break = break_lock
     self._warn = warn
@@ -107,8 +106,9 @@ class WorkdirLock:
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
     self._renew_failed = False
-    self._info = {"owner": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(),
-                  "token": self._token, "started": time.time(), "heartbeat": time.time()}
+    self._info = {
+        "owner": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(), "token": self._token,
+        "started": time.time(), "heartbeat": time.time()}
 
   # ------------------------------------------------------------------ reading and judging
   def _read(self) -> dict | None:

@@ -32,11 +32,10 @@ REMOTE_FLUSH_SECONDS = 30.0
 TENSORBOARD_DIR = "tensorboard"
 # Progress-bar postfix label -> scalar keys that feed it, first present wins.
 POSTFIX_KEYS = {
-  "loss": ("loss",),
-  "acc": ("accuracy",),
-  "tok/s": ("tokens_per_second",),
-  "wait": ("data_wait_fraction",),
-}
+    "loss": ("loss",),
+    "acc": ("accuracy",),
+    "tok/s": ("tokens_per_second",),
+    "wait": ("data_wait_fraction",),}
 
 
 def _to_json_value(value: Any) -> int | float | None:
@@ -51,9 +50,8 @@ def _to_json_value(value: Any) -> int | float | None:
 
 class MetricsLogger:
   """Appends metrics to workdir/metrics.jsonl, TensorBoard and a progress bar (process 0 only)."""
-
-  def __init__(self, workdir: str, *, total_steps: int, start_step: int, enabled: bool,
-               tensorboard: bool, progress_bar: bool, eta_by_work: bool = False, sink: Any = None):
+  def __init__(self, workdir: str, *, total_steps: int, start_step: int, enabled: bool, tensorboard: bool,
+               progress_bar: bool, eta_by_work: bool = False, sink: Any = None):
     """`eta_by_work`: the bar shows the ETA `log` is given (steps of unequal cost: a run's phases);
     `sink`: another tracker that gets every row (`log(step, scalars)`, `close()`; run/wandb_logger.py)."""
     self._enabled = enabled
@@ -155,7 +153,6 @@ def _open_for_append(path: epath.Path):
 
 class _Segment:
   """A file-like metrics segment on an object store: kept in memory, rewritten whole on flush."""
-
   def __init__(self, path: epath.Path):
     self._path = path
     self._lines: list[str] = []

@@ -18,7 +18,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 class StopRequest:
   """Turns SIGTERM/SIGINT into a flag the loop checks between steps (a second SIGINT aborts)."""
-
   def __init__(self):
     self.signal_name = None
     self._previous = {}
@@ -45,7 +44,6 @@ class StopRequest:
 
 class StopSync:
   """`agreed(local_flag)`: whether any process asked to stop, the same answer on every process."""
-
   def __init__(self, mesh: Mesh):
     self._multi = jax.process_count() > 1
     self._pending = None

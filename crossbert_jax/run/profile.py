@@ -47,9 +47,7 @@ def read_record(workdir: epath.Path) -> list[int]:
 
 class Profiler:
   """Starts and stops the trace around the window's steps (`before_step`, `after_step`)."""
-
-  def __init__(self, p: sections.Profile, workdir: epath.Path, first_step: int,
-               log: Callable[[str], None]):
+  def __init__(self, p: sections.Profile, workdir: epath.Path, first_step: int, log: Callable[[str], None]):
     """`first_step`: this process start's first step (it compiles: never traced)."""
     self._workdir, self._log = workdir, log
     self._primary = jax.process_index() == 0
@@ -103,7 +101,8 @@ class Profiler:
                 f"--logdir={where}` or TensorBoard's Profile tab (pip install -r requirements-profile.txt)")
     if self._primary:  # Every host's window is the same: process 0 records it, traced there or not.
       where.mkdir(parents=True, exist_ok=True)
-      (where / RECORD_FILE).write_text(json.dumps({"steps": sorted(set(read_record(self._workdir)) | set(self._steps))}))
+      (where / RECORD_FILE).write_text(json.dumps({"steps": sorted(set(read_record(self._workdir)) | set(self._steps))
+                                                  }))
 
   def close(self) -> None:
     """Stops a trace still running (the run ended or failed inside the window): nothing is recorded."""

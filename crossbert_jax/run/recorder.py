@@ -84,7 +84,6 @@ class _Pending:
 
 class StepRecorder:
   """Turns each dispatched step's device metrics into its logged row, one step late."""
-
   def __init__(self, c: plan_lib.Settings, num_devices: int, logger: metrics.MetricsLogger,
                tokens_at: Callable[[int], int], progress: Progress, outcome: Outcome, where: str,
                warn: Callable[[str], None], phases: list[phases_lib.Phase] | None = None):
@@ -117,8 +116,7 @@ class StepRecorder:
     mixture); `source_tokens_before`: all processes' per-source tokens of the run's earlier streams.
     """
     self.flush()
-    self._pending = _Pending(step_num, device_metrics, dispatched_at, data_wait_s, source_tokens,
-                             source_tokens_before)
+    self._pending = _Pending(step_num, device_metrics, dispatched_at, data_wait_s, source_tokens, source_tokens_before)
 
   def new_phase(self) -> None:
     """Before a phase's program is built: logs the pending step now, so its time holds no compile of the
@@ -199,7 +197,7 @@ def summed_over_processes(source_tokens: dict[str, int]) -> dict[str, float]:
   process calls it at the same point, with the same sources."""
   n_K = np.asarray(list(source_tokens.values()), np.int64)
   if jax.process_count() > 1 and len(n_K):  # As two int32 halves: JAX moves no int64 by default.
-    halves = np.stack([n_K >> 31, n_K & (2**31 - 1)]).astype(np.int32)
+    halves = np.stack([n_K >> 31, n_K & (2 ** 31 - 1)]).astype(np.int32)
     summed = np.asarray(multihost_utils.process_allgather(halves)).astype(np.int64).sum(0)
     n_K = (summed[0] << 31) + summed[1]
   return {name: float(n) for name, n in zip(source_tokens, n_K)}

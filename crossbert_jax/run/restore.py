@@ -39,16 +39,18 @@ def vet(run_dir: str | epath.Path, step: int, saved: dict[str, Any], meta: check
   changes a fork makes by design).
   """
   written_by = meta.process_count or checkpoint.CheckpointLayout.of(run_dir).process_count(step)
-  lines, restore_data = resume.check(str(run_dir), step, saved, meta, c, tokenizer, jax.process_count(),
-                                     written_by, forking=forking)
+  lines, restore_data = resume.check(str(run_dir), step, saved, meta, c, tokenizer, jax.process_count(), written_by,
+                                     forking=forking)
   reshard_state = None
   if restore_data and (other := elastic.reshard(run_dir, step, written_by, resume.stream_view(saved, step), c,
                                                 jax.process_count())):
     lines.append(other[0])
     restore_data, reshard_state = False, other[1]
   if forking:
-    lines = [line.replace("resuming with", "forking with") for line in lines
-             if not line.startswith(_QUIET_IN_A_FORK) and "learning-rate schedule" not in line]
+    lines = [
+        line.replace("resuming with", "forking with")
+        for line in lines
+        if not line.startswith(_QUIET_IN_A_FORK) and "learning-rate schedule" not in line]
   return Plan(lines, restore_data, reshard_state)
 
 

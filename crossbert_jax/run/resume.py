@@ -25,7 +25,6 @@ import hashlib
 import json
 from typing import Any
 
-
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import sections
 from crossbert_jax.core import objectives
@@ -39,21 +38,25 @@ from crossbert_jax.training import optimizer
 # Beside these, every objective's own sections (`ObjectiveSpec.sections`: the reconstructor, the mlm corruption).
 _REFUSED_SECTIONS = ("model", "masking")
 # Numerics-preserving runtime choices: the attention kernel and its blocks, the loss chunking.
-_ALLOWED_IN_REFUSED = {"model.remat", "model.dtype", "model.init_std", "model.attention", "model.attention_block_q",
-                       "model.attention_block_kv", "model.attention_chunked_min_len", "model.loss_chunk"}
-_REFUSED_KEYS = {"objective", "train.seed", "data.path", "data.mixture", "data.format", "data.text_field",
-                 "data.text_unit", "data.seq_len", "data.shuffle_seed"}
+_ALLOWED_IN_REFUSED = {
+    "model.remat", "model.dtype", "model.init_std", "model.attention", "model.attention_block_q",
+    "model.attention_block_kv", "model.attention_chunked_min_len", "model.loss_chunk"}
+_REFUSED_KEYS = {
+    "objective", "train.seed", "data.path", "data.mixture", "data.format", "data.text_field", "data.text_unit",
+    "data.seq_len", "data.shuffle_seed"}
 # A fork's source matters only until the fork has a checkpoint of its own.
-_SILENT = {"train.stop_at_step", "train.fork_from", "metrics.progress_bar", "data.tokenizer", "profile.start_step",
-           "profile.steps", "profile.hosts"}  # The tokenizer: by content below.
+_SILENT = {
+    "train.stop_at_step", "train.fork_from", "metrics.progress_bar", "data.tokenizer", "profile.start_step",
+    "profile.steps", "profile.hosts"}  # The tokenizer: by content below.
 _SCHEDULE = ("steps", "learning_rate", "warmup_steps", "decay", "decay_fraction", "decay_shape", "final_lr_ratio")
 
 
 def tokenizer_identity(path: str, tok: tokenizer_lib.AnyTokenizer) -> dict[str, Any]:
   """What a checkpoint records of its tokenizer: {path, sha256 of its file (a folder's tokenizer.json),
   vocab_size, special_ids} -- the role ids too, as files beside a tokenizer.json can move them."""
-  return {"path": str(path), "sha256": hashlib.sha256(tok.content).hexdigest(), "vocab_size": int(tok.vocab_size),
-          "special_ids": {role: int(i) for role, i in tok.special_ids._asdict().items() if role != "reserved"}}
+  return {
+      "path": str(path), "sha256": hashlib.sha256(tok.content).hexdigest(), "vocab_size": int(tok.vocab_size),
+      "special_ids": {role: int(i) for role, i in tok.special_ids._asdict().items() if role != "reserved"}}
 
 
 def tokenizer_change(old: dict[str, Any], new: dict[str, Any], flag: str) -> str | None:
@@ -123,15 +126,16 @@ def _check_phases(where: str, step: int, saved: dict, now: plan_lib.RunPlan) -> 
                     "phases of steps already trained cannot change")
   was, now_phase = phases_lib.phase_at(old, step), phases_lib.phase_at(new, step)
   if was.read_batch != now_phase.read_batch:
-    return [f"warning: the phases' batch sizes change how the stream of {now_phase.describe()} is read "
-            f"({was.read_batch} -> {now_phase.read_batch} rows at a time), so that stream starts over from its first "
-            "batch"], False
+    return [
+        f"warning: the phases' batch sizes change how the stream of {now_phase.describe()} is read "
+        f"({was.read_batch} -> {now_phase.read_batch} rows at a time), so that stream starts over from its first "
+        "batch"], False
   return [], True
 
 
-def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta | None,
-          now: plan_lib.RunPlan, tokenizer: dict[str, Any], process_count: int,
-          saved_process_count: int | None = None, *, forking: bool = False) -> tuple[list[str], bool]:
+def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta | None, now: plan_lib.RunPlan,
+          tokenizer: dict[str, Any], process_count: int, saved_process_count: int | None = None, *,
+          forking: bool = False) -> tuple[list[str], bool]:
   """(warning lines, whether the saved data-iterator state applies); UserError if refused.
 
   `saved_process_count`: the processes that wrote the checkpoint, if known. When it differs from
@@ -142,8 +146,8 @@ def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta 
   where = f"--workdir {workdir} holds a checkpoint (step {step})"
   recorded = meta.tokenizer if meta is not None else None
   if recorded is not None and (change := tokenizer_change(recorded, tokenizer, "data.tokenizer")):
-    fix = ("fork with the source's tokenizer or from a run trained with this one" if forking
-           else "resume with the run's tokenizer or use a new --workdir")
+    fix = ("fork with the source's tokenizer or from a run trained with this one"
+           if forking else "resume with the run's tokenizer or use a new --workdir")
     raise UserError(f"{where} trained with {change}; {fix}")
   a, b = _flat(saved), _flat(json.loads(json.dumps(now.to_dict())))  # As saved: tuples become lists.
   changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
@@ -152,8 +156,8 @@ def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta 
   refused = [k for k in changed if _refused(k) and not (phased and k in phases_lib.OVERRIDABLE)]
   if refused:
     diffs = ", ".join(f"{k}={a[k]!r} (config: {b[k]!r})" for k in refused)
-    fix = ("cannot change in a fork: use the source's values or fork from a compatible run" if forking
-           else "cannot change on resume: use the checkpoint's values or a new --workdir")
+    fix = ("cannot change in a fork: use the source's values or fork from a compatible run"
+           if forking else "cannot change on resume: use the checkpoint's values or a new --workdir")
     raise UserError(f"{where} made with {diffs}; these {fix}")
   warnings, restore_data = phase_lines, phase_data
   for k in changed:
@@ -167,8 +171,8 @@ def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta 
       after = float(optimizer.run_schedule(now)(step))
     else:
       before, after = _lr(saved["train"], step), _lr(now.train.to_dict(), step)
-    jump = (f"step {step + 1} runs at lr {after:.4g} instead of {before:.4g}" if f"{after:.4g}" != f"{before:.4g}"
-            else f"step {step + 1} keeps lr {after:.4g}, later steps differ")
+    jump = (f"step {step + 1} runs at lr {after:.4g} instead of {before:.4g}"
+            if f"{after:.4g}" != f"{before:.4g}" else f"step {step + 1} keeps lr {after:.4g}, later steps differ")
     warnings.append(f"warning: {', '.join('train.' + k for k in schedule_changed)} changed the learning-rate "
                     f"schedule: {jump}")
   if "data.worker_count" in changed:

@@ -22,8 +22,9 @@ from typing import Any
 import jax
 
 MATMUL = re.compile(r"dot|convolution|gemm|matmul|einsum|ynn_fusion|cublas|cutlass|nvjet|xmma", re.IGNORECASE)
-_NOT_OPS = {"Steps", "XLA Modules", "Framework Name Scope", "Framework Ops", "XLA TraceMe", "Source code",
-            "Host Threads", "Launch Stats", "TensorFlow Name Scope", "TensorFlow Ops"}
+_NOT_OPS = {
+    "Steps", "XLA Modules", "Framework Name Scope", "Framework Ops", "XLA TraceMe", "Source code", "Host Threads",
+    "Launch Stats", "TensorFlow Name Scope", "TensorFlow Ops"}
 TOP = 8
 CPU_EXECUTION = "ThunkExecutor::Execute (wait for completion)"
 UNTRACED = "(untraced: XLA:CPU dots)"
@@ -54,15 +55,21 @@ def _ops(planes: list[Any], devices: list[Any]) -> list[tuple[str, float, float,
 def _executions(planes: list[Any], devices: list[Any]) -> list[tuple[float, float]]:
   """(start, end) ns of the programs' executions."""
   if devices:
-    return [(e.start_ns, e.start_ns + e.duration_ns) for p in devices for line in p.lines
-            if line.name == "XLA Modules" for e in line.events]
-  return [(e.start_ns, e.start_ns + e.duration_ns) for p in planes for line in p.lines for e in line.events
+    return [(e.start_ns, e.start_ns + e.duration_ns) for p in devices for line in p.lines if line.name == "XLA Modules"
+            for e in line.events]
+  return [(e.start_ns, e.start_ns + e.duration_ns)
+          for p in planes
+          for line in p.lines
+          for e in line.events
           if e.name == CPU_EXECUTION]
 
 
 def _steps(planes: list[Any], step_name: str) -> list[tuple[float, float]]:
   """(start, end) ns of the StepTraceAnnotation events named `step_name`."""
-  return sorted((e.start_ns, e.start_ns + e.duration_ns) for p in planes for line in p.lines for e in line.events
+  return sorted((e.start_ns, e.start_ns + e.duration_ns)
+                for p in planes
+                for line in p.lines
+                for e in line.events
                 if e.name == step_name)
 
 
@@ -96,10 +103,11 @@ def summarize(xplane: str, step_name: str) -> dict[str, Any]:
     per_name[UNTRACED] = untraced
   matmul = sum(b - a for _, a, b, mm in ops if mm) * scale + untraced
   top = sorted(per_name.items(), key=lambda kv: -kv[1])[:TOP]
-  return {"steps": len(steps), "span_s": span / 1e9, "compute_s": compute / 1e9, "matmul_s": matmul / 1e9,
-          "untraced_s": untraced / 1e9, "matmul_fraction": matmul / compute if compute else 0.0,
-          "host_idle_s": (span - compute) / 1e9, "host_idle_fraction": (span - compute) / span if span else 0.0,
-          "top": [(name, t / 1e9, t / compute) for name, t in top]}
+  return {
+      "steps": len(steps), "span_s": span / 1e9, "compute_s": compute / 1e9, "matmul_s": matmul / 1e9,
+      "untraced_s": untraced / 1e9, "matmul_fraction": matmul / compute if compute else 0.0,
+      "host_idle_s": (span - compute) / 1e9, "host_idle_fraction": (span - compute) / span if span else 0.0, "top": [
+          (name, t / 1e9, t / compute) for name, t in top]}
 
 
 def format_summary(s: dict[str, Any], label: str) -> str:

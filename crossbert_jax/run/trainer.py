@@ -40,15 +40,15 @@ from crossbert_jax.core import outputs
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import mixture, tokenizer as tokenizer_lib
-from crossbert_jax.run import (checkpoint, environment, feed as feed_lib, fork, goodput,
-                               hooks as hooks_lib, lock, metrics, preemption, preflight, profile, recorder, restore,
-                               resume, state as state_lib, wandb_logger, warm_start)
+from crossbert_jax.run import (checkpoint, environment, feed as feed_lib, fork, goodput, hooks as hooks_lib, lock,
+                               metrics, preemption, preflight, profile, recorder, restore, resume, state as state_lib,
+                               wandb_logger, warm_start)
 from crossbert_jax.run.recorder import Outcome, Progress, TrainingDiverged  # noqa: F401 - re-exported.
 from crossbert_jax.training import objectives, program as program_lib, sharding
 
 
-def run(c: plan_lib.RunPlan, workdir: str, *, break_lock: bool = False,
-        started: float | None = None, hooks: Sequence[hooks_lib.Hook] = ()) -> dict[str, Any]:
+def run(c: plan_lib.RunPlan, workdir: str, *, break_lock: bool = False, started: float | None = None,
+        hooks: Sequence[hooks_lib.Hook] = ()) -> dict[str, Any]:
   """Trains `c` in `workdir` (resuming if it holds a checkpoint); returns the last logged scalars.
 
   The result's "status" is "finished", "stopped" (a signal: resumable) or "nothing_to_do";
@@ -98,10 +98,8 @@ def _warn(msg: str) -> None:
 class Trainer:
   """One process start of a run: restore or init, the steps, the saves, the stop. Its attributes are
   its collaborators; where the loop is (step, phase, tokens, the data read ahead), `run_state`."""
-
-  def __init__(self, c: plan_lib.Settings, workdir: epath.Path, mesh: jax.sharding.Mesh,
-               tok: tokenizer_lib.Tokenizer, stop: preemption.StopRequest, progress: Progress,
-               warn: Callable[[str], None], started: float):
+  def __init__(self, c: plan_lib.Settings, workdir: epath.Path, mesh: jax.sharding.Mesh, tok: tokenizer_lib.Tokenizer,
+               stop: preemption.StopRequest, progress: Progress, warn: Callable[[str], None], started: float):
     self.c, self.workdir, self.tok, self.stop, self.progress, self.warn = c, workdir, tok, stop, progress, warn
     self.started = started  # time.time() at the command's start.
     self.primary = jax.process_index() == 0
@@ -218,7 +216,7 @@ class Trainer:
       self.progress.last_good = found.step
     elif self.c.train.fork_from:  # A fork's first start: its source's checkpoint, read only.
       found, self.c = fork.restore(self.c, self.workdir, self.tok_id, p.abstract, p.shardings, self._enter_phase_of,
-                           self.warn)
+                                   self.warn)
       rs.forked = True
     if found is not None:
       rs.tokens_at_start = found.meta.tokens_at(found.step, found.config)
@@ -262,11 +260,11 @@ class Trainer:
                                         progress_bar=c.metrics.progress_bar, eta_by_work=len(self.phases) > 1,
                                         sink=sink)
     self.profiler = profile.Profiler(c.profile, self.workdir, start + 1, self.logger.log_text)
-    self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress,
-                                          self.outcome, str(self.workdir), self.warn, phases=self.phases)
+    self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress, self.outcome,
+                                          str(self.workdir), self.warn, phases=self.phases)
     self.hooks.insert(0, hooks_lib.metrics(self.recorder, self._source_tokens))
-    how = (f"forked from {c.train.fork_from}" if self.run_state.forked else f"resuming from step {start}"
-           if restored else "starting")
+    how = (f"forked from {c.train.fork_from}"
+           if self.run_state.forked else f"resuming from step {start}" if restored else "starting")
     self.logger.log_text(f"{c.objective}: {how} in {self.workdir} on {mesh.size} device(s), mesh {dict(mesh.shape)}")
     self.goodput = goodput.Ledger(self.workdir, self.started, self.primary, max(logged, default=0))
     self.goodput.add("restore", restore_s)
@@ -276,9 +274,10 @@ class Trainer:
                save_s: float | None) -> None:
     """Goodput: the step's wall time, less its input wait, save and added hooks (a save's read-ahead is input)."""
     rs = self.run_state
-    extra = ("compile" if step_num in (rs.start + 1, rs.phase.start + 1) else
-             "profile" if self.profiler.traced(step_num) else None)
-    self.goodput.step(step_num, time.perf_counter() - began, extra, data_wait=info.data_wait_s,
+    extra = ("compile" if step_num in (rs.start + 1,
+                                       rs.phase.start + 1) else "profile" if self.profiler.traced(step_num) else None)
+    self.goodput.step(step_num,
+                      time.perf_counter() - began, extra, data_wait=info.data_wait_s,
                       save=(save_s or 0.0) - rs.data_wait, eval=sum(s for n, s in took.items() if n != "metrics"))
     if save_s is not None:  # A kill after this checkpoint loses at most the steps since: so does the ledger.
       self.goodput.write("running")
@@ -307,8 +306,8 @@ class Trainer:
     dispatched_at = time.perf_counter()
     state, device_metrics = self.program.step(state, batch)
     stopping = self.sync.agreed(self.stop.signal_name is not None)
-    info = hooks_lib.StepInfo(step_num, state, device_metrics, dispatched_at, rs.data_wait, stopping,
-                              rs.phase.config, self.context)
+    info = hooks_lib.StepInfo(step_num, state, device_metrics, dispatched_at, rs.data_wait, stopping, rs.phase.config,
+                              self.context)
     rs.data_wait = 0.0
     return info
 

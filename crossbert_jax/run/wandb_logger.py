@@ -35,7 +35,6 @@ def _source_group(c: plan_lib.Settings) -> str:
 
 class WandbSink:
   """Logs each metrics row to W&B; turns itself off (one warning) on the first failure."""
-
   def __init__(self, run: Any, warn: Callable[[str], None]):
     self._run, self._warn = run, warn
 

@@ -18,7 +18,6 @@ WALL_FILE = "sweep_wall.json"  # The local runner's file (runner.WALL_FILE).
 
 class Record:
   """The attempts of one run; `start`, `tick` and `end` write the file."""
-
   def __init__(self, run_dir: pathlib.Path, executor: str):
     self.path, self.executor = run_dir / WALL_FILE, executor
     saved = plan_lib.read_json(self.path, "the run's wall time") if self.path.is_file() else {}
@@ -33,8 +32,9 @@ class Record:
     seconds waiting for them (its dispatch overhead, `dispatch_s`, is set once known)."""
     self._t0 = time.time()
     self.machines = list(dict.fromkeys([*self.machines, *machines]))
-    entry = {"executor": self.executor, "attempt": len(self.attempts) + 1, "started": self._t0, "hosts": hosts,
-             "queued_s": round(queued_s, 3), "dispatch_s": None, "outcome": "running", "cause": ""}
+    entry = {
+        "executor": self.executor, "attempt": len(self.attempts) + 1, "started": self._t0, "hosts": hosts,
+        "queued_s": round(queued_s, 3), "dispatch_s": None, "outcome": "running", "cause": ""}
     self.attempts.append(entry)
     self.tick()
 
@@ -47,8 +47,9 @@ class Record:
     elapsed = self._elapsed()
     self.wall_s += elapsed
     if not (self.attempts and self.attempts[-1]["outcome"] == "running"):  # Ended before its hosts started.
-      self.attempts.append({"executor": self.executor, "attempt": len(self.attempts) + 1, "started": time.time(),
-                            "hosts": [], "outcome": "running"})
+      self.attempts.append({
+          "executor": self.executor, "attempt": len(self.attempts) + 1, "started": time.time(), "hosts": [],
+          "outcome": "running"})
     self.attempts[-1].update(outcome=outcome, cause=cause, wall_s=round(elapsed, 3))
     self._t0 = None
     self._write(0.0)
@@ -58,5 +59,6 @@ class Record:
     return time.time() - self._t0 if self._t0 is not None else 0.0
 
   def _write(self, running_s: float) -> None:
-    plan_lib.write_atomic(self.path, json.dumps({"wall_s": self.wall_s + running_s, "machines": self.machines,
-                                                 "attempts": self.attempts}))
+    plan_lib.write_atomic(
+        self.path, json.dumps({"wall_s": self.wall_s + running_s, "machines": self.machines,
+                               "attempts": self.attempts}))

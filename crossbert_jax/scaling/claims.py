@@ -33,8 +33,8 @@ MAX_SEEDS = 1000  # seeds_needed gives up beyond this.
 KINDS = collect_lib.PROBE_KINDS
 VERDICTS = ("holds", "does not hold", "inconclusive")
 
-
 # ----------------------------------------------------------------------------- statistics
+
 
 def paired_interval(diffs: list[float]) -> dict[str, float]:
   """{mean, lo, hi, sd, n} of seed-paired differences (NaNs dropped); lo/hi/sd NaN below 2 seeds."""
@@ -79,12 +79,14 @@ def seeds_needed(iv: dict[str, float]) -> int | None:
 
 # ----------------------------------------------------------------------------- chance and the average
 
+
 def eval_protocol(results: list[RunResult]) -> dict[str, Any]:
   """The in-training probe settings of the runs (eval.* overrides; defaults for keys old plans lack)."""
   o = results[0].run.overrides
-  return {"tasks": o.get("eval.tasks", ""), "data_dir": o.get("eval.data_dir", ""),
-          "max_examples": o.get("eval.max_examples", 2000), "splits": o.get("eval.splits", "first"),
-          "seed": o.get("eval.seed", 0)}
+  return {
+      "tasks": o.get("eval.tasks", ""), "data_dir": o.get("eval.data_dir", ""),
+      "max_examples": o.get("eval.max_examples", 2000), "splits": o.get("eval.splits",
+                                                                        "first"), "seed": o.get("eval.seed", 0)}
 
 
 def chance_levels(results: list[RunResult]) -> tuple[dict[str, float], str]:
@@ -154,11 +156,13 @@ def _interp(points: list[tuple[float, float]], tokens: float) -> float:
 
 # ----------------------------------------------------------------------------- claims
 
+
 def find(spec: dict, objective: str, ratio: float | None, views: int) -> list[str]:
   """Labels of full-width objectives of this kind (ratio None: any), in spec order."""
-  return [label for label, o in spec["objectives"].items()
-          if o["objective"] == objective and o["views"] == views and o.get("reconstructor_width", 1.0) == 1.0
-          and (ratio is None or abs(o["ratio"] - ratio) < 1e-9)]
+  return [
+      label for label, o in spec["objectives"].items()
+      if o["objective"] == objective and o["views"] == views and o.get("reconstructor_width", 1.0) == 1.0 and
+      (ratio is None or abs(o["ratio"] - ratio) < 1e-9)]
 
 
 def comparisons(spec: dict) -> list[tuple[str, str, str]]:
@@ -173,11 +177,12 @@ def comparisons(spec: dict) -> list[tuple[str, str, str]]:
 
 def _row(claim, a, b, size, budget, kind, tasks, seeds, diffs, at, at_tokens=None) -> dict[str, Any]:
   iv = paired_interval(diffs)
-  return {"claim": claim, "a": a, "b": b, "size": size, "budget_index": budget[0], "budget_flops": budget[1],
-          "probe": f"avg/{kind}", "tasks": tasks, "at": at, "at_tokens": at_tokens,
-          "per_seed_diff": {str(seed): d for seed, d in zip(seeds, diffs)}, "mean_diff": iv["mean"],
-          "ci95": [iv["lo"], iv["hi"]], "sd": iv["sd"], "seeds": iv["n"], "verdict": verdict(iv),
-          "decisive": verdict(iv) != "inconclusive", "seeds_needed": seeds_needed(iv)}
+  return {
+      "claim": claim, "a": a, "b": b, "size": size, "budget_index": budget[0], "budget_flops": budget[1],
+      "probe": f"avg/{kind}", "tasks": tasks, "at": at, "at_tokens": at_tokens,
+      "per_seed_diff": {str(seed): d for seed, d in zip(seeds, diffs)}, "mean_diff": iv["mean"],
+      "ci95": [iv["lo"], iv["hi"]], "sd": iv["sd"], "seeds": iv["n"], "verdict": verdict(iv),
+      "decisive": verdict(iv) != "inconclusive", "seeds_needed": seeds_needed(iv)}
 
 
 def claim_rows(spec: dict, results: list[RunResult], kept: dict[str, list[str]]) -> list[dict[str, Any]]:
@@ -206,8 +211,10 @@ def claim_rows(spec: dict, results: list[RunResult], kept: dict[str, list[str]])
 def _equal_tokens(ga, gb, seeds, groups, size, a, b, kind, tasks) -> tuple[list[float], str, float | None]:
   """A's point minus B's curve at A's tokens, or (outside B's range) A's curve minus B's point."""
   def seed_curve(label, seed):
-    return average_curve([r for (sz, lb, _), rs in groups.items() if sz == size and lb == label
-                          for r in rs if r.run.seed == seed], kind, tasks)
+    return average_curve([
+        r for (sz, lb, _), rs in groups.items() if sz == size and lb == label
+        for r in rs if r.run.seed == seed], kind, tasks)
+
   if not seeds:
     return [], "equal tokens", None
   s0 = seeds[0]
@@ -221,6 +228,7 @@ def _equal_tokens(ga, gb, seeds, groups, size, a, b, kind, tasks) -> tuple[list[
 
 
 # ----------------------------------------------------------------------------- the report's section
+
 
 def _seeds_needed_text(row: dict[str, Any]) -> str:
   """The 'seeds for a decisive interval' cell: a count, or why there is none."""
@@ -241,52 +249,59 @@ def evaluate(spec: dict, results: list[RunResult]) -> dict[str, Any]:
   Only finished points count: a run still training has no final probe yet (or an early one).
   """
   finished = [r for r in results if r.done]
-  rule = {"level": LEVEL, "margin": MARGIN, "chance_margin": CHANCE_MARGIN, "holds": "interval above 0",
-          "does not hold": f"interval below 0, or inside +-{MARGIN}",
-          "inconclusive": "otherwise (or fewer than 2 paired seeds)"}
+  rule = {
+      "level": LEVEL, "margin": MARGIN, "chance_margin": CHANCE_MARGIN, "holds": "interval above 0",
+      "does not hold": f"interval below 0, or inside +-{MARGIN}",
+      "inconclusive": "otherwise (or fewer than 2 paired seeds)"}
   if not finished:
-    return {"rule": rule, "chance": {}, "chance_note": "no point has finished yet", "dropped": {k: [] for k in KINDS},
-            "kept": {k: [] for k in KINDS}, "rows": []}
+    return {
+        "rule": rule, "chance": {}, "chance_note": "no point has finished yet", "dropped": {k: [] for k in KINDS},
+        "kept": {k: [] for k in KINDS}, "rows": []}
   chance, note = chance_levels(finished)
   dropped = {kind: dropped_tasks(finished, chance, kind) for kind in KINDS}
   kept = {kind: [t for t in tasks_of(finished, kind) if t not in dropped[kind]] for kind in KINDS}
-  return {"rule": rule, "chance": chance, "chance_note": note, "dropped": dropped, "kept": kept,
-          "plan": plan_of(spec, finished), "rows": claim_rows(spec, finished, kept)}
+  return {
+      "rule": rule, "chance": chance, "chance_note": note, "dropped": dropped, "kept": kept,
+      "plan": plan_of(spec, finished), "rows": claim_rows(spec, finished, kept)}
 
 
 def plan_of(spec: dict, finished: list[RunResult]) -> dict[str, Any]:
   """What the rows must cover, for tools/check_claims.py: each label's objective, the finished
   (size, budget) cells, the probe kinds."""
   keys = ("objective", "ratio", "views", "reconstructor_width")
-  return {"objectives": {label: {k: o.get(k, 1.0 if k == "reconstructor_width" else None) for k in keys}
-                         for label, o in spec["objectives"].items()},
-          "cells": sorted({(r.run.size, r.run.budget_index) for r in finished},
-                          key=lambda cell: (list(spec["sizes"]).index(cell[0]), cell[1])),
-          "probes": [f"avg/{kind}" for kind in KINDS]}
+  return {
+      "objectives": {
+          label: {k: o.get(k, 1.0 if k == "reconstructor_width" else None) for k in keys}
+          for label, o in spec["objectives"].items()},
+      "cells": sorted({(r.run.size, r.run.budget_index) for r in finished}, key=lambda cell:
+                      (list(spec["sizes"]).index(cell[0]), cell[1])), "probes": [f"avg/{kind}" for kind in KINDS]}
 
 
 def markdown(spec: dict, found: dict[str, Any]) -> list[str]:
   """The claims section: the rule, the tasks left out, one table per claim, the power at the largest size."""
   chance = ", ".join(f"{t} {c:.3f}" for t, c in found["chance"].items())
-  lines = [f"Seed-paired differences A - B of the average probe score with {LEVEL:.0%} t intervals (over seeds). "
-           f"A claim (A better than B) **holds** when the interval is above 0, **does not hold** when it is below 0 "
-           f"or inside +-{MARGIN} (no difference larger than {MARGIN}), and is **inconclusive** otherwise. "
-           "Verdicts come from the intervals only; they are also in `claims.json`.", ""]
-  lines.append(f"Chance levels (constant predictor, same protocol): {chance}." if chance
-               else found["chance_note"] + ".")
+  lines = [
+      f"Seed-paired differences A - B of the average probe score with {LEVEL:.0%} t intervals (over seeds). "
+      f"A claim (A better than B) **holds** when the interval is above 0, **does not hold** when it is below 0 "
+      f"or inside +-{MARGIN} (no difference larger than {MARGIN}), and is **inconclusive** otherwise. "
+      "Verdicts come from the intervals only; they are also in `claims.json`.", ""]
+  lines.append(f"Chance levels (constant predictor, same protocol): {chance}." if chance else found["chance_note"] +
+               ".")
   for kind in KINDS:
     d = found["dropped"][kind]
     lines.append(f"- avg/{kind}: " + (f"left out {', '.join(d)} (within {CHANCE_MARGIN} of chance for every "
-                                     f"objective, size and budget); " if d else "no task left out; ")
-                 + f"averaged over {', '.join(found['kept'][kind]) or 'none'}.")
-  titles = {"crossbert_vs_bert": "CrossBERT minus BERT, equal training FLOPs",
-            "k2_vs_k1_sample_efficiency": "K=2 minus K=1 (r=0.5), equal training tokens: sample efficiency"}
+                                      f"objective, size and budget); " if d else "no task left out; ") +
+                 f"averaged over {', '.join(found['kept'][kind]) or 'none'}.")
+  titles = {
+      "crossbert_vs_bert": "CrossBERT minus BERT, equal training FLOPs",
+      "k2_vs_k1_sample_efficiency": "K=2 minus K=1 (r=0.5), equal training tokens: sample efficiency"}
   for claim, title in titles.items():
     rows = [r for r in found["rows"] if r["claim"] == claim]
     if not rows:
       continue
-    lines += ["", f"**{title}**", "", "| A - B | size | budget (FLOPs) | probe | at | mean | 95% interval | seeds | "
-              "verdict | seeds for a decisive interval |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "", f"**{title}**", "", "| A - B | size | budget (FLOPs) | probe | at | mean | 95% interval | seeds | "
+        "verdict | seeds for a decisive interval |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
       need = "-" if r["decisive"] else _seeds_needed_text(r)
       lines.append(f"| {r['a']} - {r['b']} | {r['size']} | {r['budget_flops']:.3g} | {r['probe']} | {r['at']} | "
@@ -300,15 +315,17 @@ def power(rows: list[dict[str, Any]], size: str | None) -> list[str]:
   """The power target: at the largest size, is every CrossBERT-vs-BERT interval decisive; if not, the seeds it needs."""
   at = [r for r in rows if r["size"] == size and r["claim"] == "crossbert_vs_bert"]
   if not at:
-    return [f"**Power at the largest size ({size})**: no CrossBERT-vs-BERT comparison there (no finished pair "
-            "of points yet, or the spec lacks the objectives)."]
+    return [
+        f"**Power at the largest size ({size})**: no CrossBERT-vs-BERT comparison there (no finished pair "
+        "of points yet, or the spec lacks the objectives)."]
   weak = [r for r in at if not r["decisive"]]
   head = (f"**Power at the largest size ({size})**: {len(at) - len(weak)} of {len(at)} CrossBERT-vs-BERT intervals "
           "are decisive (exclude 0, or lie inside +-" + f"{MARGIN}).")
   if not weak:
     return [head + " The target is met."]
-  lines = [head + " Not decisive, with the seeds that would make each decisive if the measured paired mean and "
-           "sd stayed as they are:", ""]
+  lines = [
+      head + " Not decisive, with the seeds that would make each decisive if the measured paired mean and "
+      "sd stayed as they are:", ""]
   for r in weak:
     need = _seeds_needed_text(r)
     lines.append(f"- {r['a']} - {r['b']}, budget {r['budget_flops']:.3g}, {r['probe']}: {r['seeds']} seeds, "

@@ -45,8 +45,8 @@ def _fit_once(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float] | None
   try:
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
-      p, _ = optimize.curve_fit(_law, x, y, p0=p0, bounds=([0.0, 0.0, 0.0], [lo, np.inf, 5.0]),
-                                jac=_law_jacobian, maxfev=20000)
+      p, _ = optimize.curve_fit(_law, x, y, p0=p0, bounds=([0.0, 0.0, 0.0], [lo, np.inf, 5.0]), jac=_law_jacobian,
+                                maxfev=20000)
   except (RuntimeError, ValueError):
     return None
   return tuple(float(v) for v in p)
@@ -73,8 +73,7 @@ def fit_power_law(compute: np.ndarray, error: np.ndarray, n_boot: int = 200, see
   boots = np.asarray(boots)
   ci = lambda col: (float(np.percentile(boots[:, col], 2.5)), float(np.percentile(boots[:, col], 97.5)))
   note = "" if len(boots) >= n_boot // 2 else f"only {len(boots)} of {n_boot} bootstrap fits converged"
-  return PowerLaw(n, best[0], best[1], best[2], c0, ci(2) if len(boots) else None,
-                  ci(0) if len(boots) else None, note)
+  return PowerLaw(n, best[0], best[1], best[2], c0, ci(2) if len(boots) else None, ci(0) if len(boots) else None, note)
 
 
 def lower_envelope(compute: np.ndarray, error: np.ndarray, bins: int = 16) -> tuple[np.ndarray, np.ndarray]:

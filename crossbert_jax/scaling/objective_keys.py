@@ -13,9 +13,9 @@ SweepOverrides = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
 def _crossbert(size: dict[str, Any], spec_objective: dict[str, Any]) -> dict[str, Any]:
   # The reconstructor follows the encoder's width (a fraction of it: a lighter decoder).
   w = spec_objective.get("reconstructor_width", 1.0)
-  return {"reconstructor.embed_dim": int(size["embed_dim"] * w),
-          "reconstructor.num_heads": max(1, int(size["num_heads"] * w)),
-          "reconstructor.mlp_dim": int(size["mlp_dim"] * w)}
+  return {
+      "reconstructor.embed_dim": int(size["embed_dim"] * w),
+      "reconstructor.num_heads": max(1, int(size["num_heads"] * w)), "reconstructor.mlp_dim": int(size["mlp_dim"] * w)}
 
 
 _OVERRIDES: dict[str, SweepOverrides] = {"crossbert": _crossbert}

@@ -63,8 +63,9 @@ def check_spec(spec: dict) -> None:
     if "hosts" in size:
       _positive_int(size["hosts"], f"{where}.hosts")
     res = size.get("resources", {})
-    if not isinstance(res, dict) or not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(
-        v, bool) and v > 0 and math.isfinite(v) for k, v in res.items()):
+    if not isinstance(res, dict) or not all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v)
+        for k, v in res.items()):
       raise UserError(f"{where}.resources={res!r}: must be a dict of resource name -> positive amount per host, "
                       "e.g. {'TPU': 4} or {'GPU': 8}")
     if "slice" in size:
@@ -95,9 +96,10 @@ def plan_lines(places: list[Placement], executor: str, spec: dict) -> list[str]:
   """The placement plan `sweep --dry_run --executor=...` prints: runs, hosts, resources, order."""
   retries = spec.get("max_retries", DEFAULT_RETRIES)
   cap = spec.get("max_concurrent")
-  lines = [f"placement ({executor}): {len(places)} runs, at most {cap or 'as many as fit'} at once, "
-           f"up to {retries} retries each (exit 75, a lost host, a crash; never exit 2)",
-           f"{'run':<40} {'hosts':>5}  {'each host':<18} starts after"]
+  lines = [
+      f"placement ({executor}): {len(places)} runs, at most {cap or 'as many as fit'} at once, "
+      f"up to {retries} retries each (exit 75, a lost host, a crash; never exit 2)",
+      f"{'run':<40} {'hosts':>5}  {'each host':<18} starts after"]
   for p in places:
     each = ", ".join(f"{k}:{v:g}" for k, v in sorted(p.bundle.items())) + (f" ({p.slice})" if p.slice else "")
     lines.append(f"{p.run.name:<40} {p.hosts:>5}  {each:<18} {p.after or '-'}")

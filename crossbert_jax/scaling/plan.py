@@ -69,8 +69,8 @@ class Run:
 def _overrides(spec: dict, size: dict, obj: dict, seed: int) -> dict[str, Any]:
   """Every config key a run sets (besides train.steps and the schedule), in flag order."""
   out = dict(spec["common"])
-  out.update({"data.path": spec["data_path"], "train.seed": seed, "masking.ratio": obj["ratio"],
-              "masking.views": obj["views"]})
+  out.update({
+      "data.path": spec["data_path"], "train.seed": seed, "masking.ratio": obj["ratio"], "masking.views": obj["views"]})
   for key in ("embed_dim", "num_heads", "num_layers", "mlp_dim"):
     out[f"model.{key}"] = size[key]
   out.update(objective_keys.overrides(obj["objective"], size, obj))
@@ -110,15 +110,16 @@ def plan(spec: dict, tokenizer_path: str) -> list[Run]:
         per_step = flops.train_flops_per_step(make_config(obj["objective"], spec["variant"], base))
         name = f"{size_name}__{label}__s{seed}"
         steps = [n_probes * max(1, round(b / (per_step * n_probes))) for b in budgets(size)]
-        probe_keys = lambda t: {"eval.every_steps": t // n_probes if probes["count"] else 0,
-                                "eval.tasks": probes["tasks"], "eval.data_dir": probes["data_dir"],
-                                "eval.max_examples": probes["max_examples"]}
-        make = lambda name, overrides, budget, t, **kw: _run(name, size_name, label, seed, obj, spec, overrides,
-                                                              budget, per_step, t, **kw)
+        probe_keys = lambda t: {
+            "eval.every_steps": t // n_probes if probes["count"] else 0, "eval.tasks": probes["tasks"],
+            "eval.data_dir": probes["data_dir"], "eval.max_examples": probes["max_examples"]}
+        make = lambda name, overrides, budget, t, **kw: _run(name, size_name, label, seed, obj, spec, overrides, budget,
+                                                             per_step, t, **kw)
         if wsd is None:
           t = steps[0]
-          overrides = {**base, "train.steps": t, "train.warmup_steps": max(1, round(spec["warmup_fraction"] * t)),
-                       **probe_keys(t)}
+          overrides = {
+              **base, "train.steps": t, "train.warmup_steps": max(1, round(spec["warmup_fraction"] * t)),
+              **probe_keys(t)}
           runs.append(make(name, overrides, budgets(size)[0], t))
           continue
         runs.extend(_wsd_runs(name, steps, budgets(size), base, spec, wsd, probe_keys, make))
@@ -136,15 +137,19 @@ def _wsd_runs(name, steps, budget_list, base, spec, wsd, probe_keys, make) -> li
   if warmup > starts[0] or starts[0] < 1:
     raise UserError(f"sweep spec: {name}'s smallest budget ({steps[0]} steps) decays from step {starts[0]}, "
                     f"before or within its {warmup} warmup steps; raise its FLOPs or lower warmup_fraction")
-  schedule = {"train.decay": "wsd", "train.decay_fraction": f, "train.decay_shape": wsd["shape"],
-              "train.warmup_steps": warmup}
+  schedule = {
+      "train.decay": "wsd", "train.decay_fraction": f, "train.decay_shape": wsd["shape"], "train.warmup_steps": warmup}
   stable = f"{name}__stable"
-  out = [make(stable, {**base, **schedule, "train.steps": steps[-1], "train.stop_at_step": starts[-1],
-                       "checkpoint.keep_steps": tuple(starts), "eval.every_steps": 0},
-              budget_list[-1], steps[-1], kind="stable", budget_index=len(steps) - 1)]
+  out = [
+      make(
+          stable, {
+              **base, **schedule, "train.steps": steps[-1], "train.stop_at_step": starts[-1],
+              "checkpoint.keep_steps": tuple(starts), "eval.every_steps": 0}, budget_list[-1], steps[-1], kind="stable",
+          budget_index=len(steps) - 1)]
   for i, (t, start) in enumerate(zip(steps, starts)):
-    out.append(make(f"{name}__T{t}", {**base, **schedule, "train.steps": t, **probe_keys(t)}, budget_list[i], t,
-                    kind="branch", fork_from=stable, fork_step=start, budget_index=i))
+    out.append(
+        make(f"{name}__T{t}", {**base, **schedule, "train.steps": t, **probe_keys(t)}, budget_list[i], t, kind="branch",
+             fork_from=stable, fork_step=start, budget_index=i))
   return out
 
 
@@ -174,9 +179,10 @@ def train_command(run: Run, spec: dict, workdir: str, python: str = "python") ->
   root = str(pathlib.PurePath(runs_dir).parent) if "://" not in runs_dir else runs_dir.rsplit("/", 1)[0]
   if run.kind == "branch":  # The stable run is the branch's sibling under ROOT/runs.
     flags.append(f"--config.train.fork_from={runs_dir}/{run.fork_from}:{run.fork_step}")
-  return [python, "-m", "crossbert_jax.train", f"--config={objectives.get(run.objective).config_file}:{spec['variant']}",
-          f"--workdir={workdir}", f"--compilation_cache={root}/{COMPILATION_CACHE}", "--config.metrics.progress_bar=False",
-          f"--config.metrics.wandb_group={pathlib.PurePath(root).name or root}", *flags]
+  return [
+      python, "-m", "crossbert_jax.train", f"--config={objectives.get(run.objective).config_file}:{spec['variant']}",
+      f"--workdir={workdir}", f"--compilation_cache={root}/{COMPILATION_CACHE}", "--config.metrics.progress_bar=False",
+      f"--config.metrics.wandb_group={pathlib.PurePath(root).name or root}", *flags]
 
 
 def _resolved(run: Run) -> dict:
@@ -230,15 +236,20 @@ def save_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = 
   if added == 0 and (root / PLAN_FILE).exists():  # The same runs: the file stays as it is.
     return 0
   root.mkdir(parents=True, exist_ok=True)
-  write_atomic(root / PLAN_FILE, json.dumps({"spec": spec, "spec_file": spec_file, "plan_hash": plan_hash(runs),
-                                             "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
+  write_atomic(
+      root / PLAN_FILE,
+      json.dumps(
+          {
+              "spec": spec, "spec_file": spec_file, "plan_hash": plan_hash(runs), "runs": [
+                  dataclasses.asdict(r) for r in runs]}, indent=1))
   return added
 
 
 def _budget_change(old_spec: dict, spec: dict) -> str:
   """" (size S: the root's budgets, this command's)" for the first size whose FLOPs differ, else ""."""
   fmt = lambda size: ", ".join(f"{b:.3g}" for b in budgets(size))
-  changed = [(n, old_spec["sizes"][n], s) for n, s in spec["sizes"].items()
+  changed = [(n, old_spec["sizes"][n], s)
+             for n, s in spec["sizes"].items()
              if n in old_spec.get("sizes", {}) and budgets(old_spec["sizes"][n]) != budgets(s)]
   return (f" (size {changed[0][0]!r}: the root's FLOPs budgets {fmt(changed[0][1])}, this command's "
           f"{fmt(changed[0][2])}; --flops_scale multiplies the spec's)" if changed else "")

@@ -44,8 +44,8 @@ def loss_vs_flops(results: list[RunResult], labels: list[str], sizes: list[str],
   for ax, label in zip(axes.flat, labels):
     for r in results:
       if r.run.label == label and len(r.loss_curve):
-        ax.plot(r.loss_curve[:, 0] * r.run.flops_per_step, r.loss_curve[:, 1], color=size_colors[r.run.size],
-                lw=0.8, label=f"{r.run.size} s{r.run.seed}")
+        ax.plot(r.loss_curve[:, 0] * r.run.flops_per_step, r.loss_curve[:, 1], color=size_colors[r.run.size], lw=0.8,
+                label=f"{r.run.size} s{r.run.seed}")
     _log_x(ax, title=label, xlabel="training FLOPs", ylabel="loss (nats)")
     ax.legend(fontsize=7)
   for ax in list(axes.flat)[len(labels):]:
@@ -66,8 +66,8 @@ def probes_vs_flops(results: list[RunResult], labels: list[str], keys: list[str]
       if len(points):
         name = r.run.label if r.run.label not in seen else None
         seen.add(r.run.label)
-        ax.plot(points[:, 0] * r.run.flops_per_step, points[:, 1], marker="o", ms=3, lw=0.8,
-                color=colors[r.run.label], label=name)
+        ax.plot(points[:, 0] * r.run.flops_per_step, points[:, 1], marker="o", ms=3, lw=0.8, color=colors[r.run.label],
+                label=name)
     _log_x(ax, title=key, xlabel="training FLOPs")
   axes.flat[0].legend(fontsize=6)
   for ax in list(axes.flat)[len(keys):]:
@@ -75,7 +75,8 @@ def probes_vs_flops(results: list[RunResult], labels: list[str], keys: list[str]
   return _save(fig, path)
 
 
-def throughput_bars(table: dict[tuple[str, str], float], labels: list[str], sizes: list[str], path: pathlib.Path) -> str:
+def throughput_bars(table: dict[tuple[str, str], float], labels: list[str], sizes: list[str],
+                    path: pathlib.Path) -> str:
   """Training tokens/s per (size, objective), grouped by size."""
   fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(sizes) * max(1, len(labels)) / 4, 3.6))
   width = 0.8 / max(1, len(labels))

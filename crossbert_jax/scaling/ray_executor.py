@@ -96,8 +96,9 @@ def check_shared_root(root: pathlib.Path) -> None:
   try:
     see = ray.remote(num_cpus=0)(pathlib.Path.is_file)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # pylint: disable=g-import-not-at-top
-    refs = {n["NodeManagerAddress"]: see.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-        n["NodeID"], soft=False)).remote(marker) for n in nodes}
+    refs = {
+        n["NodeManagerAddress"]: see.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(marker) for n in nodes}
     blind = [ip for ip, ref in refs.items() if not ray.get(ref, timeout=120)]
   finally:
     marker.unlink(missing_ok=True)
@@ -144,7 +145,6 @@ class _Run:
 
 class Driver:
   """Starts, watches and restarts the runs; `drive()` returns the names of the runs that failed."""
-
   def __init__(self, spec: dict, places: list[placement_lib.Placement], root: pathlib.Path, log):
     self.spec, self.root, self.log = spec, root, log
     self.cwd = str(pathlib.Path.cwd())
@@ -270,8 +270,8 @@ class Driver:
     running = sum(s in ("placing", "starting", "training") for s in states)
     total = ray.cluster_resources()
     kinds = sorted({k for r in self.runs.values() for k in r.p.bundle})
-    held = lambda k: sum(r.p.bundle.get(k, 0) * r.p.hosts for r in self.runs.values() if r.state in ("starting",
-                                                                                                      "training"))
+    held = lambda k: sum(
+        r.p.bundle.get(k, 0) * r.p.hosts for r in self.runs.values() if r.state in ("starting", "training"))
     used = ", ".join(f"{k} {held(k):g}/{total.get(k, 0):g}" for k in kinds)
     return (f"[ray] runs: {states.count('done')} done, {running} running, {states.count('queued')} queued, "
             f"{states.count('failed')} failed; cluster: {used} in use")

@@ -41,14 +41,17 @@ def _machines(results: list[RunResult]) -> tuple[list[str], int]:
 def _machines_line(results: list[RunResult]) -> str:
   seen, unknown = _machines(results)
   counts = [f"{m} ({sum(m in r.machines for r in results)} runs)" for m in seen]
-  return ("Machines: " + ("; ".join(counts) if counts else "not recorded (runs from before the sweep recorded them)")
-          + (f"; not recorded for {unknown} of {len(results)} runs" if unknown and counts else "") + ".")
+  return ("Machines: " + ("; ".join(counts) if counts else "not recorded (runs from before the sweep recorded them)") +
+          (f"; not recorded for {unknown} of {len(results)} runs" if unknown and counts else "") + ".")
 
 
 def _seed_counts(results: list[RunResult], size: str) -> str:
   """Finished seeds at a size: one number, or the range over objectives while some are training."""
-  counts = sorted({len({r.run.seed for r in results if r.done and r.run.size == size and r.run.label == label})
-                   for label in {r.run.label for r in results if r.run.size == size}})
+  counts = sorted({
+      len({r.run.seed
+           for r in results
+           if r.done and r.run.size == size and r.run.label == label})
+      for label in {r.run.label for r in results if r.run.size == size}})
   return f"{size} {counts[0]}" if len(counts) == 1 else f"{size} {counts[0]}-{counts[-1]} by objective"
 
 
@@ -72,8 +75,9 @@ def _nanmean(values: list[float]) -> float:
 def _by(results: list[RunResult], size: str, label: str, budget: int | None = None,
         seed: int | None = None) -> list[RunResult]:
   """The points of (size, objective), of one budget index and one seed when given."""
-  return [r for r in results if r.run.size == size and r.run.label == label
-          and (budget is None or r.run.budget_index == budget) and (seed is None or r.run.seed == seed)]
+  return [
+      r for r in results if r.run.size == size and r.run.label == label and
+      (budget is None or r.run.budget_index == budget) and (seed is None or r.run.seed == seed)]
 
 
 def _budgets(results: list[RunResult], size: str) -> list[tuple[int, float]]:
@@ -88,24 +92,28 @@ def _where(results: list[RunResult], size: str, budget: tuple[int, float]) -> st
 
 def _find(spec: dict, objective: str, ratio: float, views: int) -> str | None:
   for label, o in spec["objectives"].items():
-    if (o["objective"] == objective and abs(o["ratio"] - ratio) < 1e-9 and o["views"] == views
-        and o.get("reconstructor_width", 1.0) == 1.0):
+    if (o["objective"] == objective and abs(o["ratio"] - ratio) < 1e-9 and o["views"] == views and
+        o.get("reconstructor_width", 1.0) == 1.0):
       return label
   return None
 
 
 def _run_table(results: list[RunResult], keys: list[str]) -> list[str]:
   avg = [k for k in keys if k.startswith("avg/")]
-  head = ["run", "objective", "ratio", "K", "steps", "FLOPs", "tokens", "wall s", "goodput", "tokens/s", "final loss",
-          *avg]
+  head = [
+      "run", "objective", "ratio", "K", "steps", "FLOPs", "tokens", "wall s", "goodput", "tokens/s", "final loss", *avg]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in results:
     o = r.run.overrides
     status = "" if r.done else f" (partial: step {r.steps_logged})"
-    cells = [r.run.name + status, r.run.objective, o["masking.ratio"], o["masking.views"], r.run.steps,
-             _fmt(r.run.flops), _fmt(float(r.run.steps * r.run.tokens_per_step)), _fmt(r.wall_s, 4),
-             _percent(r.goodput),
-             _fmt(r.tokens_per_second, 4), _fmt(r.final_loss, 4), *[_fmt(r.final_probe(k), 3) for k in avg]]
+    cells = [
+        r.run.name + status, r.run.objective, o["masking.ratio"], o["masking.views"], r.run.steps,
+        _fmt(r.run.flops),
+        _fmt(float(r.run.steps * r.run.tokens_per_step)),
+        _fmt(r.wall_s, 4),
+        _percent(r.goodput),
+        _fmt(r.tokens_per_second, 4),
+        _fmt(r.final_loss, 4), *[_fmt(r.final_probe(k), 3) for k in avg]]
     lines.append("| " + " | ".join(str(c) for c in cells) + " |")
   return lines
 
@@ -114,8 +122,8 @@ def _config_lines(spec: dict) -> list[str]:
   lines = ["| size | d | heads | layers | mlp | FLOPs budget |", "|---|---|---|---|---|---|"]
   for name, s in spec["sizes"].items():
     budgets = s["flops"] if isinstance(s["flops"], (list, tuple)) else [s["flops"]]
-    lines.append(f"| {name} | {s['embed_dim']} | {s['num_heads']} | {s['num_layers']} | {s['mlp_dim']} | "
-                 + ", ".join(f"{b:.3g}" for b in budgets) + " |")
+    lines.append(f"| {name} | {s['embed_dim']} | {s['num_heads']} | {s['num_layers']} | {s['mlp_dim']} | " +
+                 ", ".join(f"{b:.3g}" for b in budgets) + " |")
   lines += ["", "| objective | config | ratio | K | reconstructor width |", "|---|---|---|---|---|"]
   for label, o in spec["objectives"].items():
     lines.append(f"| {label} | {o['objective']} | {o['ratio']} | {o['views']} | {o.get('reconstructor_width', 1.0)} |")
@@ -128,10 +136,12 @@ def _fits(results, labels, keys, out: pathlib.Path) -> tuple[list[str], list[str
   targets = [("loss", "training loss", lambda r: (r.loss_curve[:, 0], r.loss_curve[:, 1]))]
   for k in keys:
     if k.startswith("avg/"):
-      targets.append((k, f"1 - {k} score", lambda r, k=k: (np.array([s for s, _ in r.probes.get(k, [])], float),
-                                                           1 - np.array([v for _, v in r.probes.get(k, [])], float))))
-  lines += ["| objective | " + " | ".join(f"{name}: alpha [95% CI] / E" for _, name, _ in targets) + " |",
-            "|---|" + "---|" * len(targets)]
+      targets.append((k, f"1 - {k} score", lambda r, k=k:
+                      (np.array([s for s, _ in r.probes.get(k, [])], float), 1 - np.array([
+                          v for _, v in r.probes.get(k, [])], float))))
+  lines += [
+      "| objective | " + " | ".join(f"{name}: alpha [95% CI] / E" for _, name, _ in targets) + " |",
+      "|---|" + "---|" * len(targets)]
   laws_by_target = []
   for key, name, extract in targets:
     points, laws = {}, {}
@@ -169,22 +179,25 @@ def _efficiency(spec, results, sizes, keys) -> list[str]:
   avg = [k for k in keys if k.startswith("avg/")]
   if not bert or not avg:
     return ["Needs a BERT r=0.15 objective and probes in the spec."]
-  lines = [f"Reference: {bert}'s final score (seed mean). Tokens to reach it (linear interpolation between probes; "
-           "n/a = not reached within the budget).", "",
-           "| size | probe | target | " + " | ".join(spec["objectives"]) + " | K=2 / K=1 tokens |",
-           "|---|---|---|" + "---|" * (len(spec["objectives"]) + 1)]
+  lines = [
+      f"Reference: {bert}'s final score (seed mean). Tokens to reach it (linear interpolation between probes; "
+      "n/a = not reached within the budget).", "",
+      "| size | probe | target | " + " | ".join(spec["objectives"]) + " | K=2 / K=1 tokens |",
+      "|---|---|---|" + "---|" * (len(spec["objectives"]) + 1)]
   for size in sizes:
     for budget in _budgets(results, size):
       for key in avg:
         target = _nanmean([r.final_probe(key) for r in _by(results, size, bert, budget[0])])
         if not math.isfinite(target):
           continue
-        need = {label: _nanmean([collect_lib.tokens_to_reach(_by(results, size, label, seed=seed), key, target)
-                                 for seed in sorted({r.run.seed for r in _by(results, size, label)})])
-                for label in spec["objectives"]}
+        need = {
+            label: _nanmean([
+                collect_lib.tokens_to_reach(_by(results, size, label, seed=seed), key, target)
+                for seed in sorted({r.run.seed
+                                    for r in _by(results, size, label)})]) for label in spec["objectives"]}
         ratio = need[k2] / need[k1] if k1 and k2 and need[k1] > 0 else float("nan")
-        lines.append(f"| {_where(results, size, budget)} | {key} | {target:.4f} | "
-                     + " | ".join(_fmt(need[l]) for l in spec["objectives"]) + f" | {_fmt(ratio)} |")
+        lines.append(f"| {_where(results, size, budget)} | {key} | {target:.4f} | " +
+                     " | ".join(_fmt(need[l]) for l in spec["objectives"]) + f" | {_fmt(ratio)} |")
   return lines
 
 
@@ -193,8 +206,9 @@ def _seed_spread(spec, results, sizes, keys) -> list[str]:
   avg = [k for k in keys if k.startswith("avg/")]
   metrics = [("final loss", lambda r: r.final_loss), ("tokens/s", lambda r: r.tokens_per_second)]
   metrics[1:1] = [(k, lambda r, k=k: r.final_probe(k)) for k in avg]
-  lines = ["| size | objective | seeds | " + " | ".join(m for m, _ in metrics) + " |",
-           "|---|---|---|" + "---|" * len(metrics)]
+  lines = [
+      "| size | objective | seeds | " + " | ".join(m for m, _ in metrics) + " |",
+      "|---|---|---|" + "---|" * len(metrics)]
   for size in sizes:
     for budget in _budgets(results, size):
       for label in spec["objectives"]:
@@ -219,9 +233,10 @@ def _verdicts(found: dict, claim: str, sizes: list[str]) -> list[str]:
     rows = [r for r in found["rows"] if r["claim"] == claim and r["size"] == size]
     if rows:
       top = max(r["budget_index"] for r in rows)
-      out.append(f"- {size}: " + "; ".join(
-          f"{r['a']} - {r['b']} {r['probe']} {claims_lib.fmt_diff(r['mean_diff'])} ({r['verdict']})"
-          for r in rows if r["budget_index"] == top))
+      out.append(f"- {size}: " +
+                 "; ".join(f"{r['a']} - {r['b']} {r['probe']} {claims_lib.fmt_diff(r['mean_diff'])} ({r['verdict']})"
+                           for r in rows
+                           if r["budget_index"] == top))
   return out or ["- not measured (the spec lacks the objectives)"]
 
 
@@ -231,8 +246,9 @@ def _claims(spec, results, sizes, keys, found: dict) -> list[str]:
   seeds = ", ".join(_seed_counts(results, size) for size in sizes)
   mean = lambda rs, f: _nanmean([f(r) for r in rs])
   top = lambda size, label: _by(results, size, label, _budgets(results, size)[-1][0])
-  out = [f"Finished seeds per size: {seeds}. Claims (2) and (3) are read from the intervals above (each size's "
-         "largest budget here); (1) and (4) are measured numbers, not tests.", ""]
+  out = [
+      f"Finished seeds per size: {seeds}. Claims (2) and (3) are read from the intervals above (each size's "
+      "largest budget here); (1) and (4) are measured numbers, not tests.", ""]
   out.append("**(1) Throughput, CrossBERT at r >= 0.5 over BERT r=0.15** (median over runs of each run's "
              "median training tokens/s; only runs of one machine compare):")
   fast = [label for label, o in spec["objectives"].items() if o["objective"] == "crossbert" and o["ratio"] >= 0.5]
@@ -248,21 +264,26 @@ def _claims(spec, results, sizes, keys, found: dict) -> list[str]:
     caveat = (f" (machine not recorded for {unknown} of {len(compared)} runs: that they shared one is not "
               "checked)" if unknown else "")
     out.append(f"- {size}: " + ", ".join(parts) + caveat)
-  out += ["", "**(2) Sample efficiency, K=2 over K=1** at r=0.5 (K=2 minus K=1 at equal tokens):",
-          *_verdicts(found, "k2_vs_k1_sample_efficiency", sizes)]
-  out += ["", "**(3) Frozen probes vs BERT** (CrossBERT minus BERT at equal FLOPs):",
-          *_verdicts(found, "crossbert_vs_bert", sizes)]
-  out += ["", "**(4) Monotonic scaling** (final loss falls and average linear probe rises with size, at each "
-          "size's largest budget):"]
+  out += [
+      "", "**(2) Sample efficiency, K=2 over K=1** at r=0.5 (K=2 minus K=1 at equal tokens):",
+      *_verdicts(found, "k2_vs_k1_sample_efficiency", sizes)]
+  out += [
+      "", "**(3) Frozen probes vs BERT** (CrossBERT minus BERT at equal FLOPs):",
+      *_verdicts(found, "crossbert_vs_bert", sizes)]
+  out += [
+      "", "**(4) Monotonic scaling** (final loss falls and average linear probe rises with size, at each "
+      "size's largest budget):"]
   for label in spec["objectives"]:
     losses = [mean(top(s, label), lambda r: r.final_loss) for s in sizes]
     probe = [mean(top(s, label), lambda r: r.final_probe("avg/linear")) for s in sizes]
+
     def verdict(values, better):
       if len(sizes) < 2:
         return "n/a: one size"
       if not all(math.isfinite(v) for v in values):
         return "incomplete: a size has no finished run"
       return "monotonic" if all(better(a, b) for a, b in zip(values, values[1:])) else "not monotonic"
+
     mono_l = verdict(losses, lambda a, b: a > b)
     mono_p = verdict(probe, lambda a, b: a < b)
     out.append(f"- {label}: loss {' -> '.join(_fmt(x, 4) for x in losses)} ({mono_l}); "
@@ -288,11 +309,11 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
   labels = [l for l in spec["objectives"] if any(r.run.label == l for r in results)]
   sizes = [s for s in spec["sizes"] if any(r.run.size == s for r in results)]
   keys = collect_lib.probe_keys(results)
-  tput = {(s, l): _nanmean([r.tokens_per_second for r in _by(results, s, l)])
-          for s in sizes for l in labels}
+  tput = {(s, l): _nanmean([r.tokens_per_second for r in _by(results, s, l)]) for s in sizes for l in labels}
   fit_lines, fit_figs = _fits(results, labels, keys, out)
-  figs = [plots.loss_vs_flops(results, labels, sizes, out / "loss_vs_flops.png"),
-          plots.throughput_bars(tput, labels, sizes, out / "throughput.png")]
+  figs = [
+      plots.loss_vs_flops(results, labels, sizes, out / "loss_vs_flops.png"),
+      plots.throughput_bars(tput, labels, sizes, out / "throughput.png")]
   if keys:
     figs.insert(1, plots.probes_vs_flops(results, labels, keys, out / "probes_vs_flops.png"))
   found = claims_lib.evaluate(spec, results)
@@ -304,27 +325,28 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
   n = spec["probes"]["max_examples"]
   per_split = f"{n} examples per split," if n else "whole splits,"
   partial = len(results) - done
-  md = [f"# Scaling sweep: {spec['name']}", "",
-        f"{done} of {len(results) + len(missing)} points finished"
-        + (f" ({partial} still training: the plots and tables include them, marked partial under Every run; the "
-           "claims use finished points only)" if partial else "")
-        + (f"; not started: {', '.join(missing)}" if missing else "")
-        + f".{trunks} Data: `{spec['data_path']}`; probes: `{spec['probes']['tasks']}` "
-        f"({per_split} {spec['probes']['count']} per run).", "",
-        "## Ladder", "", *_config_lines(spec), "",
-        "## Training loss vs FLOPs", "", f"![loss]({figs[0]})", ""]
+  md = [
+      f"# Scaling sweep: {spec['name']}", "", f"{done} of {len(results) + len(missing)} points finished" +
+      (f" ({partial} still training: the plots and tables include them, marked partial under Every run; the "
+       "claims use finished points only)" if partial else "") +
+      (f"; not started: {', '.join(missing)}" if missing else "") +
+      f".{trunks} Data: `{spec['data_path']}`; probes: `{spec['probes']['tasks']}` "
+      f"({per_split} {spec['probes']['count']} per run).", "", "## Ladder", "", *_config_lines(spec), "",
+      "## Training loss vs FLOPs", "", f"![loss]({figs[0]})", ""]
   if keys:
-    md += ["## Frozen probes vs FLOPs", "", "Mean-pooled frozen encoder; linear and KNN probes per task, and their "
-           "average over tasks.", "", f"![probes]({figs[1]})", ""]
-  md += ["## Throughput", "", _machines_line(results), "", f"![throughput]({figs[-1]})", "",
-         "## Sample efficiency", "", *_efficiency(spec, results, sizes, keys), "",
-         "## Power-law fits", "", "error = E + A * C^-alpha on each objective's compute frontier (loss: best loss per "
-         "log-FLOPs bin over all sizes; probes: every probe point), warmup excluded; 95% bootstrap intervals.", "",
-         *fit_lines, "", *[f"![fit]({f})" for f in fit_figs], "",
-         "## Seed spread", "", *_seed_spread(spec, results, sizes, keys), "",
-         "## Claims, by seed-paired 95% intervals", "", *claims_lib.markdown(spec, found), "",
-         "## What the paper claims, as measured here", "", *_claims(spec, results, sizes, keys, found), "",
-         "## Every run", "", *_run_table(results, keys), ""]
+    md += [
+        "## Frozen probes vs FLOPs", "", "Mean-pooled frozen encoder; linear and KNN probes per task, and their "
+        "average over tasks.", "", f"![probes]({figs[1]})", ""]
+  md += [
+      "## Throughput", "",
+      _machines_line(results), "", f"![throughput]({figs[-1]})", "", "## Sample efficiency", "",
+      *_efficiency(spec, results, sizes, keys), "", "## Power-law fits", "",
+      "error = E + A * C^-alpha on each objective's compute frontier (loss: best loss per "
+      "log-FLOPs bin over all sizes; probes: every probe point), warmup excluded; 95% bootstrap intervals.", "",
+      *fit_lines, "", *[f"![fit]({f})" for f in fit_figs], "", "## Seed spread", "",
+      *_seed_spread(spec, results, sizes, keys), "", "## Claims, by seed-paired 95% intervals", "",
+      *claims_lib.markdown(spec, found), "", "## What the paper claims, as measured here", "",
+      *_claims(spec, results, sizes, keys, found), "", "## Every run", "", *_run_table(results, keys), ""]
   path = out / "report.md"
   path.write_text("\n".join(md))
   return path

@@ -52,8 +52,9 @@ def tokenizer_path(root: pathlib.Path) -> pathlib.Path:
 
 def tokenizer_command(spec: dict, root: pathlib.Path, python: str = "python") -> list[str]:
   """argv training the sweep's SentencePiece model on the spec's data."""
-  return [python, "-m", "crossbert_jax.tokenizer", f"--input={spec['data_path']}",
-          f"--vocab_size={spec['tokenizer_vocab_size']}", f"--output={tokenizer_path(root)}"]
+  return [
+      python, "-m", "crossbert_jax.tokenizer", f"--input={spec['data_path']}",
+      f"--vocab_size={spec['tokenizer_vocab_size']}", f"--output={tokenizer_path(root)}"]
 
 
 def read_rows(workdir: pathlib.Path) -> list[dict]:
@@ -84,8 +85,9 @@ def _run_logged(cmd: list[str], log: pathlib.Path, on_tick=None) -> tuple[int, s
 
     # SIGTERM is forwarded; Ctrl-C already reaches the child through the terminal's process group,
     # so the sweep only notes it (a second SIGINT sent by us would make the trainer abort unsaved).
-    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, forward),
-                signal.SIGINT: signal.signal(signal.SIGINT, lambda signum, _: stopped.append("SIGINT"))}
+    previous = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, forward),
+        signal.SIGINT: signal.signal(signal.SIGINT, lambda signum, _: stopped.append("SIGINT"))}
     try:
       while True:
         try:
@@ -112,7 +114,8 @@ def ensure_tokenizer(spec: dict, root: pathlib.Path, log=functools.partial(print
       raise UserError(f"tokenizer training failed (exit {rc}): see {root / 'tokenizer' / 'tokenizer.log'}")
 
 
-def run_sweep(spec: dict, runs: list[plan_lib.Run], root: pathlib.Path, log=functools.partial(print, flush=True)) -> None:
+def run_sweep(spec: dict, runs: list[plan_lib.Run], root: pathlib.Path, log=functools.partial(print,
+                                                                                              flush=True)) -> None:
   """Trains the tokenizer if missing, then every unfinished run in order.
 
   Raises `Stopped` after a stop signal, UserError for a run that failed.

@@ -33,20 +33,17 @@ def script(p: placement_lib.Placement, spec: dict, root: pathlib.Path, repo: str
   cmd = plan_lib.train_command(p.run, spec, str(run_dir), python)
   if p.hosts * tasks > 1:
     cmd.append("--jax_distributed")
-  sbatch = [f"--job-name={p.run.name}", f"--nodes={p.hosts}", f"--ntasks-per-node={tasks}",
-            f"--cpus-per-task={max(1, int(p.bundle.get('CPU', 1)) // tasks)}",
-            *([f"--gpus-per-node={gpus}"] if gpus else []), "--requeue", "--open-mode=append",
-            f"--output={run_dir}/slurm-%j.out", "--signal=TERM@120"]
+  sbatch = [
+      f"--job-name={p.run.name}", f"--nodes={p.hosts}", f"--ntasks-per-node={tasks}",
+      f"--cpus-per-task={max(1, int(p.bundle.get('CPU', 1)) // tasks)}", *([f"--gpus-per-node={gpus}"] if gpus else []),
+      "--requeue", "--open-mode=append", f"--output={run_dir}/slurm-%j.out", "--signal=TERM@120"]
   return "\n".join([
       "#!/usr/bin/env bash",
       f"# {p.run.name}: written by `python -m crossbert_jax.sweep --executor=slurm` (scaling/slurm_executor.py).",
-      *[f"#SBATCH {flag}" for flag in sbatch],
-      "set -uo pipefail",
-      f"cd {shlex.quote(repo)}",
+      *[f"#SBATCH {flag}" for flag in sbatch], "set -uo pipefail", f"cd {shlex.quote(repo)}",
       f"export PYTHONPATH={shlex.quote(repo)}${{PYTHONPATH:+:$PYTHONPATH}}",
       f"srun --kill-on-bad-exit=1 --gpu-bind=none --output={shlex.quote(str(run_dir))}/train.%t.log {shlex.join(cmd)}",
-      "rc=$?",
-      f"printf '{{\"rc\": %d, \"job\": \"%s\", \"restart\": %d}}\\n' \"$rc\" \"$SLURM_JOB_ID\" "
+      "rc=$?", f"printf '{{\"rc\": %d, \"job\": \"%s\", \"restart\": %d}}\\n' \"$rc\" \"$SLURM_JOB_ID\" "
       f"\"${{SLURM_RESTART_COUNT:-0}}\" > {shlex.quote(str(run_dir / EXIT_FILE))}",
       f"if [[ $rc -eq 0 ]]; then printf '{{\"steps\": {p.run.end_step}, \"wall_s\": %d}}\\n' \"$SECONDS\" > "
       f"{shlex.quote(str(run_dir / plan_lib.DONE_FILE))}; fi",
@@ -69,8 +66,7 @@ def _in_queue(job: str) -> bool:
 
 
 def submit(places: list[placement_lib.Placement], spec: dict, root: pathlib.Path, repo: str, python: str, *,
-           dry_run: bool = False,
-           log=functools.partial(print, flush=True)) -> list[str]:
+           dry_run: bool = False, log=functools.partial(print, flush=True)) -> list[str]:
   """Submits every unfinished run (or, with `dry_run`, prints its script and sbatch line); the runs that failed."""
   jobs: dict[str, str] = {}
   failed = []
@@ -92,8 +88,7 @@ def submit(places: list[placement_lib.Placement], spec: dict, root: pathlib.Path
     if p.after and not after and not plan_lib.is_done(root / "runs" / p.after):
       failed.append(f"{name} (waits for {p.after}, which was not submitted)")
       continue
-    argv = ["sbatch", "--parsable", *([f"--dependency=afterok:{after}"] if after else []),
-            str(run_dir / SCRIPT)]
+    argv = ["sbatch", "--parsable", *([f"--dependency=afterok:{after}"] if after else []), str(run_dir / SCRIPT)]
     text = script(p, spec, root, repo, python)
     if dry_run:
       jobs[name] = f"JOB_OF_{name}"  # A placeholder: the job id sbatch would print.

@@ -8,8 +8,9 @@ from typing import Any
 
 from crossbert_jax.core.errors import UserError
 
-SPEC_KEYS = {"name", "variant", "data_path", "tokenizer_vocab_size", "common", "sizes", "objectives", "seeds",
-             "probes", "warmup_fraction"}
+SPEC_KEYS = {
+    "name", "variant", "data_path", "tokenizer_vocab_size", "common", "sizes", "objectives", "seeds", "probes",
+    "warmup_fraction"}
 SIZE_KEYS = {"embed_dim", "num_heads", "num_layers", "mlp_dim", "flops"}
 SPEC_OPTIONAL_KEYS = {"wsd", "max_concurrent", "max_retries"}  # WSD branches; executors (scaling/placement.py).
 WSD_KEYS = {"decay_fraction", "shape"}
@@ -17,6 +18,7 @@ SIZE_OPTIONAL_KEYS = {"seeds", "hosts", "resources", "slice"}  # Own seeds; plac
 OBJECTIVE_KEYS = {"objective", "ratio", "views", "reconstructor_width"}
 PROBE_KEYS = {"count", "tasks", "data_dir", "max_examples"}
 PHASE_KEYS = ("train.phases", "train.batch_ramp")  # Refused in `common`: the plan's runs have one shape.
+
 
 def load_spec(path: str) -> dict[str, Any]:
   """The dict from `get_spec()` in the spec file, its keys and values checked."""
@@ -100,8 +102,8 @@ def _check_flops(value: Any, where: str, wsd: bool) -> None:
   if isinstance(value, (list, tuple)) and not wsd:
     raise UserError(f"{where}={value!r}: a list of budgets needs the spec's wsd key (decay branches); "
                     "give one number or add wsd=dict(decay_fraction=0.2, shape='1-sqrt')")
-  if not budgets or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) and b > 0
-                            for b in budgets):
+  if not budgets or not all(
+      isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) and b > 0 for b in budgets):
     raise UserError(f"{where}={value!r}: FLOPs budgets must be positive finite numbers")
   if list(budgets) != sorted(set(budgets)):
     raise UserError(f"{where}={value!r}: list the budgets in ascending order, each once")
@@ -113,4 +115,5 @@ def _check_keys(d: dict, required: set[str], where: str, allowed: set[str] | Non
     raise UserError(f"{where} must be a dict with keys {sorted(required)}")
   missing, unknown = required - set(d), set(d) - allowed
   if missing or unknown:
-    raise UserError(f"{where}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    raise UserError(
+        f"{where}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")

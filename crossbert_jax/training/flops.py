@@ -32,26 +32,25 @@ from crossbert_jax.training import objectives
 #   (not the much lower non-tensor-core FP32 rate, e.g. 67 on H100 SXM).
 # One JAX device is one chip, except TPU v2/v3 where it is one TensorCore (half a chip).
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
-  "TPU v2": {"bfloat16": 22.5, "float32": 22.5},  # 45 per chip, 2 cores.
-  "TPU v3": {"bfloat16": 61.5, "float32": 61.5},  # 123 per chip, 2 cores.
-  "TPU v4": {"bfloat16": 275.0, "float32": 275.0},
-  "TPU v5 lite": {"bfloat16": 197.0, "float32": 197.0},  # v5e.
-  "TPU v5e": {"bfloat16": 197.0, "float32": 197.0},
-  "TPU v5": {"bfloat16": 459.0, "float32": 459.0},  # v5p reports "TPU v5".
-  "TPU v5p": {"bfloat16": 459.0, "float32": 459.0},
-  "TPU v6 lite": {"bfloat16": 918.0, "float32": 918.0},  # v6e / Trillium.
-  "TPU v6e": {"bfloat16": 918.0, "float32": 918.0},
-  "Trillium": {"bfloat16": 918.0, "float32": 918.0},
-  "H100": {"bfloat16": 989.0, "float32": 494.0},  # SXM ("NVIDIA H100 80GB HBM3").
-  "H100 PCIe": {"bfloat16": 756.0, "float32": 378.0},
-  "H100 NVL": {"bfloat16": 835.0, "float32": 418.0},
-  "H200": {"bfloat16": 989.0, "float32": 494.0},  # Same compute as H100 SXM.
-  "GH200": {"bfloat16": 989.0, "float32": 494.0},
-  "B200": {"bfloat16": 2250.0, "float32": 1100.0},
-  "A100": {"bfloat16": 312.0, "float32": 156.0},  # SXM and PCIe.
-  "L40S": {"bfloat16": 362.0, "float32": 183.0},
-  "L4": {"bfloat16": 121.0, "float32": 60.0},
-}
+    "TPU v2": {"bfloat16": 22.5, "float32": 22.5},  # 45 per chip, 2 cores.
+    "TPU v3": {"bfloat16": 61.5, "float32": 61.5},  # 123 per chip, 2 cores.
+    "TPU v4": {"bfloat16": 275.0, "float32": 275.0},
+    "TPU v5 lite": {"bfloat16": 197.0, "float32": 197.0},  # v5e.
+    "TPU v5e": {"bfloat16": 197.0, "float32": 197.0},
+    "TPU v5": {"bfloat16": 459.0, "float32": 459.0},  # v5p reports "TPU v5".
+    "TPU v5p": {"bfloat16": 459.0, "float32": 459.0},
+    "TPU v6 lite": {"bfloat16": 918.0, "float32": 918.0},  # v6e / Trillium.
+    "TPU v6e": {"bfloat16": 918.0, "float32": 918.0},
+    "Trillium": {"bfloat16": 918.0, "float32": 918.0},
+    "H100": {"bfloat16": 989.0, "float32": 494.0},  # SXM ("NVIDIA H100 80GB HBM3").
+    "H100 PCIe": {"bfloat16": 756.0, "float32": 378.0},
+    "H100 NVL": {"bfloat16": 835.0, "float32": 418.0},
+    "H200": {"bfloat16": 989.0, "float32": 494.0},  # Same compute as H100 SXM.
+    "GH200": {"bfloat16": 989.0, "float32": 494.0},
+    "B200": {"bfloat16": 2250.0, "float32": 1100.0},
+    "A100": {"bfloat16": 312.0, "float32": 156.0},  # SXM and PCIe.
+    "L40S": {"bfloat16": 362.0, "float32": 183.0},
+    "L4": {"bfloat16": 121.0, "float32": 60.0},}
 
 _DTYPE_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}
 _warned_kinds: set[str] = set()
@@ -119,14 +118,14 @@ def peak_tflops_per_device(device: jax.Device, dtype: str, cpu_peak_tflops: floa
   if not matches:
     if kind not in _warned_kinds:
       _warned_kinds.add(kind)
-      logging.warning("No peak TFLOP/s known for device kind %r: MFU is not reported. "
-                      "Add it to crossbert_jax.flops.PEAK_TFLOPS.", kind)
+      logging.warning(
+          "No peak TFLOP/s known for device kind %r: MFU is not reported. "
+          "Add it to crossbert_jax.flops.PEAK_TFLOPS.", kind)
     return None
   return PEAK_TFLOPS[max(matches, key=len)][_DTYPE_ALIASES[dtype]]
 
 
-def mfu(flops_per_step: float, step_seconds: float, num_devices: int,
-        peak_tflops: float | None) -> float:
+def mfu(flops_per_step: float, step_seconds: float, num_devices: int, peak_tflops: float | None) -> float:
   """Model FLOPs utilisation in [0, 1]; NaN when the peak is unknown or the step time is not positive."""
   if peak_tflops is None or not step_seconds > 0 or num_devices < 1:
     return float("nan")
@@ -138,4 +137,3 @@ def achieved_tflops_per_device(flops_per_step: float, step_seconds: float, num_d
   if not step_seconds > 0 or num_devices < 1:
     return float("nan")
   return flops_per_step / step_seconds / num_devices / 1e12
-

@@ -81,8 +81,8 @@ def _view(perm_BxL: Array, n_real_B: Array, lo_B: Array, hi_B: Array, n_vis: int
   return take(vis_rank_BxT), vis_valid_BxT, take(rec_rank_BxQ), rec_valid_BxQ
 
 
-def crossbert_masks(key: Array, segment_ids_BxL: Array, ratio: float, views: int,
-                    reconstruct_ratio: float = 1.0, targetable_BxL: Array | None = None) -> ViewMasks:
+def crossbert_masks(key: Array, segment_ids_BxL: Array, ratio: float, views: int, reconstruct_ratio: float = 1.0,
+                    targetable_BxL: Array | None = None) -> ViewMasks:
   """Random (K = 1) or complementary (K > 1) masks for every row; see the module doc."""
   seq_len = segment_ids_BxL.shape[-1]
   n_vis, n_rec = slot_counts(seq_len, ratio, views, reconstruct_ratio)
@@ -110,8 +110,8 @@ def mlm_masks(key: Array, segment_ids_BxL: Array, ratio: float, targetable_BxL: 
   return MlmMasks(perm_BxL[:, :n_slots], j_M < n_mask_Bx1)
 
 
-def corrupt(key: Array, tokens_BxL: Array, masks: MlmMasks, *, mask_prob: float, random_prob: float,
-            mask_id: int, first_regular_id: int, vocab_size: int, regular_ids_R: Array | None = None) -> Array:
+def corrupt(key: Array, tokens_BxL: Array, masks: MlmMasks, *, mask_prob: float, random_prob: float, mask_id: int,
+            first_regular_id: int, vocab_size: int, regular_ids_R: Array | None = None) -> Array:
   """BERT's 80/10/10: masked slots become [MASK], a random regular token, or stay unchanged.
 
   Random tokens are drawn from [first_regular_id, vocab_size), or, given `regular_ids_R` (the

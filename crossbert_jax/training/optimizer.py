@@ -88,13 +88,14 @@ def decay_mask(params):
   """
   def is_decayed(path, _):
     return getattr(path[-1], "key", None) in ("kernel", "embedding")
+
   return jax.tree_util.tree_map_with_path(is_decayed, params)
 
 
 def make_optimizer(t: sections.Train) -> optax.GradientTransformation:
   """The optimizer for `config.train`."""
-  adamw = optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=t.eps,
-                      weight_decay=t.weight_decay, mask=decay_mask)
+  adamw = optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=t.eps, weight_decay=t.weight_decay,
+                      mask=decay_mask)
   if t.clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(t.clip_norm), adamw)
   return adamw

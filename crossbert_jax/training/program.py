@@ -75,7 +75,6 @@ class TrainProgram:
   tokenizer's vocabulary (`objectives.replacement_vocab_size`); shape-only users (aot, bench)
   leave it None and get model.vocab_size. `specials`: the tokenizer's special ids.
   """
-
   def __init__(self, c: plan_lib.Settings, mesh: Mesh, *, replacement_vocab: int | None = None,
                specials: SpecialIds = SENTENCEPIECE):
     self.config = c
@@ -133,8 +132,7 @@ class TrainProgram:
         "accuracy": stats.num_correct / denom,
         "num_targets": stats.num_targets,
         "grad_norm": optax.tree.norm(grads),
-        "learning_rate": self.schedule(state.step),
-    }
+        "learning_rate": self.schedule(state.step),}
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   def _loss_check(self, state: TrainState, batch: Batch) -> Array:
@@ -166,8 +164,7 @@ class TrainProgram:
 
   def shaped_inputs(self) -> tuple[TrainState, Batch]:
     """(state, batch) as sharded ShapeDtypeStructs of the step's arguments: nothing is allocated."""
-    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                         self.abstract, self.shardings)
+    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), self.abstract, self.shardings)
     shape = (self.config.train.batch_size, self.config.data.seq_len)
     batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self.batch_sharding) for k in BATCH_KEYS}
     return state, batch

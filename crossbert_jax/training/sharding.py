@@ -125,8 +125,7 @@ def check_batch_divisible(batch_size: int, grad_accum: int, mesh: Mesh) -> None:
   if batch_size % jax.process_count():
     raise UserError(f"config train.batch_size: {batch_size} must be divisible by the "
                     f"{jax.process_count()} processes")
-  check_process_layout(np.vectorize(lambda d: d.process_index, otypes=[int])(mesh.devices),
-                       dict(mesh.shape))
+  check_process_layout(np.vectorize(lambda d: d.process_index, otypes=[int])(mesh.devices), dict(mesh.shape))
 
 
 def check_process_layout(process_ids: np.ndarray, shape: dict[str, int]) -> None:
@@ -141,11 +140,10 @@ def check_process_layout(process_ids: np.ndarray, shape: dict[str, int]) -> None
     owners = np.unique(process_ids[coord])
     if len(owners) > 1:
       layout = " + ".join(f"{n} on process {p}" for p, n in enumerate(counts))
-      raise UserError(
-          f"config mesh {shape}: batch shard (data, fsdp)={coord} spans processes {owners.tolist()} "
-          f"(devices: {layout}); the batch axes must split along process boundaries: make "
-          f"mesh.tensor divide the {int(counts.min())} devices of each process (data*fsdp a multiple "
-          f"of the {len(counts)} processes)")
+      raise UserError(f"config mesh {shape}: batch shard (data, fsdp)={coord} spans processes {owners.tolist()} "
+                      f"(devices: {layout}); the batch axes must split along process boundaries: make "
+                      f"mesh.tensor divide the {int(counts.min())} devices of each process (data*fsdp a multiple "
+                      f"of the {len(counts)} processes)")
 
 
 def make_topology_mesh(mesh_cfg: sections.Mesh, devices) -> Mesh:

@@ -24,8 +24,7 @@ from crossbert_jax.training.objectives.losses import (  # noqa: F401 - the share
 LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, Any]]
 
 # Built-in objectives: name -> the module that registers its training half.
-_BUILTIN = {"crossbert": "crossbert_jax.training.objectives.crossbert",
-            "mlm": "crossbert_jax.training.objectives.mlm"}
+_BUILTIN = {"crossbert": "crossbert_jax.training.objectives.crossbert", "mlm": "crossbert_jax.training.objectives.mlm"}
 _REGISTRY: dict[str, "Objective"] = {}
 
 
@@ -40,8 +39,7 @@ class Objective(Protocol):
   def init_inputs(self, c: plan_lib.Settings, batch: Batch) -> tuple:
     """The model's arguments after (tokens, positions, segment_ids) for init on a dummy batch."""
 
-  def make_loss_fn(self, c: plan_lib.Settings, model: Any, replacement_vocab: int | None,
-                   specials: Any) -> LossFn:
+  def make_loss_fn(self, c: plan_lib.Settings, model: Any, replacement_vocab: int | None, specials: Any) -> LossFn:
     """The loss of one (micro-)batch of `model`; `replacement_vocab`, `specials` (data.special_ids.SpecialIds)
     as in make_loss_fn."""
 

@@ -40,11 +40,11 @@ def _reconstructor_forward_flops(c: plan_lib.Settings, visible: int, slots: int)
   rc, d, n = c.reconstructor, c.model.embed_dim, c.model.num_layers
   dr, ir, q, m = rc.embed_dim, rc.mlp_dim, slots, visible
   block = (
-    2 * q * dr * dr  # Query projection dr -> dr.
-    + 2 * m * d * 2 * dr  # Key and value projections d -> dr on the encoder memory.
-    + 4 * q * m * dr  # Cross-attention scores and weighted sum.
-    + 2 * q * dr * dr  # Output projection dr -> dr.
-    + 2 * q * (dr * 2 * ir + ir * dr)  # GeGLU MLP dr -> 2Ir, Ir -> dr.
+      2 * q * dr * dr  # Query projection dr -> dr.
+      + 2 * m * d * 2 * dr  # Key and value projections d -> dr on the encoder memory.
+      + 4 * q * m * dr  # Cross-attention scores and weighted sum.
+      + 2 * q * dr * dr  # Output projection dr -> dr.
+      + 2 * q * (dr * 2 * ir + ir * dr)  # GeGLU MLP dr -> 2Ir, Ir -> dr.
   )
   if rc.self_attention:
     block += 2 * q * 3 * dr * dr + 4 * q * q * dr + 2 * q * dr * dr
@@ -63,8 +63,8 @@ class CrossBertObjective:
     return CrossBert(EncoderSpec.from_config(c.model), ReconstructorSpec.from_config(c))
 
   def init_inputs(self, c: plan_lib.Settings, batch: losses.Batch) -> tuple:
-    masks = masking.crossbert_masks(jax.random.key(0), batch["segment_ids"], c.masking.ratio,
-                                    c.masking.views, c.masking.reconstruct_ratio)
+    masks = masking.crossbert_masks(jax.random.key(0), batch["segment_ids"], c.masking.ratio, c.masking.views,
+                                    c.masking.reconstruct_ratio)
     return masks.vis_idx_KxBxT[0], masks.rec_idx_KxBxQ[0], masks.rec_valid_KxBxQ[0]
 
   def make_loss_fn(self, c: plan_lib.Settings, model: CrossBert, replacement_vocab: int | None,
@@ -83,8 +83,7 @@ class CrossBertObjective:
       tokens_KBxL = tile(tokens_BxL)
       rec_idx_KBxQ, rec_valid_KBxQ = flat(masks.rec_idx_KxBxQ), flat(masks.rec_valid_KxBxQ)
       hidden_KBxQxD, head = model.apply({"params": params}, tokens_KBxL, tile(pos_BxL), tile(seg_BxL),
-                                        flat(masks.vis_idx_KxBxT), rec_idx_KBxQ, rec_valid_KBxQ,
-                                        return_hidden=True)
+                                        flat(masks.vis_idx_KxBxT), rec_idx_KBxQ, rec_valid_KBxQ, return_hidden=True)
       targets_KBxQ = jnp.take_along_axis(tokens_KBxL, rec_idx_KBxQ, axis=1)
       return losses.chunked_cross_entropy(hidden_KBxQxD, head, targets_KBxQ, rec_valid_KBxQ, c.model.loss_chunk)
 
@@ -97,10 +96,9 @@ class CrossBertObjective:
     k, visible, slots = crossbert_shapes(c)
     # Every view is a full encoder + reconstructor pass; the head decodes dr -> V on R' slots.
     return {
-      "encoder": k * flops.encoder_forward_flops(c.model, visible),
-      "reconstructor": k * _reconstructor_forward_flops(c, visible, slots),
-      "head": float(k * 2 * slots * c.reconstructor.embed_dim * c.model.vocab_size),
-    }
+        "encoder": k * flops.encoder_forward_flops(c.model, visible),
+        "reconstructor": k * _reconstructor_forward_flops(c, visible, slots),
+        "head": float(k * 2 * slots * c.reconstructor.embed_dim * c.model.vocab_size),}
 
 
 objectives.register(CrossBertObjective())

@@ -62,8 +62,8 @@ def replacement_vocab_size(c: plan_lib.Settings, tokenizer_vocab_size: int) -> i
   return min(c.model.vocab_size, tokenizer_vocab_size)
 
 
-def chunked_cross_entropy(x_BxQxD: Array, head: tuple[Array, Array | None], targets_BxQ: Array,
-                          weights_BxQ: Array, chunk: int) -> tuple[Array, LossStats]:
+def chunked_cross_entropy(x_BxQxD: Array, head: tuple[Array, Array | None], targets_BxQ: Array, weights_BxQ: Array,
+                          chunk: int) -> tuple[Array, LossStats]:
   """Summed cross-entropy and stats of logits x @ W + b, `chunk` query slots at a time.
 
   Each chunk's logits (float32 accumulation) exist only inside a rematerialised scan step, so

@@ -41,11 +41,12 @@ class MlmObjective:
       k_mask, k_corrupt = jax.random.split(key)
       masks = masking.mlm_masks(k_mask, seg_BxL, mk.ratio,
                                 losses.targetable(tokens_BxL, seg_BxL, mk.exclude_special, specials))
-      corrupted_BxL = masking.corrupt(
-          k_corrupt, tokens_BxL, masks, mask_prob=c.mlm.mask_prob, random_prob=c.mlm.random_prob,
-          mask_id=specials.mask, first_regular_id=first_regular, vocab_size=regular_end, regular_ids_R=regular_ids_R)
-      hidden_BxMxD, head = model.apply({"params": params}, corrupted_BxL, pos_BxL, seg_BxL,
-                                       masks.mask_idx_BxM, return_hidden=True)
+      corrupted_BxL = masking.corrupt(k_corrupt, tokens_BxL, masks, mask_prob=c.mlm.mask_prob,
+                                      random_prob=c.mlm.random_prob, mask_id=specials.mask,
+                                      first_regular_id=first_regular, vocab_size=regular_end,
+                                      regular_ids_R=regular_ids_R)
+      hidden_BxMxD, head = model.apply({"params": params}, corrupted_BxL, pos_BxL, seg_BxL, masks.mask_idx_BxM,
+                                       return_hidden=True)
       targets_BxM = jnp.take_along_axis(tokens_BxL, masks.mask_idx_BxM, axis=1)
       return losses.chunked_cross_entropy(hidden_BxMxD, head, targets_BxM, masks.mask_valid_BxM, c.model.loss_chunk)
 
@@ -59,10 +60,9 @@ class MlmObjective:
     # The MLM head runs only on the gathered masked positions: dense d->d, then decoder d->V.
     masked = round(c.masking.ratio * seq_len)
     return {
-      "encoder": flops.encoder_forward_flops(c.model, seq_len),
-      "reconstructor": 0.0,
-      "head": float(2 * masked * d * d + 2 * masked * d * vocab),
-    }
+        "encoder": flops.encoder_forward_flops(c.model, seq_len),
+        "reconstructor": 0.0,
+        "head": float(2 * masked * d * d + 2 * masked * d * vocab),}
 
 
 objectives.register(MlmObjective())
