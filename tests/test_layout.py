@@ -133,3 +133,35 @@ def test_the_export_imports_no_training_code():
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_the_config_is_validated_and_expanded_in_one_place():
+  """Below the commands nothing validates a config or expands its phases again: core/plan.build does it
+  once (and `plan.of_saved` expands a saved config); every module then reads the typed RunPlan."""
+  where = {}
+  for name, path in _modules():
+    for node in ast.walk(ast.parse(path.read_text())):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and
+          isinstance(node.func.value, ast.Name) and (node.func.value.id, node.func.attr) in {("phases_lib", "expand"),
+                                                                                             ("phases", "expand"),
+                                                                                             ("config_lib", "validate"),
+                                                                                             ("config", "validate")}):
+        where.setdefault(node.func.attr, set()).add(name)
+  assert where == {"expand": {"crossbert_jax.core.plan"}, "validate": {"crossbert_jax.core.plan"}}, where
+
+
+def test_only_the_config_front_end_imports_ml_collections():
+  """The commands read config files and flags; below them only core's front end (config, phases, mixture
+  and the objectives' configure/validate hooks) sees a ConfigDict."""
+  front_end = {
+      "crossbert_jax.core.config", "crossbert_jax.core.phases", "crossbert_jax.core.mixture",
+      "crossbert_jax.core.objectives"}
+  bad = []
+  for name, path in _modules():
+    if _layer(name)[1] == TOP or name in front_end:
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = ([a.name for a in node.names]
+               if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+      bad += [f"{name} imports {n}" for n in names if n.split(".")[0] == "ml_collections"]
+  assert not bad, "\n".join(bad)

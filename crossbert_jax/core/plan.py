@@ -135,24 +135,24 @@ def build(c) -> RunPlan:
   """Validates `c` (an ml_collections config from get_config) once and returns its plan; UserError
   (one line, naming the key and the phase) for any inconsistency."""
   config_lib.validate(c)
-  phases = phases_lib.expand(c)
-  if phases_lib.has_phases(c):
-    for phase in phases:
-      try:
-        config_lib.validate(phase.config)
-      except UserError as e:
-        raise UserError(f"{e} (in {phase.describe()})") from None
-  return _plan(c, phases)
+  return _plan(c, validate_phases=phases_lib.has_phases(c))
 
 
 def of_saved(saved: dict[str, Any]) -> RunPlan:
   """The plan of a saved config (a checkpoint's, config.json's), keys added since at today's defaults;
   not validated again (it was when the run trained)."""
-  c = config_lib.from_dict(saved)
-  return _plan(c, phases_lib.expand(c))
+  return _plan(config_lib.from_dict(saved), validate_phases=False)
 
 
-def _plan(c, phases: list[phases_lib.Phase]) -> RunPlan:
+def _plan(c, validate_phases: bool) -> RunPlan:
+  """`c` with its phases expanded (the one call of `phases.expand`), each phase's config validated if
+  asked, as a typed RunPlan."""
+  phases = phases_lib.expand(c)
+  for phase in phases if validate_phases else ():
+    try:
+      config_lib.validate(phase.config)
+    except UserError as e:
+      raise UserError(f"{e} (in {phase.describe()})") from None
   typed = [dataclasses.replace(p, config=settings_of(p.config.to_dict())) for p in phases]
   run = settings_of(c.to_dict())
   return RunPlan(phases=tuple(typed), **{f.name: getattr(run, f.name) for f in dataclasses.fields(Settings)})
