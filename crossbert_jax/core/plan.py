@@ -97,7 +97,7 @@ class RunPlan(Settings):
   @property
   def settings(self) -> Settings:
     """The run's own settings, without the phases."""
-    return settings_of(self.to_dict())
+    return Settings(**_fields(self))
 
   def phase(self, index: int, flag: str) -> phases_lib.Phase:
     """Phase `index`, chosen by the command's `flag` (UserError naming the range)."""
@@ -154,5 +154,9 @@ def _plan(c, validate_phases: bool) -> RunPlan:
     except UserError as e:
       raise UserError(f"{e} (in {phase.describe()})") from None
   typed = [dataclasses.replace(p, config=settings_of(p.config.to_dict())) for p in phases]
-  run = settings_of(c.to_dict())
-  return RunPlan(phases=tuple(typed), **{f.name: getattr(run, f.name) for f in dataclasses.fields(Settings)})
+  return RunPlan(phases=tuple(typed), **_fields(settings_of(c.to_dict())))
+
+
+def _fields(s: Settings) -> dict[str, Any]:
+  """The Settings fields of `s` (a RunPlan's, without its phases)."""
+  return {f.name: getattr(s, f.name) for f in dataclasses.fields(Settings)}

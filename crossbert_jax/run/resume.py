@@ -26,7 +26,6 @@ import json
 from typing import Any
 
 from crossbert_jax.core import plan as plan_lib
-from crossbert_jax.core import sections
 from crossbert_jax.core import objectives
 from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
@@ -92,10 +91,6 @@ def _refused(key: str) -> bool:
   return key in _REFUSED_KEYS or (key.split(".")[0] in _refused_sections() and key not in _ALLOWED_IN_REFUSED)
 
 
-def _lr(train: dict, step: int) -> float:
-  return float(optimizer.learning_rate_schedule(sections.from_dict(sections.Train, train))(step))
-
-
 def stream_view(saved: dict, step: int) -> dict:
   """The saved config as the data stream of `step`'s phase saw it (its keys, the batch it is read in)."""
   plan = plan_lib.of_saved(saved)
@@ -107,10 +102,9 @@ def stream_view(saved: dict, step: int) -> dict:
   return view
 
 
-def _check_phases(where: str, step: int, saved: dict, now: plan_lib.RunPlan) -> tuple[list[str], bool]:
+def _check_phases(where: str, step: int, old: plan_lib.RunPlan, now: plan_lib.RunPlan) -> tuple[list[str], bool]:
   """Refuses a change of the trained steps' phases; (warnings, whether the saved data state applies)."""
-  old, new = list(plan_lib.of_saved(saved).phases), list(now.phases)
-  a, b = phases_lib.trained(old, step), phases_lib.trained(new, step)
+  a, b = phases_lib.trained(list(old.phases), step), phases_lib.trained(list(now.phases), step)
   for (a0, a1, av), (b0, b1, bv) in zip(a, b):
     if (a0, a1) != (b0, b1):
       raise UserError(f"{where} trained steps {a0}-{a1} as one phase, but the config's phases make steps {b0}-{b1} "
@@ -124,7 +118,7 @@ def _check_phases(where: str, step: int, saved: dict, now: plan_lib.RunPlan) -> 
   if len(a) != len(b):
     raise UserError(f"{where} trained {len(a)} phase(s) up to it, but the config's phases make it {len(b)}; the "
                     "phases of steps already trained cannot change")
-  was, now_phase = phases_lib.phase_at(old, step), phases_lib.phase_at(new, step)
+  was, now_phase = phases_lib.phase_at(old.phases, step), phases_lib.phase_at(now.phases, step)
   if was.read_batch != now_phase.read_batch:
     return [
         f"warning: the phases' batch sizes change how the stream of {now_phase.describe()} is read "
@@ -151,8 +145,9 @@ def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta 
     raise UserError(f"{where} trained with {change}; {fix}")
   a, b = _flat(saved), _flat(json.loads(json.dumps(now.to_dict())))  # As saved: tuples become lists.
   changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
-  phased = phases_lib.has_phases(now) or phases_lib.has_phases(plan_lib.of_saved(saved))
-  phase_lines, phase_data = _check_phases(where, step, saved, now) if phased else ([], True)
+  old = plan_lib.of_saved(saved)  # Once: its phases and its schedule.
+  phased = phases_lib.has_phases(now) or phases_lib.has_phases(old)
+  phase_lines, phase_data = _check_phases(where, step, old, now) if phased else ([], True)
   refused = [k for k in changed if _refused(k) and not (phased and k in phases_lib.OVERRIDABLE)]
   if refused:
     diffs = ", ".join(f"{k}={a[k]!r} (config: {b[k]!r})" for k in refused)
@@ -166,11 +161,8 @@ def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta 
   if phased and any(k == "train.phases" or k.startswith("train.batch_ramp.") for k in changed):
     schedule_changed.append("phases")
   if schedule_changed:
-    if phased:
-      before = float(optimizer.run_schedule(plan_lib.of_saved(saved))(step))
-      after = float(optimizer.run_schedule(now)(step))
-    else:
-      before, after = _lr(saved["train"], step), _lr(now.train.to_dict(), step)
+    # One phase: its train section's schedule; phases: each step at its phase's.
+    before, after = float(optimizer.run_schedule(old)(step)), float(optimizer.run_schedule(now)(step))
     jump = (f"step {step + 1} runs at lr {after:.4g} instead of {before:.4g}"
             if f"{after:.4g}" != f"{before:.4g}" else f"step {step + 1} keeps lr {after:.4g}, later steps differ")
     warnings.append(f"warning: {', '.join('train.' + k for k in schedule_changed)} changed the learning-rate "
