@@ -88,7 +88,7 @@ def make_config(objective: str, variant: str, overrides: dict[str, Any]):
       if node is None:
         break
     if node is None or leaf not in node:
-      raise UserError(f"sweep spec: unknown config key {key!r} (see crossbert_jax/core/config.py)")
+      raise UserError(f"sweep spec: unknown config key {key!r} (every key: crossbert_jax/core/sections.py)")
     node[leaf] = value
   return c
 
