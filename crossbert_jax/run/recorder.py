@@ -8,7 +8,8 @@ the step's time), and with data.mixture `tokens_seen/<source>` (data/mixture.py 
 summed over processes, and over the run: a phase with another data stream adds its sources' tokens
 to those of the earlier streams); a non-finite loss raises `TrainingDiverged`. When the input takes more than
 `DATA_WAIT_WARN` of the step time over a window of `DATA_WAIT_WINDOW` steps (the first step after
-a start excluded: it includes compilation), one warning line names the fixes.
+a start excluded: it includes compilation), one warning line names the fixes. Each row also
+carries the host's 1-minute load average (`load_avg_1m`), beside which its tokens/s is read.
 
 In a run with phases (`core/phases.py`) each row is computed with its step's phase (tokens per
 step, FLOPs) and carries `phase`, its index; the progress bar's ETA is then the FLOPs of the
@@ -17,6 +18,7 @@ price an 8,192-token step like a 1,024-token one).
 """
 
 import dataclasses
+import os
 import time
 from typing import Any, Callable
 
@@ -164,6 +166,7 @@ class StepRecorder:
         tokens_seen=float(self._tokens_at(p.step)),
         data_wait_s=p.data_wait_s,
         data_wait_fraction=min(1.0, p.data_wait_s / dt) if dt > 0 else 0.0,
+        load_avg_1m=_load_avg(),
     )
     return out
 
@@ -190,6 +193,14 @@ class StepRecorder:
       self._warn(f"warning: the input took {100 * waited / took:.0f}% of the step time over steps "
                  f"{p.step - DATA_WAIT_WINDOW + 1}-{p.step} (data_wait_fraction in metrics.jsonl): use "
                  "pre-tokenized shards (`prepare --tokenizer=...`) or raise --config.data.worker_count")
+
+
+def _load_avg() -> float:
+  """The host's 1-minute load average; NaN (a null in the row) where the OS keeps none."""
+  try:
+    return os.getloadavg()[0]
+  except (AttributeError, OSError):
+    return float("nan")
 
 
 def summed_over_processes(source_tokens: dict[str, int]) -> dict[str, float]:

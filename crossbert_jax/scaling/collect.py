@@ -30,6 +30,10 @@ class RunResult:
   wall_s: float
   machines: tuple[str, ...] = ()  # What its attempts ran on (`host.describe`); empty: not recorded.
   goodput: float = float("nan")  # Productive share of its wall time, all attempts (run/goodput.py); NaN: none.
+  # Each logged step's tokens/s and 1-minute load average (run/recorder.py), the first logged step left out
+  # (it compiles); `step_load` is empty for runs from before rows recorded the load.
+  step_tps: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+  step_load: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
   @property
   def final_loss(self) -> float:
@@ -64,13 +68,14 @@ def _result(run: plan_lib.Run, run_dir: pathlib.Path) -> RunResult | None:
       if per_task:
         probes.setdefault(f"avg/{kind}", []).append((s, float(np.mean(per_task))))
   tps = [by_step[s]["tokens_per_second"] for s in steps[1:] if by_step[s].get("tokens_per_second")]
+  load = [by_step[s]["load_avg_1m"] for s in steps[1:] if by_step[s].get("load_avg_1m") is not None]
   wall_file = run_dir / runner.WALL_FILE
   wall = plan_lib.read_json(wall_file, "the run's wall time") if wall_file.is_file() else {}
   goodput = next((by_step[s]["goodput"] for s in reversed(steps) if by_step[s].get("goodput") is not None),
                  float("nan"))
   return RunResult(run, plan_lib.is_done(run_dir), steps[-1] if steps else 0, curve, probes,
                    float(np.median(tps)) if tps else float("nan"), wall.get("wall_s", float("nan")),
-                   tuple(wall.get("machines", ())), goodput)
+                   tuple(wall.get("machines", ())), goodput, np.asarray(tps, float), np.asarray(load, float))
 
 
 def is_point(run: plan_lib.Run) -> bool:

@@ -75,32 +75,45 @@ def probes_vs_flops(results: list[RunResult], labels: list[str], keys: list[str]
   return _save(fig, path)
 
 
-def throughput_bars(table: dict[tuple[str, str], float], labels: list[str], sizes: list[str],
+def throughput_bars(table: dict[tuple[str, str], tuple[float, float, float]], labels: list[str], sizes: list[str],
                     path: pathlib.Path) -> str:
-  """Training tokens/s per (size, objective), grouped by size."""
+  """Training tokens/s per (size, objective), grouped by size: table[(size, label)] = (median, p10, p90), the
+  whiskers the spread over the logged steps."""
   fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(sizes) * max(1, len(labels)) / 4, 3.6))
   width = 0.8 / max(1, len(labels))
   colors = _colors(labels)
   for j, label in enumerate(labels):
-    values = [table.get((size, label), np.nan) for size in sizes]
-    ax.bar(np.arange(len(sizes)) + j * width, values, width, label=label, color=colors[label])
+    mid, lo, hi = np.array([table.get((size, label), (np.nan,) * 3) for size in sizes], float).reshape(-1, 3).T
+    whiskers = np.nan_to_num(np.stack([mid - lo, hi - mid]).clip(min=0))
+    ax.bar(np.arange(len(sizes)) + j * width, mid, width, yerr=whiskers, capsize=2, label=label, color=colors[label])
   ax.set_xticks(np.arange(len(sizes)) + 0.4 - width / 2, sizes)
-  ax.set(ylabel="training tokens / s (median step)", title="throughput")
+  ax.set(ylabel="training tokens / s", title="throughput in training: median step, whiskers p10-p90 of steps")
   ax.legend(fontsize=7)
   return _save(fig, path)
 
 
-def fits(points: dict[str, tuple[np.ndarray, np.ndarray]], laws: dict[str, PowerLaw], ylabel: str,
-         path: pathlib.Path) -> str:
-  """The frontier points per objective and their fitted power law."""
+def law_label(label: str, law: PowerLaw) -> str:
+  """The legend entry of an objective's fit: its exponent and interval, or "no fit" and why (never a number)."""
+  if not law.fitted:
+    return f"{label}: no fit ({law.reason})"
+  return f"{label}: alpha {law.alpha:.3g} [{law.alpha_ci[0]:.3g}, {law.alpha_ci[1]:.3g}]"
+
+
+def fits_figure(points: dict[str, tuple[np.ndarray, np.ndarray]], laws: dict[str, PowerLaw], ylabel: str):
+  """The frontier points per objective and their fitted power law (drawn only where there is a fit)."""
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   colors = _colors(list(points))
   for label, (c, y) in points.items():
-    ax.scatter(c, y, s=12, color=colors[label], label=label)
     law = laws[label]
-    if law.alpha is not None and len(c):
+    ax.scatter(c, y, s=12, color=colors[label], label=law_label(label, law))
+    if law.fitted and len(c):
       grid = np.geomspace(c.min(), c.max(), 50)
       ax.plot(grid, law(grid), color=colors[label], lw=1)
   _log_x(ax, xlabel="training FLOPs", ylabel=ylabel, title=f"{ylabel}: E + A C^-alpha")
   ax.legend(fontsize=7)
-  return _save(fig, path)
+  return fig
+
+
+def fits(points: dict[str, tuple[np.ndarray, np.ndarray]], laws: dict[str, PowerLaw], ylabel: str,
+         path: pathlib.Path) -> str:
+  return _save(fits_figure(points, laws, ylabel), path)

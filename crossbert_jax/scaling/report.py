@@ -14,7 +14,7 @@ import numpy as np
 
 from crossbert_jax.scaling import claims as claims_lib
 from crossbert_jax.scaling import collect as collect_lib
-from crossbert_jax.scaling import fit, plots
+from crossbert_jax.scaling import laws, plots, throughput
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling.collect import RunResult
 
@@ -25,12 +25,6 @@ def _fmt(x: float, digits: int = 3) -> str:
 
 def _percent(x: float) -> str:
   return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
-
-
-def _median_tps(results: list[RunResult]) -> float:
-  """Median training tokens/s: robust to the runs that shared the CPU with other work."""
-  v = [r.tokens_per_second for r in results if math.isfinite(r.tokens_per_second)]
-  return float(np.median(v)) if v else float("nan")
 
 
 def _machines(results: list[RunResult]) -> tuple[list[str], int]:
@@ -130,48 +124,6 @@ def _config_lines(spec: dict) -> list[str]:
   return lines
 
 
-def _fits(results, labels, keys, out: pathlib.Path) -> tuple[list[str], list[str]]:
-  """Power laws on the compute frontier per objective (loss, and 1 - average probe score)."""
-  lines, figures = [], []
-  targets = [("loss", "training loss", lambda r: (r.loss_curve[:, 0], r.loss_curve[:, 1]))]
-  for k in keys:
-    if k.startswith("avg/"):
-      targets.append((k, f"1 - {k} score", lambda r, k=k:
-                      (np.array([s for s, _ in r.probes.get(k, [])], float), 1 - np.array([
-                          v for _, v in r.probes.get(k, [])], float))))
-  lines += [
-      "| objective | " + " | ".join(f"{name}: alpha [95% CI] / E" for _, name, _ in targets) + " |",
-      "|---|" + "---|" * len(targets)]
-  laws_by_target = []
-  for key, name, extract in targets:
-    points, laws = {}, {}
-    for label in labels:
-      c, y = [], []
-      for r in results:
-        if r.run.label == label:
-          s, v = extract(r)
-          # Skip warmup (the first 10% of each run): it is schedule, not scaling.
-          keep = s > 0.1 * r.run.steps
-          c.append(s[keep] * r.run.flops_per_step)
-          y.append(v[keep])
-      c, y = (np.concatenate(c), np.concatenate(y)) if c else (np.array([]), np.array([]))
-      points[label] = fit.lower_envelope(c, y) if key == "loss" else (c, y)
-      laws[label] = fit.fit_power_law(*points[label])
-    laws_by_target.append(laws)
-    figures.append(plots.fits(points, laws, name, out / f"fit_{key.replace('/', '_')}.png"))
-  for label in labels:
-    cells = []
-    for laws in laws_by_target:
-      law = laws[label]
-      if law.alpha is None:
-        cells.append(law.note)
-      else:
-        ci = f"[{law.alpha_ci[0]:.3f}, {law.alpha_ci[1]:.3f}]" if law.alpha_ci else "[n/a]"
-        cells.append(f"{law.alpha:.3f} {ci} / {law.e:.3f} ({law.n_points} pts){' ' + law.note if law.note else ''}")
-    lines.append(f"| {label} | " + " | ".join(cells) + " |")
-  return lines, figures
-
-
 def _efficiency(spec, results, sizes, keys) -> list[str]:
   """Tokens each objective needs to reach BERT r=0.15's final probe score; K=2 vs K=1."""
   bert = _find(spec, "mlm", 0.15, 1)
@@ -250,7 +202,8 @@ def _claims(spec, results, sizes, keys, found: dict) -> list[str]:
       f"Finished seeds per size: {seeds}. Claims (2) and (3) are read from the intervals above (each size's "
       "largest budget here); (1) and (4) are measured numbers, not tests.", ""]
   out.append("**(1) Throughput, CrossBERT at r >= 0.5 over BERT r=0.15** (median over runs of each run's "
-             "median training tokens/s; only runs of one machine compare):")
+             "median training tokens/s, timed in training, not interleaved: the steps' spread and the load are under "
+             "Throughput, and a ratio taken under load is not a finding; only runs of one machine compare):")
   fast = [label for label, o in spec["objectives"].items() if o["objective"] == "crossbert" and o["ratio"] >= 0.5]
   for size in sizes:
     compared = [r for label in [bert, *fast] if label for r in _by(results, size, label)]
@@ -259,11 +212,12 @@ def _claims(spec, results, sizes, keys, found: dict) -> list[str]:
       out.append(f"- {size}: n/a: its runs span {len(seen)} machines ({'; '.join(seen)}), whose tokens/s do not "
                  "compare; `python -m crossbert_jax.bench` times every objective on one machine")
       continue
-    base = _median_tps(_by(results, size, bert)) if bert else float("nan")
-    parts = [f"{label} " + _ratio(_median_tps(_by(results, size, label)), base) for label in fast]
+    base = throughput.median_tps(_by(results, size, bert)) if bert else float("nan")
+    parts = [f"{label} " + _ratio(throughput.median_tps(_by(results, size, label)), base) for label in fast]
     caveat = (f" (machine not recorded for {unknown} of {len(compared)} runs: that they shared one is not "
               "checked)" if unknown else "")
     out.append(f"- {size}: " + ", ".join(parts) + caveat)
+    out.append(f"  - 1-min load average over these runs' logged steps: median (max) {throughput.load(compared)}")
   out += [
       "", "**(2) Sample efficiency, K=2 over K=1** at r=0.5 (K=2 minus K=1 at equal tokens):",
       *_verdicts(found, "k2_vs_k1_sample_efficiency", sizes)]
@@ -309,11 +263,10 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
   labels = [l for l in spec["objectives"] if any(r.run.label == l for r in results)]
   sizes = [s for s in spec["sizes"] if any(r.run.size == s for r in results)]
   keys = collect_lib.probe_keys(results)
-  tput = {(s, l): _nanmean([r.tokens_per_second for r in _by(results, s, l)]) for s in sizes for l in labels}
-  fit_lines, fit_figs = _fits(results, labels, keys, out)
+  fit_lines, fit_figs = laws.section(results, labels, keys, out)
   figs = [
       plots.loss_vs_flops(results, labels, sizes, out / "loss_vs_flops.png"),
-      plots.throughput_bars(tput, labels, sizes, out / "throughput.png")]
+      plots.throughput_bars(throughput.bars(results, labels, sizes), labels, sizes, out / "throughput.png")]
   if keys:
     figs.insert(1, plots.probes_vs_flops(results, labels, keys, out / "probes_vs_flops.png"))
   found = claims_lib.evaluate(spec, results)
@@ -339,14 +292,12 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
         "average over tasks.", "", f"![probes]({figs[1]})", ""]
   md += [
       "## Throughput", "",
-      _machines_line(results), "", f"![throughput]({figs[-1]})", "", "## Sample efficiency", "",
-      *_efficiency(spec, results, sizes, keys), "", "## Power-law fits", "",
-      "error = E + A * C^-alpha on each objective's compute frontier (loss: best loss per "
-      "log-FLOPs bin over all sizes; probes: every probe point), warmup excluded; 95% bootstrap intervals.", "",
-      *fit_lines, "", *[f"![fit]({f})" for f in fit_figs], "", "## Seed spread", "",
-      *_seed_spread(spec, results, sizes, keys), "", "## Claims, by seed-paired 95% intervals", "",
-      *claims_lib.markdown(spec, found), "", "## What the paper claims, as measured here", "",
-      *_claims(spec, results, sizes, keys, found), "", "## Every run", "", *_run_table(results, keys), ""]
+      _machines_line(results), "", *throughput.table(results, labels, sizes), "", f"![throughput]({figs[-1]})", "",
+      "## Sample efficiency", "", *_efficiency(spec, results, sizes, keys), "", "## Power-law fits", "", *fit_lines, "",
+      *[f"![fit]({f})" for f in fit_figs], "", "## Seed spread", "", *_seed_spread(spec, results, sizes, keys), "",
+      "## Claims, by seed-paired 95% intervals", "", *claims_lib.markdown(spec, found), "",
+      "## What the paper claims, as measured here", "", *_claims(spec, results, sizes, keys, found), "", "## Every run",
+      "", *_run_table(results, keys), ""]
   path = out / "report.md"
   path.write_text("\n".join(md))
   return path
