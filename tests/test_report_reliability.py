@@ -121,7 +121,7 @@ def test_the_throughput_shows_the_steps_spread_and_the_load_it_was_taken_under(t
   for label in tps:  # The first logged step (10) is left out.
     lo, hi = np.percentile(steps[label], [10, 90])
     loads = np.array([load[label] + s / 100 for s in range(20, STEPS + 1, 10)])
-    row = f"| xs | {label} | 1 | {np.median(steps[label]):.4g} | {lo:.4g}-{hi:.4g} | " \
+    row = f"| xs | {label} | 1 | {np.median(steps[label]):,.0f} | {lo:,.0f}-{hi:,.0f} | " \
           f"{np.median(loads):.2f} ({loads.max():.2f}) |"
     assert row in section, (row, section)
   claim = text.split("**(1) Throughput")[1].split("**(2)")[0]

@@ -9,7 +9,8 @@ constant or a step, not a power law: E and A are then not determined), and an in
 least MIN_BOOT_FRACTION of the bootstrap resamples. Otherwise every number is None and `note`
 says why: an interval from a few resamples is no interval (with 4 points only the resamples that
 are a permutation of the data, about 9%, have 4 distinct values, and all give the one fit: a
-zero-width "interval" of the point estimate).
+zero-width "interval" of the point estimate). A resample whose exponent stops at a bound counts as a
+fit (an estimate under the constraint): leaving it out would narrow the interval away from the bound.
 """
 
 import dataclasses
@@ -90,8 +91,9 @@ def fit_power_law(compute: np.ndarray, error: np.ndarray, n_boot: int = 200, see
   if best is None:
     return PowerLaw(n, reason="did not converge", note="curve_fit did not converge")
   if _at_bound(best[2]):
+    bound, shape = (0, "a constant") if best[2] < ALPHA_MAX / 2 else (ALPHA_MAX, "a step")
     return PowerLaw(n, reason="exponent at its bound",
-                    note=f"the exponent ran to its bound ({best[2]:.3g}): the points show no power-law fall")
+                    note=f"the exponent ran to its bound {bound:g} ({shape}, not a power law: E and A undetermined)")
   rng = np.random.default_rng(seed)
   boots, few = [], 0
   for _ in range(n_boot):

@@ -52,13 +52,15 @@ def cell(law: fit.PowerLaw) -> str:
 
 def as_json(target: str, label: str, law: fit.PowerLaw) -> dict[str, Any]:
   """A fits.json row: the numbers, or null numbers and the reason."""
-  number = lambda x: x if law.fitted else None
+  numbers = dict.fromkeys(("alpha", "alpha_ci", "e", "e_ci", "a", "c0"))
+  if law.fitted:
+    numbers = {
+        "alpha": law.alpha, "alpha_ci": list(law.alpha_ci), "e": law.e, "e_ci": list(law.e_ci), "a": law.a,
+        "c0": law.c0}
   return {
       "target": target, "objective": label, "n_points": law.n_points, "fit": law.fitted,
-      "reason": None if law.fitted else law.note, "alpha": number(law.alpha),
-      "alpha_ci": number(list(law.alpha_ci) if law.fitted else None), "e": number(law.e),
-      "e_ci": number(list(law.e_ci) if law.fitted else None), "a": number(law.a), "c0": number(law.c0),
-      "bootstrap_resamples": law.n_boot, "bootstrap_fits": law.boot_fits}
+      "reason": None if law.fitted else law.note, **numbers, "bootstrap_resamples": law.n_boot,
+      "bootstrap_fits": law.boot_fits}
 
 
 def section(results: list[RunResult], labels: list[str], keys: list[str],

@@ -22,8 +22,9 @@ NOTE = ("Timed in training (each logged step's tokens/s, the first logged step l
         "to back in one process.")
 
 
-def _fmt(x: float, digits: int = 4) -> str:
-  return "n/a" if not math.isfinite(x) else f"{x:.{digits}g}"
+def _fmt(x: float) -> str:
+  """Tokens/s: whole numbers with thousands separators (no exponent), or n/a."""
+  return "n/a" if not math.isfinite(x) else f"{x:,.0f}"
 
 
 def median_tps(results: list[RunResult]) -> float:
