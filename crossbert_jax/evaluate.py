@@ -180,7 +180,7 @@ def _glue_plan(f) -> tuple[dict[str, str], dict[str, str]]:
     raise UserError(f"--benchmark=glue writes its table into --output_dir: drop --{ignored[0]}, or run it separately")
   if f.probe_seeds < 1:
     raise UserError(f"--probe_seeds={f.probe_seeds}: use at least 1")
-  sources, skipped = glue_data.checked_plan(glue.parse_tasks(f.tasks or "all"), f.data_dir, f.strict)
+  sources, skipped = glue_data.checked_plan(glue.parse_tasks(f.tasks), f.data_dir, f.strict)
   inputs = [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf] + \
            ([("--data_dir", f.data_dir)] if f.data_dir else [])
   outputs.check_added_to(f.output_dir, "--output_dir", inputs, writes_inside=True)
