@@ -134,9 +134,10 @@ def _json_default(value):
   raise TypeError(f"not JSON serialisable: {type(value)}")
 
 
-def read_saved(path: epath.Path, name: str, seeds: int, log: Callable[[str], None] = print) -> dict | None:
+def read_saved(path: epath.Path, name: str, seeds: int, log: Callable[[str], None] = print,
+               then: str = "") -> dict | None:
   """The task's saved result at `path`, or None when there is none or it is damaged (truncated, empty,
-  not this task's, rows or seeds missing): then one warning line, and the task is run again."""
+  not this task's, rows or seeds missing): then one warning line ending in `then` (default: it runs again)."""
   if not path.exists():
     return None
   try:
@@ -151,7 +152,7 @@ def read_saved(path: epath.Path, name: str, seeds: int, log: Callable[[str], Non
     why = "not a complete result of this task"
   if ok:
     return saved
-  log(f"warning: {path} is damaged ({why}); running {name} again")
+  log(f"warning: {path} is damaged ({why}); {then or f'running {name} again'}")
   return None
 
 
