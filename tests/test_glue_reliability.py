@@ -19,7 +19,6 @@ from tests.test_mteb import local_data  # noqa: F401 - a fixture.
 
 class _Flags:
   """absl.flags with a fresh FlagValues: evaluate's flags defined here do not clash with other commands'."""
-
   def __init__(self):
     self.FLAGS = absl_flags.FlagValues()  # pylint: disable=invalid-name
 
@@ -187,10 +186,10 @@ def _renamed(path):
     ("train", _empty, "rte/train-*.parquet has no rows (train-00000-of-00001.parquet); copy the files again from "
      "nyu-mll/glue"),
     ("validation", _renamed, "rte/validation-00000-of-00001.parquet has no column 'sentence2' (columns: sentence1, "
-     "premise2, label, idx); give nyu-mll/glue's parquet files as the Hub has them"),
-], ids=["damaged", "zero_bytes", "no_rows", "columns_unlike_train"])
+     "premise2, label, idx); give nyu-mll/glue's parquet files as the Hub has them"),],
+                         ids=["damaged", "zero_bytes", "no_rows", "columns_unlike_train"])
 def test_hub_copy_faults_are_one_line_naming_the_file(evaluate_cli, runs, rte_copy, tmp_path, caplog, split, damage,
-                                                     expected):
+                                                      expected):
   damage(rte_copy / "rte" / f"{split}-00000-of-00001.parquet")
   code, _, err = evaluate_cli(*_glue(runs[0], rte_copy, "--tasks=rte", f"--output_dir={tmp_path / 'out'}"))
   assert code == 2 and err.splitlines() == [f"error: --data_dir {rte_copy}: {expected}"], err

@@ -158,8 +158,9 @@ def _check_files(task: glue.GlueTask, split: str, paths: list[str], where: str) 
                       f"{glue.HUB_REPO}'s parquet files as the Hub has them")
     rows += meta.num_rows
   if not rows:
-    raise UserError(f"{where}: {task.config}/{split}-*.parquet has no rows ({', '.join(epath.Path(p).name for p in paths)}"
-                    f"); copy the files again from {glue.HUB_REPO}")
+    raise UserError(
+        f"{where}: {task.config}/{split}-*.parquet has no rows ({', '.join(epath.Path(p).name for p in paths)}"
+        f"); copy the files again from {glue.HUB_REPO}")
 
 
 @contextlib.contextmanager

@@ -63,9 +63,11 @@ def _legacy_models(out_dir: epath.Path, settings: dict[str, Any], columns: list[
     safe = glue_run.column_key(label, "")[:-9]  # The label part of a column key.
     folders = [p.parent for p in out_dir.glob(f"tasks/{safe}-*/{digest}") if p.is_dir()] if safe else []
     if len(folders) == 1:
-      out[label] = {"identity": None, "key": folders[0].name,
-                    "files": {f.stem: f"{folders[0].name}/{digest}/{f.name}" for f in
-                              sorted((folders[0] / digest).glob("*.json")) if f.stem in glue.TASKS}}
+      out[label] = {
+          "identity": None, "key": folders[0].name, "files": {
+              f.stem: f"{folders[0].name}/{digest}/{f.name}"
+              for f in sorted((folders[0] / digest).glob("*.json"))
+              if f.stem in glue.TASKS}}
   return out
 
 
@@ -75,8 +77,9 @@ def labels(earlier: dict[str, Any], models: list[tuple[str, str, str]]) -> list[
   known = (earlier or {}).get("models", {})
   out: list[str] = []
   for label, identity, source in models:
-    same = [l for l, e in known.items() if e.get("identity") == identity or (
-        e.get("identity") is None and e.get("key") == glue_run.column_key(label, identity))]
+    same = [
+        l for l, e in known.items() if e.get("identity") == identity or
+        (e.get("identity") is None and e.get("key") == glue_run.column_key(label, identity))]
     if same:
       out.append(same[0])
     else:
@@ -109,7 +112,7 @@ def merged(out_dir: epath.Path, earlier: dict[str, Any], results: dict[str, dict
     if label not in out_models:
       out_results[label] = dict(by_task)
       out_models[label] = {"identity": identities[label], "key": None, "files": dict(files[label])}
-  for label, entry in out_models.items():
+  for entry in out_models.values():
     entry["files"] = {t: entry["files"][t] for t in glue.TASKS if t in entry["files"]}
     entry["key"] = entry["key"] or next(iter(entry["files"].values()), "/").split("/")[0]
   out_results = {l: r for l, r in out_results.items() if r}  # An earlier column whose results are all gone.

@@ -142,10 +142,7 @@ def read_saved(path: epath.Path, name: str, seeds: int, log: Callable[[str], Non
     return None
   try:
     saved = json.loads(path.read_text())
-    spec = glue.TASKS[name]
-    ok = isinstance(saved, dict) and saved.get("task") == name and isinstance(saved.get("sizes"), dict) and all(
-        len(saved["rows"][row][p][m]) == seeds and all(isinstance(v, (int, float)) for v in saved["rows"][row][p][m])
-        for row, _ in spec.rows for p in PROBES for m in spec.metrics)
+    ok = _complete(saved, name, seeds)
   except (OSError, ValueError, KeyError, TypeError) as e:
     ok, why = False, f"{type(e).__name__}: {' '.join(str(e).split())[:80]}"
   else:
@@ -154,6 +151,15 @@ def read_saved(path: epath.Path, name: str, seeds: int, log: Callable[[str], Non
     return saved
   log(f"warning: {path} is damaged ({why}); {then or f'running {name} again'}")
   return None
+
+
+def _complete(saved: Any, name: str, seeds: int) -> bool:
+  """Whether `saved` is a whole result of task `name`: every row, probe and metric with a score per seed."""
+  if not (isinstance(saved, dict) and saved.get("task") == name and isinstance(saved.get("sizes"), dict)):
+    return False
+  spec = glue.TASKS[name]
+  cells = [saved["rows"][row][p][m] for row, _ in spec.rows for p in PROBES for m in spec.metrics]
+  return all(len(c) == seeds and all(isinstance(v, (int, float)) for v in c) for c in cells)
 
 
 def subset(task: eval_tasks.Task, max_examples: int, seed: int) -> eval_tasks.Task:

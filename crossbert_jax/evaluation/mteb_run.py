@@ -108,7 +108,6 @@ def superseded_note(tasks: list, benchmark: str) -> str:
 
 
 class _DropSuperseded(logging.Filter):
-
   def filter(self, record: logging.LogRecord) -> bool:
     return SUPERSEDED not in record.getMessage()
 
