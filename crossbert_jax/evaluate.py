@@ -173,8 +173,9 @@ def _models(f, options: embedder_lib.Options) -> list[tuple[str, embedder_lib.Em
   return models
 
 
-def _glue_plan(f) -> tuple[dict[str, str], dict[str, str]]:
-  """--benchmark=glue's checks before any slow work: the flags, the tasks and where each one's data is."""
+def _glue_plan(f) -> tuple[dict[str, str], dict[str, str], str]:
+  """--benchmark=glue's checks before any slow work: the flags, the tasks, where each one's data is, and the
+  output folder (returned)."""
   if f.benchmark.lower() != "glue":
     raise UserError(f"--benchmark={f.benchmark!r}: evaluate runs only glue (frozen GLUE); MTEB benchmarks run "
                     "with python -m crossbert_jax.mteb_eval --benchmark=...")
@@ -186,9 +187,10 @@ def _glue_plan(f) -> tuple[dict[str, str], dict[str, str]]:
   sources, skipped = glue_data.checked_plan(glue.parse_tasks(f.tasks), f.data_dir, f.strict)
   inputs = [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf] + \
            ([("--data_dir", f.data_dir)] if f.data_dir else [])
-  if f.output_dir:
-    outputs.check_added_to(f.output_dir, "--output_dir", inputs, writes_inside=True)
-  return sources, skipped
+  output_dir = _glue_output_dir(f)
+  if f.output_dir or not f.workdir:  # The default in the run sits inside an input on purpose.
+    outputs.check_added_to(output_dir, "--output_dir", inputs, writes_inside=True)
+  return sources, skipped, output_dir
 
 
 def _glue_output_dir(f) -> str:
@@ -211,8 +213,7 @@ def _glue_output_dir(f) -> str:
 def _glue(f, options: embedder_lib.Options) -> None:
   """--benchmark=glue: every model on the GLUE tasks with data, resumable per task; the table in --output_dir
   and, per --workdir, in the run (glue_table.*, and eval_results.json for the export's model card)."""
-  sources, skipped = _glue_plan(f)
-  output_dir = _glue_output_dir(f)
+  sources, skipped, output_dir = _glue_plan(f)
   tasks = {n: glue_data.load(n, s, f.data_dir) for n, s in sources.items()}  # Bad files: refused before models.
   for task in tasks.values():  # A subset left with one class: refused before models too.
     glue_run.subset(task, f.max_examples, f.seed)
