@@ -24,6 +24,7 @@ from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation import generic
 from crossbert_jax.evaluation import glue
 from crossbert_jax.evaluation import glue_data
+from crossbert_jax.evaluation import glue_merge
 from crossbert_jax.evaluation import glue_run
 from crossbert_jax.evaluation import glue_table
 from crossbert_jax.evaluation import pooler as pooler_lib
@@ -82,7 +83,9 @@ def _define_flags() -> None:
       "benchmark", "", "glue: frozen GLUE by name (the Hub, the datasets cache, a copy in the Hub's "
       "layout or the shared files in --data_dir), resumable per task, table in --output_dir.")
   flags.DEFINE_integer("probe_seeds", 3, "--benchmark: probe seeds (each its own validation slice): mean and spread.")
-  flags.DEFINE_string("output_dir", "glue_results", "--benchmark: the table and each task's saved result (resume).")
+  flags.DEFINE_string(
+      "output_dir", "", "--benchmark: the table (new columns added to one there) and each task's saved result "
+      "(resume); default <the first --workdir>/glue, or glue_results with only --hf.")
   flags.DEFINE_bool("strict", False, "--benchmark: refuse to start when a task has no data (default: skip it).")
   flags.DEFINE_multi_string(
       "pooler", [], "Pooler folder(s) from crossbert_jax.pooler: adds a '+pooler' column "
@@ -170,8 +173,9 @@ def _models(f, options: embedder_lib.Options) -> list[tuple[str, embedder_lib.Em
   return models
 
 
-def _glue_plan(f) -> tuple[dict[str, str], dict[str, str]]:
-  """--benchmark=glue's checks before any slow work: the flags, the tasks and where each one's data is."""
+def _glue_plan(f) -> tuple[dict[str, str], dict[str, str], str]:
+  """--benchmark=glue's checks before any slow work: the flags, the tasks, where each one's data is, and the
+  output folder (returned)."""
   if f.benchmark.lower() != "glue":
     raise UserError(f"--benchmark={f.benchmark!r}: evaluate runs only glue (frozen GLUE); MTEB benchmarks run "
                     "with python -m crossbert_jax.mteb_eval --benchmark=...")
@@ -180,33 +184,64 @@ def _glue_plan(f) -> tuple[dict[str, str], dict[str, str]]:
     raise UserError(f"--benchmark=glue writes its table into --output_dir: drop --{ignored[0]}, or run it separately")
   if f.probe_seeds < 1:
     raise UserError(f"--probe_seeds={f.probe_seeds}: use at least 1")
-  sources, skipped = glue_data.checked_plan(glue.parse_tasks(f.tasks or "all"), f.data_dir, f.strict)
+  sources, skipped = glue_data.checked_plan(glue.parse_tasks(f.tasks), f.data_dir, f.strict)
   inputs = [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf] + \
            ([("--data_dir", f.data_dir)] if f.data_dir else [])
-  outputs.check_added_to(f.output_dir, "--output_dir", inputs, writes_inside=True)
-  return sources, skipped
+  output_dir = _glue_output_dir(f)
+  if f.output_dir or not f.workdir:  # The default in the run sits inside an input on purpose.
+    outputs.check_added_to(output_dir, "--output_dir", inputs, writes_inside=True)
+  return sources, skipped, output_dir
+
+
+def _glue_output_dir(f) -> str:
+  """--output_dir, or its default: <the first --workdir>/glue (beside the run's own table; refused when the run
+  cannot be written), or ./glue_results when only --hf models are scored."""
+  if f.output_dir:
+    return f.output_dir
+  if not f.workdir:
+    return "glue_results"
+  out = str(epath.Path(f.workdir[0]) / "glue")
+  if "://" not in out:
+    folder = epath.Path(out)
+    while not folder.exists() and folder != folder.parent:
+      folder = folder.parent
+    if not os.access(folder, os.W_OK):
+      raise UserError(f"--output_dir defaults to {out}, in the run, which cannot be written: give --output_dir")
+  return out
 
 
 def _glue(f, options: embedder_lib.Options) -> None:
   """--benchmark=glue: every model on the GLUE tasks with data, resumable per task; the table in --output_dir
   and, per --workdir, in the run (glue_table.*, and eval_results.json for the export's model card)."""
-  sources, skipped = _glue_plan(f)
+  sources, skipped, output_dir = _glue_plan(f)
   tasks = {n: glue_data.load(n, s, f.data_dir) for n, s in sources.items()}  # Bad files: refused before models.
+  for task in tasks.values():  # A subset left with one class: refused before models too.
+    glue_run.subset(task, f.max_examples, f.seed)
   labels = {n: glue_data.source_label(s, f.data_dir) for n, s in sources.items()}
   settings = {
       "benchmark": "glue", "hub_revision": glue.HUB_REVISION, "sources": labels, "layers": list(options.layers),
       "pooling": options.pooling, "pair_mode": options.pair_mode, "max_length": options.max_length,
       "max_examples": f.max_examples, "seed": f.seed, "probe_seeds": f.probe_seeds}
-  digest, out_dir = glue_run.settings_digest(settings), epath.Path(f.output_dir)
-  results, models = {}, _models(f, options)
-  with outputs.removed_unless_written(f.output_dir):
+  digest, out_dir = glue_run.settings_digest(settings), epath.Path(output_dir)
+  earlier = glue_merge.read(out_dir, settings)  # Another settings' table: refused before models load.
+  models = _models(f, options)
+  columns = glue_merge.labels(earlier, [(l, m.identity, s) for l, m, _, _, s in models])
+  models = [(c, *m[1:]) for c, m in zip(columns, models)]
+  results, files = {}, {}
+  with outputs.removed_unless_written(output_dir):
     for label, model, cache_dir, _, _ in models:
-      folder = out_dir / "tasks" / glue_run.column_key(label, model.identity) / digest
+      key = glue_run.column_key(label, model.identity)
+      folder = out_dir / "tasks" / key / digest
       print(f"{label}: {folder}", flush=True)
       results[label] = glue_run.run_model(model, sources, folder, load=lambda n, _: tasks[n], seeds=f.probe_seeds,
                                           max_examples=f.max_examples, data_seed=f.seed, cache_dir=cache_dir,
                                           force=f.force)
-  table = glue_table.summary(results, skipped, labels, settings)
+      files[label] = {n: f"{key}/{digest}/{n}.json" for n in results[label]}
+  identities = {label: model.identity for label, model, _, _, _ in models}
+  results, table_models, settings = glue_merge.merged(out_dir, earlier, results, files, identities, settings,
+                                                      f.probe_seeds)
+  labels = settings["sources"]
+  table = glue_table.summary(results, skipped, labels, settings, table_models)
   js, md = glue_table.write(out_dir, table)
   print(glue_table.markdown(table), flush=True)
   print(f"wrote {js} and {md}", flush=True)

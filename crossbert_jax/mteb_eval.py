@@ -104,6 +104,8 @@ def _task_plan(f) -> tuple[list, mteb_run.TaskPlan]:
     print(mteb_run.summary_line(task_plan), flush=True)
   if not task_plan.tasks:
     raise UserError("no task can run: none has local data in --data_dir and the Hub is unreachable")
+  if note := mteb_run.superseded_note(task_plan.tasks, f.benchmark):
+    print(note, flush=True)
   return tasks, task_plan
 
 

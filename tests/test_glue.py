@@ -170,7 +170,9 @@ def test_offline_from_the_datasets_cache(hub_copy, tmp_path):
 def test_a_damaged_parquet_file_is_one_line(tmp_path, shared_data):
   write_hub_copy(shared_data, tmp_path / "copy", ("rte",))
   (tmp_path / "copy" / "rte" / "train-00000-of-00001.parquet").write_bytes(b"not parquet")
-  with pytest.raises(UserError, match="rte/ could not be read as parquet .*; copy the files again from nyu-mll/glue$"):
+  with pytest.raises(
+      UserError, match="rte/train-00000-of-00001.parquet is not a readable parquet file .*; copy it again from "
+      "nyu-mll/glue$"):
     glue_data.from_local_copy(glue.TASKS["rte"], str(tmp_path / "copy"))
 
 

@@ -65,10 +65,16 @@ ROW_TITLES = {
 STSB_RANGE = (0.0, 5.0)
 
 
-def parse_tasks(text: str) -> list[str]:
-  """'all' / '' -> every task; 'cola,rte' -> those, in GLUE's order; an unknown name is refused."""
-  names = [t.strip().lower() for t in (text or "").split(",") if t.strip()]
-  if not names or names == ["all"]:
+def parse_tasks(text: str | None) -> list[str]:
+  """None (no --tasks) / 'all' -> every task; 'cola,rte' -> those, in GLUE's order; an unknown name, or a
+  --tasks that names nothing ('' or ','), is refused."""
+  if text is None:
+    return list(TASKS)
+  names = [t.strip().lower() for t in text.split(",") if t.strip()]
+  if not names:
+    raise UserError(f"--tasks={text!r} names no task: give GLUE tasks ({','.join(TASKS)}) or all, or drop --tasks "
+                    "for the whole benchmark")
+  if names == ["all"]:
     return list(TASKS)
   for n in names:
     if n not in TASKS:

@@ -9,8 +9,10 @@
 A task found nowhere is skipped (named in one line), or refused under --strict.
 """
 
+import contextlib
 import glob
 import os
+from typing import Iterator
 
 import numpy as np
 from etils import epath
@@ -45,11 +47,21 @@ def hub_cached(config: str) -> bool:
   return bool(glob.glob(os.path.join(root, "*", "*", "dataset_info.json")))
 
 
-def _split(task: glue.GlueTask, ds, split: str, where: str) -> eval_tasks.Split:
+def _split(task: glue.GlueTask, ds, split: str, where: str, files: list[str] | None = None) -> eval_tasks.Split:
+  """One split's texts and labels; `files`: the local copy's parquet files of the split (to name a bad row's)."""
   missing = [c for c in task.columns + ("label",) if c not in ds.column_names]
   if missing:
     raise UserError(f"{where}: {task.config} {split} has no column {missing[0]!r} (columns: "
                     f"{', '.join(ds.column_names)}); give nyu-mll/glue's parquet files as the Hub has them")
+  if not len(ds):
+    raise UserError(f"{where}: {task.config} {split} has no rows; give nyu-mll/glue's files as the Hub has them")
+  for column in task.columns + ("label",):
+    values = ds[column]
+    row = next((i for i, v in enumerate(values) if v is None), None)
+    if row is not None:  # str(None) would be embedded as the text "None".
+      at = _file_row(files, row) if files else f"{task.config} {split} row {row}"
+      raise UserError(f"{where}: {at} has no {column!r} (null): GLUE has none; copy the file again from "
+                      f"{glue.HUB_REPO}, or drop that row")
   labels = np.asarray(ds["label"], np.float32 if not task.num_classes else np.float64)
   glue.check_labels(task, split, labels, where)
   labels = labels if not task.num_classes else labels.astype(np.int64)
@@ -58,15 +70,35 @@ def _split(task: glue.GlueTask, ds, split: str, where: str) -> eval_tasks.Split:
   return eval_tasks.Split(texts, labels, pairs)
 
 
-def _task(task: glue.GlueTask, splits: dict[str, eval_tasks.Split], note: str = "") -> eval_tasks.Task:
-  """Our Task: fitted on train, scored on the dev split(s); without train, cross-validation on dev."""
+def _file_row(files: list[str], row: int) -> str:
+  """'<config>/<file> row N': the parquet file holding the split's row `row`, and its row there."""
+  import pyarrow.parquet as pq  # Local: with datasets.
+
+  for f in files:
+    n = pq.ParquetFile(f).metadata.num_rows
+    if row < n:
+      return f"{epath.Path(f).name} row {row}"
+    row -= n
+  return f"{files[-1]} row {row}"  # Not reached: the rows came from these files.
+
+
+def _task(task: glue.GlueTask, splits: dict[str, eval_tasks.Split], where: str, note: str = "") -> eval_tasks.Task:
+  """Our Task: fitted on train, scored on the dev split(s); without train, cross-validation on dev.
+
+  A classification task whose fitted split has one class is refused (no probe can be fitted to it)."""
   kind = eval_tasks.REGRESSION if not task.num_classes else (
       eval_tasks.PAIR_CLASSIFICATION if task.is_pair else eval_tasks.CLASSIFICATION)
   metrics = (task.select,) + tuple(m for m in task.metrics if m != task.select)
   if "train" in splits:
-    return eval_tasks.Task(task.name, kind, metrics, splits, "train", tuple(s for _, s in task.rows), note)
-  (dev,) = [s for _, s in task.rows]  # Only single-row tasks can lose train (checked by the callers).
-  return eval_tasks.Task(task.name, kind, metrics, splits, dev, (), "; ".join(n for n in (note, CV_NOTE) if n))
+    out = eval_tasks.Task(task.name, kind, metrics, splits, "train", tuple(s for _, s in task.rows), note)
+  else:
+    (dev,) = [s for _, s in task.rows]  # Only single-row tasks can lose train (checked by the callers).
+    out = eval_tasks.Task(task.name, kind, metrics, splits, dev, (), "; ".join(n for n in (note, CV_NOTE) if n))
+  classes = np.unique(splits[out.fit].labels)
+  if task.num_classes and len(classes) < 2:
+    raise UserError(f"{where}: {task.config} {out.fit} has one class (every label is {int(classes[0])}), which no "
+                    f"probe can be fitted to; give {glue.HUB_REPO}'s {out.fit} split whole")
+  return out
 
 
 def local_copy_files(task: glue.GlueTask, data_dir: str) -> dict[str, list[str]]:
@@ -91,12 +123,57 @@ def from_local_copy(task: glue.GlueTask, data_dir: str) -> eval_tasks.Task:
   if "train" not in files and len(task.rows) > 1:
     raise UserError(f"{where}: {task.config}/train-*.parquet is missing; copy it from {glue.HUB_REPO}")
   datasets.disable_progress_bars()  # Local files: no download to follow, and quiet logs.
+  for split, paths in files.items():
+    _check_files(task, split, paths, where)
+  splits = {}
+  for split, paths in files.items():  # One split at a time: splits may differ in their other columns.
+    with _datasets_quiet():
+      try:
+        loaded = datasets.load_dataset("parquet", data_files={split: paths}, split=split)
+      except Exception as e:  # A damaged or foreign file: datasets / pyarrow raise many types.  # noqa: BLE001
+        cause = e.__cause__ or e.__context__ or e  # DatasetGenerationError wraps the real fault.
+        raise UserError(f"{where}: {task.config}/{split}-*.parquet could not be read ({type(cause).__name__}: "
+                        f"{' '.join(str(cause).split())[:160]}); copy the files again from {glue.HUB_REPO}") from None
+    splits[split] = _split(task, loaded, split, f"{where}/{task.config}", paths)
+  return _task(task, splits, f"{where}/{task.config}")
+
+
+def _check_files(task: glue.GlueTask, split: str, paths: list[str], where: str) -> None:
+  """Each parquet file of a split readable, with the task's columns, and the split not empty: one line naming
+  the file and the fault, before datasets reads them (its errors blame the format, over many lines)."""
+  import pyarrow.parquet as pq  # Local: with datasets.
+
+  rows = 0
+  for path in paths:
+    name = f"{task.config}/{epath.Path(path).name}"
+    try:
+      meta = pq.ParquetFile(path).metadata
+    except Exception as e:  # pyarrow raises ArrowInvalid, OSError...  # noqa: BLE001
+      raise UserError(f"{where}: {name} is not a readable parquet file ({type(e).__name__}: "
+                      f"{' '.join(str(e).split())[:120]}); copy it again from {glue.HUB_REPO}") from None
+    columns = meta.schema.to_arrow_schema().names
+    missing = [c for c in task.columns + ("label",) if c not in columns]
+    if missing:
+      raise UserError(f"{where}: {name} has no column {missing[0]!r} (columns: {', '.join(columns)}); give "
+                      f"{glue.HUB_REPO}'s parquet files as the Hub has them")
+    rows += meta.num_rows
+  if not rows:
+    raise UserError(
+        f"{where}: {task.config}/{split}-*.parquet has no rows ({', '.join(epath.Path(p).name for p in paths)}"
+        f"); copy the files again from {glue.HUB_REPO}")
+
+
+@contextlib.contextmanager
+def _datasets_quiet() -> Iterator[None]:
+  """datasets' own error lines (its handler and absl's, one fault over many lines) off: our one line says it."""
+  import datasets  # Local: slow to import.
+
+  level = datasets.logging.get_verbosity()
+  datasets.logging.set_verbosity(datasets.logging.CRITICAL + 1)
   try:
-    loaded = datasets.load_dataset("parquet", data_files=files)
-  except Exception as e:  # A damaged or foreign file: datasets / pyarrow raise many types.  # noqa: BLE001
-    raise UserError(f"{where}: {task.config}/ could not be read as parquet ({type(e).__name__}: "
-                    f"{' '.join(str(e).split())[:160]}); copy the files again from {glue.HUB_REPO}") from None
-  return _task(task, {s: _split(task, loaded[s], s, f"{where}/{task.config}") for s in files})
+    yield
+  finally:
+    datasets.logging.set_verbosity(level)
 
 
 def from_hub(task: glue.GlueTask) -> eval_tasks.Task:
@@ -112,7 +189,7 @@ def from_hub(task: glue.GlueTask) -> eval_tasks.Task:
   missing = [s for s in task.splits if s not in loaded]
   if missing:
     raise UserError(f"{where}: {task.config} has no split {missing[0]!r}; give --data_dir a local copy")
-  return _task(task, {s: _split(task, loaded[s], s, where) for s in task.splits})
+  return _task(task, {s: _split(task, loaded[s], s, where) for s in task.splits}, where)
 
 
 def from_readers(task: glue.GlueTask, data_dir: str) -> eval_tasks.Task | None:
@@ -127,7 +204,7 @@ def from_readers(task: glue.GlueTask, data_dir: str) -> eval_tasks.Task | None:
   splits = {ours: read.splits[theirs] for ours, theirs in names.items()}
   for name, split in splits.items():
     glue.check_labels(task, name, split.labels, f"--data_dir {data_dir}")
-  return _task(task, splits, note)
+  return _task(task, splits, f"--data_dir {data_dir}", note)
 
 
 def plan(names: list[str], data_dir: str, online: bool | None = None) -> tuple[dict[str, str], dict[str, str]]:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 from etils import epath
 
+from crossbert_jax.core.errors import UserError
 from crossbert_jax.evaluation import embedder as embedder_lib
 from crossbert_jax.evaluation import glue
 from crossbert_jax.evaluation import probes
@@ -124,13 +125,52 @@ def _write_json(path: epath.Path, obj: Any) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.parent / (path.name + ".tmp")
   tmp.write_text(json.dumps(obj, indent=1, default=_json_default) + "\n")
-  tmp.rename(path)
+  tmp.replace(path)  # Over an earlier result (--force) too; rename refuses an existing target.
 
 
 def _json_default(value):
   if isinstance(value, np.generic):
     return value.item()
   raise TypeError(f"not JSON serialisable: {type(value)}")
+
+
+def read_saved(path: epath.Path, name: str, seeds: int, log: Callable[[str], None] = print,
+               then: str = "") -> dict | None:
+  """The task's saved result at `path`, or None when there is none or it is damaged (truncated, empty,
+  not this task's, rows or seeds missing): then one warning line ending in `then` (default: it runs again)."""
+  if not path.exists():
+    return None
+  try:
+    saved = json.loads(path.read_text())
+    ok = _complete(saved, name, seeds)
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    ok, why = False, f"{type(e).__name__}: {' '.join(str(e).split())[:80]}"
+  else:
+    why = "not a complete result of this task"
+  if ok:
+    return saved
+  log(f"warning: {path} is damaged ({why}); {then or f'running {name} again'}")
+  return None
+
+
+def _complete(saved: Any, name: str, seeds: int) -> bool:
+  """Whether `saved` is a whole result of task `name`: every row, probe and metric with a score per seed."""
+  if not (isinstance(saved, dict) and saved.get("task") == name and isinstance(saved.get("sizes"), dict)):
+    return False
+  spec = glue.TASKS[name]
+  cells = [saved["rows"][row][p][m] for row, _ in spec.rows for p in PROBES for m in spec.metrics]
+  return all(len(c) == seeds and all(isinstance(v, (int, float)) for v in c) for c in cells)
+
+
+def subset(task: eval_tasks.Task, max_examples: int, seed: int) -> eval_tasks.Task:
+  """The task with each split cut to a seeded subset of `max_examples` rows (0: all); a classification task
+  whose fitted split is left with one class is refused (no probe can be fitted to it)."""
+  splits = {s: v.subset(max_examples, seed) for s, v in task.splits.items()}
+  task = eval_tasks.Task(task.name, task.kind, task.metrics, splits, task.fit, task.scored, task.note)
+  if task.kind != eval_tasks.REGRESSION and len(np.unique(splits[task.fit].labels)) < 2:
+    raise UserError(f"--max_examples={max_examples} leaves {task.name} {task.fit} with one class "
+                    f"({splits[task.fit].labels[0]}), which no probe can be fitted to: raise --max_examples or use 0")
+  return task
 
 
 def run_model(emb: embedder_lib.Embedder, plan: dict[str, str], folder: epath.Path, *,
@@ -140,21 +180,20 @@ def run_model(emb: embedder_lib.Embedder, plan: dict[str, str], folder: epath.Pa
 
   A progress line per task: its score, texts embedded, tokens/s, time and an ETA from the tasks run so far.
   """
-  todo = [force or not (folder / f"{n}.json").exists() for n in plan]
+  saved = {n: None if force else read_saved(folder / f"{n}.json", n, seeds, log) for n in plan}
+  todo = [saved[n] is None for n in plan]
   out, spent, done = {}, 0.0, 0
   texts0, tokens0, seconds0 = emb.sentences_seen, getattr(emb, "tokens_seen", 0), emb.seconds
   for i, (name, source) in enumerate(plan.items(), 1):
     path = folder / f"{name}.json"
     start, seen, tokens = time.perf_counter(), emb.sentences_seen, getattr(emb, "tokens_seen", 0)
     if todo[i - 1]:
-      task = load(name, source)
-      task = eval_tasks.Task(task.name, task.kind, task.metrics,
-                             {s: v.subset(max_examples, data_seed) for s, v in task.splits.items()}, task.fit,
-                             task.scored, task.note)
+      task = subset(load(name, source), max_examples, data_seed)
       result = run_task(emb, task, glue.TASKS[name], seeds=seeds, cache_dir=cache_dir)
       _write_json(path, {"task": name, "source": source, **result})
       spent, done = spent + time.perf_counter() - start, done + 1
-    out[name] = json.loads(path.read_text())  # Read back: a resumed run's table is the same bitwise.
+    # Read back: a resumed run's table is the same bitwise.
+    out[name] = json.loads(path.read_text()) if todo[i - 1] else saved[name]
     seconds = time.perf_counter() - start
     texts, toks = emb.sentences_seen - seen, getattr(emb, "tokens_seen", 0) - tokens
     left = sum(todo[i:])

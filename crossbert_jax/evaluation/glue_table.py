@@ -21,8 +21,10 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def summary(results: dict[str, dict[str, dict]], skipped: dict[str, str], sources: dict[str, str],
-            settings: dict[str, Any]) -> dict[str, Any]:
-  """The table as a dict. results: {column: {task: run_model's saved result}}."""
+            settings: dict[str, Any], models: dict[str, dict] | None = None) -> dict[str, Any]:
+  """The table as a dict. results: {column: {task: run_model's saved result}}; models: {column: the model and
+  its result files} (glue_merge.py)."""
+  skipped = {t: why for t, why in skipped.items() if not any(t in by_task for by_task in results.values())}
   rows: dict[str, Any] = {}
   per_seed: dict[str, dict[str, dict[str, list[float]]]] = {c: {p: {} for p in ("linear", "knn")} for c in results}
   for name, task in glue.TASKS.items():
@@ -45,7 +47,7 @@ def summary(results: dict[str, dict[str, dict]], skipped: dict[str, str], source
       rows[row] = entry
   return {
       "benchmark": "glue", "settings": settings, "columns": list(results), "rows": rows,
-      "average": {c: _averages(per_seed[c]) for c in results}, "skipped": skipped}
+      "average": {c: _averages(per_seed[c]) for c in results}, "skipped": skipped, "models": models or {}}
 
 
 def _averages(by_probe: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
@@ -107,7 +109,9 @@ def write(folder: epath.Path, table: dict[str, Any], name: str = "glue_table") -
 def column_table(table: dict[str, Any], column: str) -> dict[str, Any]:
   """The table restricted to one column (what is written into that run's workdir)."""
   rows = {r: {**e, "scores": {c: v for c, v in e["scores"].items() if c == column}} for r, e in table["rows"].items()}
-  return {**table, "columns": [column], "rows": rows, "average": {column: table["average"][column]}}
+  return {
+      **table, "columns": [column], "rows": rows, "average": {column: table["average"][column]},
+      "models": {c: m for c, m in table.get("models", {}).items() if c == column}}
 
 
 def card_scores(table: dict[str, Any], column: str) -> dict[str, float]:

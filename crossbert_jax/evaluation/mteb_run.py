@@ -7,11 +7,14 @@ dataset repository. The rest are skipped, named in one line before any work. Eac
 a rerun loads those files ("only-missing") instead of embedding again, `force` redoes them.
 """
 
+import contextlib
 import dataclasses
+import logging
 import os
 import socket
 import time
-from typing import Callable
+import warnings
+from typing import Callable, Iterator
 
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.evaluation import mteb_data
@@ -90,6 +93,39 @@ def plan(tasks: list, data_dir: str, online: bool | None = None) -> TaskPlan:
   return out
 
 
+SUPERSEDED = "is superseded by"
+
+
+def superseded_note(tasks: list, benchmark: str) -> str:
+  """The one line naming the tasks mteb marks superseded, when named by --tasks (empty under --benchmark:
+  the benchmark fixes its tasks, so mteb's advice to switch is noise there, as mteb's own words say)."""
+  old = [(t.metadata.name, t.superseded_by) for t in tasks if getattr(t, "superseded_by", None)]
+  if benchmark or not old:
+    return ""
+  names = ", ".join(f"{name} superseded (by {new})" for name, new in old)
+  return (f"note: mteb marks {names}: name the newer task in --tasks, unless you compare with scores of the "
+          "older one")
+
+
+class _DropSuperseded(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    return SUPERSEDED not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _superseded_quiet() -> Iterator[None]:
+  """mteb's superseded warning off (a log line and a UserWarning at every evaluate call, so twice per model and
+  task): mteb_eval says it once, before any work (superseded_note)."""
+  logger, drop = logging.getLogger("mteb.abstasks.abstask"), _DropSuperseded()
+  logger.addFilter(drop)
+  try:
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", message=f".*{SUPERSEDED}", category=UserWarning)
+      yield
+  finally:
+    logger.removeFilter(drop)
+
+
 def _result_exists(cache, encoder, name: str) -> bool:
   return cache.get_task_result_path(name, encoder.name, encoder.revision).is_file()
 
@@ -110,8 +146,9 @@ def run_tasks(encoder, task_plan: TaskPlan, cache, *, force: bool,
     name = task.metadata.name
     seen, tokens, start = emb.sentences_seen, getattr(emb, "tokens_seen", 0), time.perf_counter()
     try:
-      result = mteb.evaluate(encoder, task, cache=cache, overwrite_strategy="always" if force else "only-missing",
-                             show_progress_bar=False, raise_error=True)
+      with _superseded_quiet():
+        result = mteb.evaluate(encoder, task, cache=cache, overwrite_strategy="always" if force else "only-missing",
+                               show_progress_bar=False, raise_error=True)
     except UserError:
       raise
     except Exception as e:  # A Hub task mteb cannot load (offline cache gaps): named, the run goes on.  # noqa: BLE001
