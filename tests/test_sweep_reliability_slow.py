@@ -6,6 +6,7 @@ line; the first driver's wall time stays its own)."""
 import json
 import os
 import pathlib
+import re
 import signal
 import time
 
@@ -16,6 +17,18 @@ from tests import ray_cluster
 from tests.helpers import ROOT, run_module
 from tests.test_sweep_ray import XS, _rows, _spec, _trainer, _wait_for_checkpoint
 import fault_inject_sweep  # noqa: E402  pylint: disable=g-import-not-at-top  (tools/, on sys.path via test_sweep_ray)
+
+
+def _long_spec(tmp_path) -> str:
+  """The tiny WSD spec of test_sweep_ray with 10x the FLOPs (~430 stable steps) and a checkpoint every 20
+  steps: the trainer is still training when the signal comes."""
+  path = pathlib.Path(_spec(tmp_path, XS.replace("flops=[1e9]", "flops=[1e10]"), "long.py"))
+  path.write_text(path.read_text().replace('"checkpoint.every_steps": 2', '"checkpoint.every_steps": 20'))
+  return str(path)
+
+
+def _saved(workdir: pathlib.Path) -> int:
+  return max((int(p.name) for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()), default=0)
 
 
 def _sweep(spec: str, root: pathlib.Path, *args: str, wait: bool = True):
@@ -34,17 +47,21 @@ def test_sigterm_and_ctrl_c_to_the_ray_driver_save_every_trainer_and_exit_75(tmp
   one `stopped:` line, the trainer saved (exit 75, no partial checkpoint) and is gone, the attempt is
   closed as "stopped" (not left "running"), and a rerun resumes from the saved step.
   Before: rc 1 within 2 s (`SystemError` from ray.wait), the trainer killed mid-save."""
-  spec_file = _spec(tmp_path, XS, "xs.py")
+  spec_file = _long_spec(tmp_path)
   root = tmp_path / "root"
   fault_inject_sweep.train_tokenizer(root, spm_model)
   stable = root / "runs" / "xs__bert_r15__s0__stable"
   cluster = ray_cluster.LocalCluster(tmp_path, num_cpus=2)
   args = ("--executor=ray", f"--ray_address={cluster.address}")
   try:
+    saved, deadline = 0, time.time() + 900
     for sig, attempt in ((signal.SIGTERM, 1), (signal.SIGINT, 2)):
       proc = _sweep(spec_file, root, *args, wait=False)
       trainer = _wait_for_checkpoint(stable, proc)
-      before = max(_rows(stable), default=0)
+      while _saved(stable) <= saved:  # This attempt's own first save: its trainer is past startup.
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.5)
+      before = _saved(stable)
       proc.send_signal(sig)
       out, err = proc.communicate(timeout=300)
       assert proc.returncode == 75, f"{sig.name}: rc {proc.returncode}\n{out[-2000:]}\n{err[-3000:]}"
@@ -57,8 +74,9 @@ def test_sigterm_and_ctrl_c_to_the_ray_driver_save_every_trainer_and_exit_75(tmp
       attempts = json.loads((stable / "sweep_wall.json").read_text())["attempts"]
       assert [a["outcome"] for a in attempts] == ["stopped"] * attempt, attempts
       assert "host 0: exit 75" in attempts[-1]["cause"] and sig.name in attempts[-1]["cause"], attempts[-1]
-      saved = max(int(p.name) for p in (stable / "checkpoints").glob("*") if p.name.isdigit())
-      assert saved >= before, (saved, before)
+      saved = _saved(stable)
+      stop_step = int(re.search(r"SIGTERM received: saving step (\d+)", log).group(1))
+      assert saved == stop_step >= before and (stable / "checkpoints" / str(saved)).is_dir(), (saved, stop_step)
     again = _sweep(spec_file, root, *args)
   finally:
     cluster.stop()
@@ -75,7 +93,7 @@ def test_a_second_driver_on_the_same_root_is_refused_in_one_line(tmp_path, spm_m
   nothing: the first driver's attempt is not marked "interrupted" and its wall time stays its own.
   Before: the second driver started the same run (refused by the workdir lock, exit 2) and rewrote
   the run's sweep_wall.json. The lease of a driver killed with -9 does not block the next one."""
-  spec_file = _spec(tmp_path, XS, "xs.py")
+  spec_file = _long_spec(tmp_path)
   root = tmp_path / "root"
   fault_inject_sweep.train_tokenizer(root, spm_model)
   stable = root / "runs" / "xs__bert_r15__s0__stable"

@@ -350,21 +350,26 @@ class Driver:
                f"waiting up to {ray_host.STOP_GRACE_S:.0f} s for their checkpoints")
       ray.wait(list(hosts), num_returns=len(hosts), timeout=ray_host.STOP_GRACE_S)
     for r in live:
-      exits = []
+      rcs, exits = [], []
       for ref, what in r.refs.items():
         if what != "ready" and what[0] == "host":
           try:
-            exits.append(f"host {what[1]}: exit {ray.get(ref, timeout=0)['rc']}")
+            rcs.append(ray.get(ref, timeout=0)["rc"])
+            exits.append(f"host {what[1]}: exit {rcs[-1]}")
           except Exception as e:  # noqa: BLE001 - a cancelled, lost or still running host task: say which.
             exits.append(f"host {what[1]}: {type(e).__name__}")
         elif what != "ready":  # A zero-CPU "where" task: nothing to save.
           ray.cancel(ref, force=True)
+      finished = len(rcs) + len(r.ended) == r.p.hosts and not any(rcs) and not any(r.ended.values())
+      if r.record.attempts and r.record.attempts[-1].get("outcome") == "running":
+        if finished and _last_step(self._dir(r)) >= r.p.run.end_step:  # It ended before the stop reached it.
+          self._end_attempt(r, "done", "exit 0")
+          continue
+        r.record.end("stopped", f"{why} ({', '.join(exits) or 'no trainer yet'}); resumes from its checkpoint")
       r.refs = {}
       if r.pg is not None:
         remove_placement_group(r.pg)
         r.pg = None
-      if r.record.attempts and r.record.attempts[-1].get("outcome") == "running":
-        r.record.end("stopped", f"{why} ({', '.join(exits) or 'no trainer yet'}); resumes from its checkpoint")
       r.state = "queued"
 
 
