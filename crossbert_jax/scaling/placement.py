@@ -77,7 +77,7 @@ def check_spec(spec: dict) -> None:
 
 
 def placements(spec: dict, runs: list[plan_lib.Run]) -> list[Placement]:
-  """Every run's placement, in plan order; UserError for hosts that do not divide a run's batch."""
+  """Every run's placement, in plan order; UserError for a batch its hosts or devices cannot split."""
   out = []
   for run in runs:
     size = spec["sizes"][run.size]

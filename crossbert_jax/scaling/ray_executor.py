@@ -14,7 +14,8 @@ the cluster has room; a WSD branch starts when its stable run is done.
 
 The driver holds no state the root does not: a run is done when ROOT/runs/<name>/sweep_done.json
 exists. Killed, its tasks and placement groups die with its Ray job; the same command again
-restarts the unfinished runs from their checkpoints and skips the finished ones.
+restarts the unfinished runs from their checkpoints and skips the finished ones. Stopped (SIGTERM,
+Ctrl-C: `Driver.stop`), it first has every trainer save and records those attempts as "stopped".
 """
 
 import dataclasses
