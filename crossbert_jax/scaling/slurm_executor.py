@@ -7,8 +7,10 @@ on exit 75) and is submitted with `sbatch --parsable`; a WSD branch with
 itself, and jax.distributed.initialize() reads the coordinator, process count and id from the
 SLURM environment. The job writes its trainer's exit status to slurm_exit.json and, on exit 0,
 sweep_done.json. The submitted job id is kept in slurm_job.json: the same command again submits
-nothing that is queued or running (re-attach; a failed squeue stops it, submitting nothing), skips finished runs, resubmits the others (a
-resumable stop), and names the runs that ended with exit 2 (user errors) instead of resubmitting.
+nothing that is queued or running (re-attach; a failed squeue stops it, submitting nothing), skips
+finished runs, resubmits the others (a resumable stop), and names the runs that ended with exit 2
+(user errors) instead of resubmitting. Only whole CPUs and GPUs per node are expressed: a size
+with other resources or a TPU slice is refused (check_placements), as is a machine without sbatch.
 """
 
 import functools
