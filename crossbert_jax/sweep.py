@@ -19,6 +19,7 @@ from absl import app, flags
 
 from crossbert_jax.core.errors import (EXIT_STOPPED, UserError, exit_on_user_error, no_positional, parse_flags_or_exit,
                                        require)
+from crossbert_jax.scaling import lease
 from crossbert_jax.scaling import placement
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling import spec as spec_lib
@@ -70,20 +71,29 @@ def main(argv):
   else:
     print(f"total cost: {cost:.3g} FLOPs in {len(runs)} independent runs")
   places = placement.placements(spec, runs) if executor != "local" else []
+  if executor == "slurm":
+    from crossbert_jax.scaling import slurm_executor  # pylint: disable=g-import-not-at-top
+    slurm_executor.check_placements(places)
+    if not _DRY_RUN.value:
+      slurm_executor.check_tools()
   if _DRY_RUN.value:  # What the real run would say of the root's plan (a refusal is the same line).
     if added := plan_lib.check_plan(root, spec, runs, _SPEC.value):
       print(f"would extend the root's plan: {added} new run(s); its {len(runs) - added} runs are unchanged")
     if executor != "local":
       print("\n".join(placement.plan_lines(places, executor, spec)))
     if executor == "slurm":
-      from crossbert_jax.scaling import slurm_executor  # pylint: disable=g-import-not-at-top
       slurm_executor.submit(places, spec, root, os.getcwd(), sys.executable, dry_run=True)
     return
   if executor != "local":
     _run_on_cluster(executor, spec, runs, places, root)
     return
-  if added := plan_lib.save_plan(root, spec, runs, _SPEC.value):
-    print(f"plan extended: {added} new run(s); the root's {len(runs) - added} runs are unchanged")
+  with lease.hold(root):
+    _run_here(spec, runs, root)
+
+
+def _run_here(spec: dict, runs: list, root: pathlib.Path) -> None:
+  """--executor=local: every run here, one after another (the driver's lease held)."""
+  _save(root, spec, runs)
 
   def stop_between_runs(signum, _):  # While a trainer runs, the runner forwards the signal to it instead.
     raise runner.Stopped(f"{signal.Signals(signum).name} received between runs; rerun the same sweep command to resume")
@@ -102,31 +112,47 @@ def _run_on_cluster(executor: str, spec: dict, runs: list, places: list, root: p
   """--executor=ray|slurm: refuses what the cluster cannot run before starting anything, then dispatches."""
   if executor == "slurm":
     from crossbert_jax.scaling import slurm_executor  # pylint: disable=g-import-not-at-top
-    _save(root, spec, runs)
-    runner.ensure_tokenizer(spec, root)
-    failed = slurm_executor.submit(places, spec, root, os.getcwd(), sys.executable)
+    with lease.hold(root):
+      _save(root, spec, runs)
+      runner.ensure_tokenizer(spec, root)
+      failed = slurm_executor.submit(places, spec, root, os.getcwd(), sys.executable)
     _end(
         failed, f"sweep submitted: {len(runs)} runs in {root}; rerun the same command to see which are done "
         "and to resubmit stopped ones")
     return
   from crossbert_jax.scaling import ray_executor  # pylint: disable=g-import-not-at-top
-  address = _RAY_ADDRESS.value or os.environ.get("RAY_ADDRESS") or "auto"
-  ray_executor.connect(address)
+  if _RAY_ADDRESS.value:
+    address, source = _RAY_ADDRESS.value, f"--ray_address={_RAY_ADDRESS.value}"
+  elif env := os.environ.get("RAY_ADDRESS"):
+    address, source = env, f"RAY_ADDRESS={env} (from the environment; --ray_address overrides it)"
+  else:
+    address, source = "auto", "--ray_address=auto (no --ray_address, no RAY_ADDRESS: the cluster on this machine)"
+  ray_executor.connect(address, source)
   ray_executor.check_capacity(places, address)
   ray_executor.check_shared_root(root)
-  _save(root, spec, runs)
-  runner.ensure_tokenizer(spec, root)
-  driver = ray_executor.Driver(spec, places, root, functools.partial(print, flush=True))
+  with lease.hold(root):
+    _drive_ray(ray_executor, spec, runs, places, root)
 
-  def stop(signum, _):
-    raise runner.Stopped(f"{signal.Signals(signum).name} received; rerun the same sweep command to resume")
 
-  signal.signal(signal.SIGTERM, stop)
-  signal.signal(signal.SIGINT, stop)
+def _drive_ray(ray_executor, spec: dict, runs: list, places: list, root: pathlib.Path) -> None:
+  """Trains the tokenizer, then drives every run on the cluster. A stop signal only notes itself (raising in a
+  handler would raise inside Ray's C++ wait); the driver acts on it between waits: SIGTERM to every trainer
+  (each saves), their attempts closed as "stopped", exit 75."""
+  requested: list[str] = []
+  note = lambda signum, _: requested.append(signal.Signals(signum).name)
+  signal.signal(signal.SIGTERM, note)
+  signal.signal(signal.SIGINT, note)
+  driver = None
   try:
+    _save(root, spec, runs)
+    runner.ensure_tokenizer(spec, root)  # Its trainer's stop raises Stopped itself.
+    if requested:
+      raise runner.Stopped(f"{requested[0]} received; rerun the same sweep command to resume")
+    driver = ray_executor.Driver(spec, places, root, functools.partial(print, flush=True), requested)
     failed = driver.drive()
   except runner.Stopped as e:
-    driver.stop()
+    if driver is not None:
+      driver.stop(str(e).split(";")[0])
     print(f"stopped: {e} (exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
     sys.exit(EXIT_STOPPED)
   _end(failed, f"sweep done: {len(runs)} runs in {root}; report: python -m crossbert_jax.report --root={root} "

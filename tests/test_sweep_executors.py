@@ -38,7 +38,7 @@ def _places(tmp_path, **kw):
 
 
 def test_placement_plan_names_hosts_resources_and_order(tmp_path):
-  spec, places = _places(tmp_path, hosts="hosts=2, resources={'CPU': 1, 'GPU': 8}", extra="max_concurrent=3")
+  spec, places = _places(tmp_path, hosts="hosts=2, resources={'CPU': 1, 'GPU': 4}", extra="max_concurrent=3")
   by_name = {p.run.name: p for p in places}
   assert len(places) == 8 and {p.hosts for p in places if p.run.size == "s2"} == {2}
   assert {p.hosts for p in places if p.run.size == "xs"} == {1}
@@ -50,7 +50,7 @@ def test_placement_plan_names_hosts_resources_and_order(tmp_path):
   lines = placement.plan_lines(places, "ray", spec)
   assert "at most 3 at once" in lines[0] and "up to 3 retries" in lines[0], lines[0]
   row = next(l for l in lines if l.startswith("s2__cb_r50_k2__s0__T"))
-  assert re.search(r"\s2\s+CPU:1, GPU:8\s+s2__cb_r50_k2__s0__stable$", row), row
+  assert re.search(r"\s2\s+CPU:1, GPU:4\s+s2__cb_r50_k2__s0__stable$", row), row
   assert lines[-2:] == ["wave 0: 4 run(s) may train at once", "wave 1: 4 run(s) may train at once"]
   # Host i's trainer: the run's own command, then jax.distributed's coordinator, count and id.
   p = by_name["s2__bert_r15__s0__stable"]

@@ -14,6 +14,7 @@ from typing import Any
 
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import plan as plan_lib
+from crossbert_jax.training import sharding
 
 DEFAULT_RETRIES = 3
 EXECUTORS = ("local", "ray", "slurm")
@@ -76,7 +77,7 @@ def check_spec(spec: dict) -> None:
 
 
 def placements(spec: dict, runs: list[plan_lib.Run]) -> list[Placement]:
-  """Every run's placement, in plan order; UserError for hosts that do not divide a run's batch."""
+  """Every run's placement, in plan order; UserError for a batch its hosts or devices cannot split."""
   out = []
   for run in runs:
     size = spec["sizes"][run.size]
@@ -84,12 +85,31 @@ def placements(spec: dict, runs: list[plan_lib.Run]) -> list[Placement]:
     if size.get("slice"):
       hosts, chips = slice_hosts(size["slice"], f"spec sizes[{run.size!r}].slice")
       bundle = dict(size.get("resources") or {"TPU": chips})
-    batch = plan_lib.make_config(run.objective, spec["variant"], run.overrides).train.batch_size
-    if batch % hosts:
-      raise UserError(f"spec sizes[{run.size!r}]: {hosts} hosts do not divide {run.name}'s batch of {batch} "
-                      f"sequences; set train.batch_size to a multiple of {hosts} or change hosts")
+    _check_batch(run, spec, hosts, hosts * devices_per_host(bundle))
     out.append(Placement(run, hosts, bundle, size.get("slice", ""), run.fork_from if run.kind == "branch" else ""))
   return out
+
+
+def devices_per_host(bundle: dict[str, float]) -> int:
+  """JAX devices one host of `bundle` gives a run: its GPUs or TPU chips, else one CPU device."""
+  return max(1, int(bundle.get("GPU", 0)), int(bundle.get("TPU", 0)))
+
+
+def _check_batch(run: plan_lib.Run, spec: dict, hosts: int, devices: int) -> None:
+  """UserError, before anything is queued, for a batch the run's processes and devices cannot split as the
+  trainer requires (training/sharding.check_batch_divisible): batch over hosts, micro-batch over data*fsdp."""
+  c = plan_lib.make_config(run.objective, spec["variant"], run.overrides)
+  where, batch = f"spec sizes[{run.size!r}]", c.train.batch_size
+  if batch % hosts:
+    raise UserError(f"{where}: {hosts} hosts do not divide {run.name}'s batch of {batch} sequences; set "
+                    f"train.batch_size to a multiple of {hosts} or change hosts")
+  shards = math.prod(sharding.mesh_shape(c.mesh, devices)[:2])  # data * fsdp over the run's devices.
+  micro = batch // c.train.grad_accum
+  if micro % shards:
+    raise UserError(f"{where}: {run.name} has {devices} devices ({hosts} host(s) x {devices // hosts}), whose "
+                    f"mesh data*fsdp = {shards} does not divide its micro-batch of {micro} sequences "
+                    f"(train.batch_size / grad_accum); set train.batch_size to a multiple of {shards}, or fewer "
+                    "hosts or devices")
 
 
 def plan_lines(places: list[Placement], executor: str, spec: dict) -> list[str]:

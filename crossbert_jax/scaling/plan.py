@@ -83,11 +83,11 @@ def make_config(objective: str, variant: str, overrides: dict[str, Any]):
   for key, value in overrides.items():
     *parents, leaf = key.split(".")
     node = c
-    for p in parents:
-      node = node[p] if p in node else None
+    for p in parents:  # A key through a leaf ("train.steps.x") names no section: unknown too.
+      node = node[p] if hasattr(node, "keys") and p in node else None
       if node is None:
         break
-    if node is None or leaf not in node:
+    if not hasattr(node, "keys") or leaf not in node:
       raise UserError(f"sweep spec: unknown config key {key!r} (every key: crossbert_jax/core/sections.py)")
     node[leaf] = value
   return c

@@ -14,7 +14,8 @@ the cluster has room; a WSD branch starts when its stable run is done.
 
 The driver holds no state the root does not: a run is done when ROOT/runs/<name>/sweep_done.json
 exists. Killed, its tasks and placement groups die with its Ray job; the same command again
-restarts the unfinished runs from their checkpoints and skips the finished ones.
+restarts the unfinished runs from their checkpoints and skips the finished ones. Stopped (SIGTERM,
+Ctrl-C: `Driver.stop`), it first has every trainer save and records those attempts as "stopped".
 """
 
 import dataclasses
@@ -36,29 +37,50 @@ from crossbert_jax.scaling import attempts as attempts_lib
 from crossbert_jax.scaling import placement as placement_lib
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling import ray_host
+from crossbert_jax.scaling import runner
 
 _POLL_S = 1.0  # The driver's reaction time.
 _TICK_S = 5.0  # How often running attempts' wall times are written.
 _SUMMARY_S = 60.0  # How often the summary line is printed.
 
 
-def connect(address: str) -> None:
-  """Joins the Ray cluster at `address` ("auto": the one on this machine or RAY_ADDRESS), or UserError."""
+def connect(address: str, source: str = "") -> None:
+  """Joins the Ray cluster at `address` ("auto": the one on this machine), or UserError naming `source`
+  (where the address came from: "--ray_address=...", or "RAY_ADDRESS=... (from the environment)")."""
   if ray.is_initialized():
     return
+  source = source or f"--ray_address={address}"
+  advice = "start one with `ray start --head` or pass the head's address (host:6379)"
   hostport = address.split("://", 1)[-1]
-  if address != "auto" and ":" in hostport:
+  if address != "auto" and "://" not in address and ":" in hostport:
     host, port = hostport.rsplit(":", 1)
     try:
       socket.create_connection((host, int(port)), timeout=5).close()
     except (OSError, ValueError) as e:
-      raise UserError(f"--ray_address={address}: no Ray cluster answers there ({e}); start one with "
-                      "`ray start --head` or pass the head's address (host:6379)") from None
+      raise UserError(f"{source}: no Ray cluster answers there ({e}); {advice}") from None
+    if why := _not_ray(hostport):
+      raise UserError(f"{source}: something answers there but not a Ray cluster's GCS ({why}); {advice}")
   try:
     ray.init(address=address, logging_level="WARNING", log_to_driver=False, configure_logging=False)
   except (ConnectionError, RuntimeError, ValueError) as e:
-    raise UserError(f"--ray_address={address}: could not join a Ray cluster ({' '.join(str(e).split())[:200]}); "
-                    "start one with `ray start --head` or pass its address") from None
+    raise UserError(f"{source}: could not join a Ray cluster ({' '.join(str(e).split())[:200]}); {advice}") from None
+
+
+def _not_ray(hostport: str, timeout: float = 10.0) -> str:
+  """'' when a Ray GCS answers at host:port, else why not: one gRPC call (GetClusterId) with a deadline,
+  instead of ray.init's retries (tens of seconds of C++ log lines before its own error)."""
+  import grpc  # pylint: disable=g-import-not-at-top
+  from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc  # pylint: disable=g-import-not-at-top
+
+  with grpc.insecure_channel(hostport) as channel:
+    try:
+      gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(gcs_service_pb2.GetClusterIdRequest(),
+                                                                        timeout=timeout)
+    except grpc.RpcError as e:
+      if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED,
+                      grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+        return f"gRPC {e.code().name} within {timeout:g} s"
+  return ""  # Answered, or refused us as a GCS does (e.g. UNAUTHENTICATED without the cluster's token).
 
 
 def _task_options(bundle: dict[str, float]) -> dict:
@@ -145,8 +167,12 @@ class _Run:
 
 class Driver:
   """Starts, watches and restarts the runs; `drive()` returns the names of the runs that failed."""
-  def __init__(self, spec: dict, places: list[placement_lib.Placement], root: pathlib.Path, log):
+  def __init__(self, spec: dict, places: list[placement_lib.Placement], root: pathlib.Path, log,
+               requested: list[str] | None = None):
     self.spec, self.root, self.log = spec, root, log
+    # Stop requests (signal names), appended by the sweep's signal handler: `drive` raises Stopped at its next
+    # poll. (A handler that raised would raise inside ray.wait's C++ call, which Ray turns into a SystemError.)
+    self.requested = requested if requested is not None else []
     self.cwd = str(pathlib.Path.cwd())
     self.max_retries = spec.get("max_retries", placement_lib.DEFAULT_RETRIES)
     self.cap = spec.get("max_concurrent") or len(places)
@@ -280,6 +306,8 @@ class Driver:
     """Runs every unfinished run to its end; the names of those that failed."""
     last_tick = last_summary = time.time()
     while True:
+      if self.requested:
+        raise runner.Stopped(f"{self.requested[0]} received; rerun the same sweep command to resume")
       active = [r for r in self.runs.values() if r.state in ("placing", "starting", "training")]
       for r in self.runs.values():
         if len(active) >= self.cap:
@@ -310,12 +338,40 @@ class Driver:
     return [f"{r.p.run.name} ({r.cause})" for r in self.runs.values() if r.state == "failed"] + [
         f"{r.p.run.name} (waits for {r.p.after}, which failed)" for r in self.runs.values() if r.state == "queued"]
 
-  def stop(self) -> None:
-    """A stop request: every trainer gets SIGTERM (it saves), then the driver lets go."""
-    refs = [ref for r in self.runs.values() for ref, what in r.refs.items() if what != "ready" and what[0] == "host"]
-    for ref in refs:
+  def stop(self, why: str) -> None:
+    """After a stop request: every trainer gets SIGTERM (a graceful cancel of its task: it saves and exits 75),
+    the driver waits for them (up to ray_host.STOP_GRACE_S), frees their hosts and closes their attempts as
+    "stopped", so the same command resumes them from their checkpoints."""
+    live = [r for r in self.runs.values() if r.state in ("placing", "starting", "training")]
+    hosts = {ref: r for r in live for ref, what in r.refs.items() if what != "ready" and what[0] == "host"}
+    for ref in hosts:
       ray.cancel(ref, force=False)
-    ray.wait(refs, num_returns=len(refs), timeout=ray_host.STOP_GRACE_S)
+    if hosts:
+      self.log(f"[ray] stopping: SIGTERM to the trainers of {len({id(r) for r in hosts.values()})} run(s); "
+               f"waiting up to {ray_host.STOP_GRACE_S:.0f} s for their checkpoints")
+      ray.wait(list(hosts), num_returns=len(hosts), timeout=ray_host.STOP_GRACE_S)
+    for r in live:
+      rcs, exits = [], []
+      for ref, what in r.refs.items():
+        if what != "ready" and what[0] == "host":
+          try:
+            rcs.append(ray.get(ref, timeout=0)["rc"])
+            exits.append(f"host {what[1]}: exit {rcs[-1]}")
+          except Exception as e:  # noqa: BLE001 - a cancelled, lost or still running host task: say which.
+            exits.append(f"host {what[1]}: {type(e).__name__}")
+        elif what != "ready":  # A zero-CPU "where" task: nothing to save.
+          ray.cancel(ref, force=True)
+      finished = len(rcs) + len(r.ended) == r.p.hosts and not any(rcs) and not any(r.ended.values())
+      if r.record.attempts and r.record.attempts[-1].get("outcome") == "running":
+        if finished and _last_step(self._dir(r)) >= r.p.run.end_step:  # It ended before the stop reached it.
+          self._end_attempt(r, "done", "exit 0")
+          continue
+        r.record.end("stopped", f"{why} ({', '.join(exits) or 'no trainer yet'}); resumes from its checkpoint")
+      r.refs = {}
+      if r.pg is not None:
+        remove_placement_group(r.pg)
+        r.pg = None
+      r.state = "queued"
 
 
 def _last_step(run_dir: pathlib.Path) -> int:

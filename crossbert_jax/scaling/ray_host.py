@@ -17,6 +17,7 @@ import time
 from crossbert_jax.core import host
 
 _PR_SET_PDEATHSIG = 1
+_POLL_S = 0.5  # How soon a graceful cancel reaches the trainer.
 STOP_GRACE_S = 120.0  # A stopped trainer's time to save its checkpoint.
 PYTHON = "__python__"  # In a command: the host's own Python (the driver's path may not exist there).
 
@@ -52,7 +53,12 @@ def train(cmd: list[str], cwd: str, log: str) -> dict:
     spawned = time.time()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
     try:
-      rc = proc.wait()
+      while True:  # Polled: Ray's graceful cancel is a KeyboardInterrupt raised between bytecodes, which a
+        try:  # blocking waitpid would only see once the trainer ended on its own.
+          rc = proc.wait(timeout=_POLL_S)
+          break
+        except subprocess.TimeoutExpired:
+          continue
     except KeyboardInterrupt:
       proc.send_signal(signal.SIGTERM)
       try:

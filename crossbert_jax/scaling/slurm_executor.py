@@ -7,14 +7,17 @@ on exit 75) and is submitted with `sbatch --parsable`; a WSD branch with
 itself, and jax.distributed.initialize() reads the coordinator, process count and id from the
 SLURM environment. The job writes its trainer's exit status to slurm_exit.json and, on exit 0,
 sweep_done.json. The submitted job id is kept in slurm_job.json: the same command again submits
-nothing that is queued or running (re-attach), skips finished runs, resubmits the others (a
-resumable stop), and names the runs that ended with exit 2 (user errors) instead of resubmitting.
+nothing that is queued or running (re-attach; a failed squeue stops it, submitting nothing), skips
+finished runs, resubmits the others (a resumable stop), and names the runs that ended with exit 2
+(user errors) instead of resubmitting. Only whole CPUs and GPUs per node are expressed: a size
+with other resources or a TPU slice is refused (check_placements), as is a machine without sbatch.
 """
 
 import functools
 import json
 import pathlib
 import shlex
+import shutil
 import subprocess
 
 from crossbert_jax.core.errors import UserError
@@ -55,14 +58,47 @@ def _read(path: pathlib.Path) -> dict:
   return plan_lib.read_json(path, "the run's SLURM record") if path.is_file() else {}
 
 
-def _in_queue(job: str) -> bool:
-  """True while SLURM still lists the job (pending, running, requeued)."""
+# Jobs SLURM still holds: waiting, running or being requeued (squeue's default leaves out some of these).
+_LIVE_STATES = "PD,R,S,ST,CG,CF,RQ,RH,RF,RS,SI,SO,RD"
+TOOLS = ("sbatch", "squeue", "scontrol")  # What the executor calls (the jobs call scontrol to requeue).
+
+
+def check_tools() -> None:
+  """UserError, before anything is written, where SLURM's commands are not installed here."""
+  if missing := [t for t in TOOLS if shutil.which(t) is None]:
+    raise UserError(f"--executor=slurm: {', '.join(missing)} not found on PATH; run the sweep on a SLURM login "
+                    "node (or load its module), or use --executor=local|ray")
+
+
+def check_placements(places: list[placement_lib.Placement]) -> None:
+  """UserError for a size SLURM's batch script cannot express: only whole CPUs and GPUs per node."""
+  for p in places:
+    where = f"spec sizes[{p.run.size!r}]"
+    if p.slice:
+      raise UserError(f"{where}.slice={p.slice!r}: the SLURM executor has no TPU slices; use --executor=ray for "
+                      "TPU slices, or give the size hosts and resources={'GPU': N}")
+    for key, amount in p.bundle.items():
+      if key not in ("CPU", "GPU"):
+        raise UserError(f"{where}.resources={p.bundle!r}: the SLURM executor asks only for CPUs and GPUs per "
+                        f"node, not {key!r}; use --executor=ray for other resources")
+      if amount != int(amount):
+        raise UserError(f"{where}.resources={p.bundle!r}: SLURM gives whole {key}s ({key}: {amount:g}); "
+                        "give a whole number")
+
+
+def _queued() -> set[str]:
+  """The ids of the jobs SLURM still holds; UserError when squeue fails (a failure is not an empty queue)."""
   try:
-    out = subprocess.run(["squeue", "--noheader", "--format=%i", f"--jobs={job}"], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(["squeue", "--noheader", "--format=%i", f"--states={_LIVE_STATES}"], capture_output=True,
+                         text=True, timeout=60)
   except (OSError, subprocess.TimeoutExpired) as e:
-    raise UserError(f"--executor=slurm: squeue did not answer ({e}); run the sweep on a SLURM login node") from None
-  return out.returncode == 0 and job in out.stdout.split()
+    raise UserError(f"--executor=slurm: squeue did not answer ({e}); nothing was submitted: rerun once SLURM "
+                    "answers, on a SLURM login node") from None
+  if out.returncode != 0:
+    why = " ".join((out.stderr or out.stdout).split())[:200]
+    raise UserError(f"--executor=slurm: squeue failed (exit {out.returncode}: {why}); nothing was submitted, "
+                    "since the sweep cannot tell which runs SLURM still holds: rerun once squeue answers")
+  return set(out.stdout.split())
 
 
 def submit(places: list[placement_lib.Placement], spec: dict, root: pathlib.Path, repo: str, python: str, *,
@@ -70,6 +106,8 @@ def submit(places: list[placement_lib.Placement], spec: dict, root: pathlib.Path
   """Submits every unfinished run (or, with `dry_run`, prints its script and sbatch line); the runs that failed."""
   jobs: dict[str, str] = {}
   failed = []
+  held_any = not dry_run and any((root / "runs" / p.run.name / JOB_FILE).is_file() for p in places)
+  queued = _queued() if held_any else set()  # Before any submission: a failed squeue submits nothing.
   for p in places:
     run_dir = root / "runs" / p.run.name
     name = p.run.name
@@ -77,7 +115,7 @@ def submit(places: list[placement_lib.Placement], spec: dict, root: pathlib.Path
       log(f"[slurm] {name}: done, skipped")
       continue
     held = _read(run_dir / JOB_FILE).get("job", "")
-    if held and not dry_run and _in_queue(held):
+    if held and not dry_run and held in queued:
       jobs[name] = held
       log(f"[slurm] {name}: job {held} is queued or running, left as it is")
       continue
