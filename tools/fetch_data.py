@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import pathlib
-import shutil
 import sys
 from typing import Any, Callable
 
