@@ -2,8 +2,10 @@
 
 The commands take the user's ml_collections config (files, `--config.key=value` flags) and call
 `build(c)`, the one place a config is validated (`core/config.validate`, then every phase's config)
-and its phases expanded (`core/phases.expand`). Everything below the commands reads the `RunPlan`
-or one of its sections (`plan.model`, `plan.train`, ...; core/sections.py), never the ConfigDict:
+and its phases expanded (`core/phases.expand`). What runs reads the `RunPlan` or one of its sections
+(`plan.model`, `plan.train`, ...; core/sections.py). A few functions edit a ConfigDict before `build`
+(run/fork.with_source_init and hf/import_config.resolve make a changed copy; the sweep plan and the
+benchmarks make theirs and build them: docs/architecture.md):
 
   train command: ConfigDict -> plan.build -> RunPlan -> run/trainer.run -> Trainer
       -> training/program.TrainProgram(phase.config) -> objectives (model, loss) -> the jitted step
