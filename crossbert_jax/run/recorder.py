@@ -124,6 +124,12 @@ class StepRecorder:
     self.flush()
     self._last_time = None
 
+  def restart_clock(self) -> None:
+    """After a save or a hook: logs the pending step, and times the next step from now, so its step_time
+    holds none of their time (the first checked save compiles the loss check: seconds on CPU)."""
+    self.flush()
+    self._last_time = time.perf_counter()
+
   def flush(self, probes: Callable[[], dict[str, float]] | None = None) -> None:
     """Fetches and logs the pending step (blocking until it is done); `probes()` adds frozen probe scores."""
     p, self._pending = self._pending, None
@@ -168,8 +174,9 @@ class StepRecorder:
     return out
 
   def _eta(self, step: int, scalars: dict[str, float]) -> float | None:
-    """Seconds left for steps step + 1 .. train.steps at the recent FLOP rate (None: one phase, tqdm's own)."""
-    if len(self._phases) == 1 or self._fetched == 0:  # The first step's time is mostly compilation.
+    """Seconds left for steps step + 1 .. train.steps at the recent FLOP rate of the steps after a start's and
+    a phase's first (tqdm's own rate would count their compile); None until there is one."""
+    if self._fetched == 0:  # The first step's time is mostly compilation.
       return None
     if step != phases_lib.phase_at(self._phases, step).start + 1:  # A phase's first step compiles its program.
       rate = scalars["step_time"] / scalars["flops_per_step"]

@@ -143,9 +143,11 @@ def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta 
     fix = ("fork with the source's tokenizer or from a run trained with this one"
            if forking else "resume with the run's tokenizer or use a new --workdir")
     raise UserError(f"{where} trained with {change}; {fix}")
-  a, b = _flat(saved), _flat(json.loads(json.dumps(now.to_dict())))  # As saved: tuples become lists.
-  changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
   old = plan_lib.of_saved(saved)  # Once: its phases and its schedule.
+  # The saved config with the keys added since at today's defaults (as the run is read back), so a key
+  # its checkpoint lacks is compared like one it holds; as saved: tuples become lists.
+  a, b = _flat(json.loads(json.dumps(old.to_dict()))), _flat(json.loads(json.dumps(now.to_dict())))
+  changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
   phased = phases_lib.has_phases(now) or phases_lib.has_phases(old)
   phase_lines, phase_data = _check_phases(where, step, old, now) if phased else ([], True)
   refused = [k for k in changed if _refused(k) and not (phased and k in phases_lib.OVERRIDABLE)]

@@ -56,10 +56,15 @@ def run(c: plan_lib.RunPlan, workdir: str, *, break_lock: bool = False, started:
   after each step's metrics, in order (`Trainer.add_hook`; the train command's: `train.standard_hooks`).
   """
   started = time.time() if started is None else started
+  for hook in hooks:  # Each is checked where it is made (`hooks.Hook`): here, that it is one.
+    if not isinstance(hook, hooks_lib.Hook):
+      raise TypeError(f"run's hooks must be hooks.Hook(name, every, fn), got {hook!r}")
   # A file (or one on the way), or a read-only disk, is one line before any work, not a traceback.
   outputs.check_folder_path(workdir, "--workdir", writes_inside=True)
   fork.check_workdir(c, workdir)
   workdir = epath.Path(workdir)
+  if c.profile.start_step:
+    profile.check_hosts(c.profile.hosts, jax.process_count())
   mesh = sharding.make_mesh(c.mesh)
   phases = list(c.phases)
   phases_lib.check_each(phases, lambda phase: preflight.check_phase(c, phases, phase, mesh))
@@ -156,7 +161,9 @@ class Trainer:
           state, rs.step = info.state, step_num
           took = hooks_lib.run_due(self.hooks, info)
           save_s = self._save_stage(info)
-        self.profiler.after_step(step_num, info.device_metrics)
+          if save_s is not None or len(took) > 1:  # Not the next step's time: its step_time starts after them.
+            self.recorder.restart_clock()
+        self.profiler.after_step(step_num, info.device_metrics, final=info.stopping or step_num == end)
         self._account(step_num, began, info, took, save_s)
         if info.stopping:
           self._log_stop(step_num)
@@ -257,18 +264,27 @@ class Trainer:
     sink = wandb_logger.start(c, self.workdir, self.warn) if self.primary else None
     self.logger = metrics.MetricsLogger(str(self.workdir), total_steps=c.train.steps, start_step=start,
                                         enabled=self.primary, tensorboard=c.metrics.tensorboard,
-                                        progress_bar=c.metrics.progress_bar, eta_by_work=len(self.phases) > 1,
+                                        progress_bar=c.metrics.progress_bar, eta_by_work=True,
                                         sink=sink)
-    self.profiler = profile.Profiler(c.profile, self.workdir, start + 1, self.logger.log_text)
+    self.profiler = profile.Profiler(c.profile, self.workdir, start + 1, self.logger.log_text,
+                                     last_step=min(c.train.steps, c.train.stop_at_step or c.train.steps),
+                                     busy=self._busy, warn=self.warn)
     self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress, self.outcome,
                                           str(self.workdir), self.warn, phases=self.phases)
     self.hooks.insert(0, hooks_lib.metrics(self.recorder, self._source_tokens))
     how = (f"forked from {c.train.fork_from}"
            if self.run_state.forked else f"resuming from step {start}" if restored else "starting")
     self.logger.log_text(f"{c.objective}: {how} in {self.workdir} on {mesh.size} device(s), mesh {dict(mesh.shape)}")
-    self.goodput = goodput.Ledger(self.workdir, self.started, self.primary, max(logged, default=0))
+    self.goodput = goodput.Ledger(self.workdir, self.started, self.primary, max(logged, default=0),
+                                   self.warn)
     self.goodput.add("restore", restore_s)
     self.goodput.add("startup", time.time() - self.started - restore_s)
+
+  def _busy(self, step: int) -> str | None:
+    """What runs at `step` besides the step itself (a checkpoint save, added hooks), if anything."""
+    what = ["a checkpoint save"] if checkpoint.is_save_step(self.c.checkpoint, step) else []
+    what += [f"the hook {h.name!r}" for h in self.hooks if h.name != "metrics" and h.due_at(step)]
+    return " and ".join(what) or None
 
   def _account(self, step_num: int, began: float, info: hooks_lib.StepInfo, took: dict[str, float],
                save_s: float | None) -> None:
