@@ -6,7 +6,8 @@ meaning or what the data iterator's saved position points at -- `objective`, `mo
 and `data.path` / `mixture` / `format` / `text_field` / `text_unit` / `seq_len` / `shuffle_seed` -- and a
 tokenizer whose file content or special ids differ from those the run was trained with (its sha256,
 vocabulary size and special ids are stored in every checkpoint; older ones lack the special ids).
-Allowed with a one-line warning: every other key (runtime keys such as `model.remat`,
+A key the saved config lacks (a checkpoint written before the key existed) is compared at the
+default `plan.of_saved` fills in, as the run trained with it. Allowed with a one-line warning: every other key (runtime keys such as `model.remat`,
 `data.worker_count`, `metrics.log_every`, `checkpoint.*`, `mesh.*`, `eval.*`, and the
 optimizer). A change of the learning-rate schedule (`train.steps`, `learning_rate`,
 `warmup_steps`, `decay`, `decay_fraction`, `decay_shape`, `final_lr_ratio`) names the jump: the lr of the next step before and

@@ -159,10 +159,11 @@ class Trainer:
           self._enter(phases_lib.phase_at(self.phases, step_num))
           info = self._step(state, step_num)
           state, rs.step = info.state, step_num
-          took = hooks_lib.run_due(self.hooks, info)
+          took = hooks_lib.run_due(self.hooks[:1], info)  # The metrics row.
+          self.recorder.pause()  # The added hooks and the save are no step's step_time.
+          took.update(hooks_lib.run_due(self.hooks[1:], info))
           save_s = self._save_stage(info)
-          if save_s is not None or len(took) > 1:  # Not the next step's time: its step_time starts after them.
-            self.recorder.restart_clock()
+          self.recorder.resume()
         self.profiler.after_step(step_num, info.device_metrics, final=info.stopping or step_num == end)
         self._account(step_num, began, info, took, save_s)
         if info.stopping:
@@ -264,10 +265,9 @@ class Trainer:
     sink = wandb_logger.start(c, self.workdir, self.warn) if self.primary else None
     self.logger = metrics.MetricsLogger(str(self.workdir), total_steps=c.train.steps, start_step=start,
                                         enabled=self.primary, tensorboard=c.metrics.tensorboard,
-                                        progress_bar=c.metrics.progress_bar, eta_by_work=True,
-                                        sink=sink)
-    self.profiler = profile.Profiler(c.profile, self.workdir, start + 1, self.logger.log_text,
-                                     last_step=min(c.train.steps, c.train.stop_at_step or c.train.steps),
+                                        progress_bar=c.metrics.progress_bar, eta_by_work=True, sink=sink)
+    end = min(c.train.steps, c.train.stop_at_step or c.train.steps)
+    self.profiler = profile.Profiler(c.profile, self.workdir, start + 1, self.logger.log_text, last_step=end,
                                      busy=self._busy, warn=self.warn)
     self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress, self.outcome,
                                           str(self.workdir), self.warn, phases=self.phases)
@@ -275,8 +275,7 @@ class Trainer:
     how = (f"forked from {c.train.fork_from}"
            if self.run_state.forked else f"resuming from step {start}" if restored else "starting")
     self.logger.log_text(f"{c.objective}: {how} in {self.workdir} on {mesh.size} device(s), mesh {dict(mesh.shape)}")
-    self.goodput = goodput.Ledger(self.workdir, self.started, self.primary, max(logged, default=0),
-                                   self.warn)
+    self.goodput = goodput.Ledger(self.workdir, self.started, self.primary, max(logged, default=0), self.warn)
     self.goodput.add("restore", restore_s)
     self.goodput.add("startup", time.time() - self.started - restore_s)
 
