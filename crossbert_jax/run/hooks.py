@@ -73,6 +73,13 @@ class Hook:
     return self.every > 0 and step % self.every == 0
 
 
+def check_hooks(hooks: Any) -> None:
+  """Refuses anything but `Hook`s (each checked where it was made)."""
+  for hook in hooks:
+    if not isinstance(hook, Hook):
+      raise TypeError(f"run's hooks must be hooks.Hook(name, every, fn), got {hook!r}")
+
+
 def run_due(hooks: list[Hook], info: StepInfo) -> dict[str, float]:
   """Runs the hooks due after `info`'s step, in order (every process runs the same ones); the
   seconds each took, by name (goodput's eval time)."""

@@ -26,7 +26,7 @@ from etils import epath
 
 from crossbert_jax.core import sections
 from crossbert_jax.core.errors import config_error
-from crossbert_jax.run import trace_summary
+from crossbert_jax.run import checkpoint, hooks as hooks_lib, trace_summary
 from crossbert_jax.training import program as program_lib
 
 PROFILE_DIR = "profile"
@@ -40,14 +40,23 @@ def profiling_host(hosts: str, process_index: int) -> bool:
   return hosts == "all" or str(process_index) in hosts.split(",")
 
 
-def check_hosts(hosts: str, process_count: int) -> None:
+def check_hosts(p: sections.Profile, process_count: int) -> None:
   """Refuses profile.hosts naming a process this run does not have (it would trace nothing)."""
-  named = [] if hosts.replace(" ", "") == "all" else [int(h) for h in hosts.replace(" ", "").split(",")]
+  hosts = p.hosts
+  named = [] if not p.start_step or hosts.replace(" ", "") == "all" else [
+      int(h) for h in hosts.replace(" ", "").split(",")]
   beyond = sorted(h for h in named if h >= process_count)
   if beyond:
     raise config_error(
         "profile.hosts", f"{hosts!r} names process {', '.join(map(str, beyond))}, but this run has {process_count} "
         f"process(es) (0-{process_count - 1}): name those, or 'all'")
+
+
+def busy(ckpt: sections.Checkpoint, hooks: list[hooks_lib.Hook], step: int) -> str | None:
+  """What runs at `step` besides the step itself (a checkpoint save, added hooks), if anything."""
+  what = ["a checkpoint save"] if checkpoint.is_save_step(ckpt, step) else []
+  what += [f"the hook {h.name!r}" for h in hooks if h.name != "metrics" and h.due_at(step)]
+  return " and ".join(what) or None
 
 
 def read_record(workdir: epath.Path) -> list[int]:

@@ -56,15 +56,12 @@ def run(c: plan_lib.RunPlan, workdir: str, *, break_lock: bool = False, started:
   after each step's metrics, in order (`Trainer.add_hook`; the train command's: `train.standard_hooks`).
   """
   started = time.time() if started is None else started
-  for hook in hooks:  # Each is checked where it is made (`hooks.Hook`): here, that it is one.
-    if not isinstance(hook, hooks_lib.Hook):
-      raise TypeError(f"run's hooks must be hooks.Hook(name, every, fn), got {hook!r}")
+  hooks_lib.check_hooks(hooks)
   # A file (or one on the way), or a read-only disk, is one line before any work, not a traceback.
   outputs.check_folder_path(workdir, "--workdir", writes_inside=True)
   fork.check_workdir(c, workdir)
   workdir = epath.Path(workdir)
-  if c.profile.start_step:
-    profile.check_hosts(c.profile.hosts, jax.process_count())
+  profile.check_hosts(c.profile, jax.process_count())
   mesh = sharding.make_mesh(c.mesh)
   phases = list(c.phases)
   phases_lib.check_each(phases, lambda phase: preflight.check_phase(c, phases, phase, mesh))
@@ -268,7 +265,7 @@ class Trainer:
                                         progress_bar=c.metrics.progress_bar, eta_by_work=True, sink=sink)
     end = min(c.train.steps, c.train.stop_at_step or c.train.steps)
     self.profiler = profile.Profiler(c.profile, self.workdir, start + 1, self.logger.log_text, last_step=end,
-                                     busy=self._busy, warn=self.warn)
+                                     busy=lambda step: profile.busy(c.checkpoint, self.hooks, step), warn=self.warn)
     self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress, self.outcome,
                                           str(self.workdir), self.warn, phases=self.phases)
     self.hooks.insert(0, hooks_lib.metrics(self.recorder, self._source_tokens))
@@ -278,12 +275,6 @@ class Trainer:
     self.goodput = goodput.Ledger(self.workdir, self.started, self.primary, max(logged, default=0), self.warn)
     self.goodput.add("restore", restore_s)
     self.goodput.add("startup", time.time() - self.started - restore_s)
-
-  def _busy(self, step: int) -> str | None:
-    """What runs at `step` besides the step itself (a checkpoint save, added hooks), if anything."""
-    what = ["a checkpoint save"] if checkpoint.is_save_step(self.c.checkpoint, step) else []
-    what += [f"the hook {h.name!r}" for h in self.hooks if h.name != "metrics" and h.due_at(step)]
-    return " and ".join(what) or None
 
   def _account(self, step_num: int, began: float, info: hooks_lib.StepInfo, took: dict[str, float],
                save_s: float | None) -> None:
