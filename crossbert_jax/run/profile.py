@@ -7,6 +7,9 @@ loop does nothing more than compare two integers. Step 1 (the compile step) is n
 compiled step): such a step is skipped with one line. The traced steps are recorded in
 WORKDIR/profile/profiled.json when the trace is written, so a resumed run traces only the steps
 not yet traced (a kill inside the window loses that trace, and the resume traces the rest again).
+A start that ends inside the window (train.stop_at_step, a stop signal) says so, and stops, summarises
+and records the trace at its last step. Host ids beyond the run's processes are refused before any
+work (`check_hosts`); a window over a checkpoint save or a hook's step is one warning line (`busy`).
 
 The trace lands in WORKDIR/profile/plugins/profile/<time>/<host>.xplane.pb (and .trace.json.gz),
 where TensorBoard's profile plugin / XProf read it. A gs:// workdir: traced to a local folder and
