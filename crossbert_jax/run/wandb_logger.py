@@ -73,7 +73,8 @@ def start(c: plan_lib.Settings, workdir: epath.Path, warn: Callable[[str], None]
     return None
   path = workdir / RUN_FILE
   try:
-    mode = wandb.setup().settings.mode  # WANDB_MODE or `wandb offline`'s setting.
+    # WANDB_MODE or `wandb offline`'s setting; silent: the login check prints no "Loaded credentials" lines.
+    mode = wandb.setup(settings=wandb.Settings(silent=True)).settings.mode
     if mode not in ("offline", "dryrun", "disabled") and not wandb.login(prompt=False, verify=False):
       # wandb.init would prompt ("Enter your choice") on a terminal and wait for an answer: never.
       warn("warning: config metrics.wandb=True but W&B has no login (WANDB_API_KEY or `wandb login`) and is not "
@@ -93,6 +94,7 @@ def start(c: plan_lib.Settings, workdir: epath.Path, warn: Callable[[str], None]
     sink = WandbSink(None, warn)
     sink._fail(e)  # pylint: disable=protected-access
     return None
+  mode = getattr(run.settings, "mode", mode)
   if mode in ("offline", "dryrun"):
     where = getattr(run.settings, "sync_dir", None) or str(workdir / "wandb")
     warn(f"W&B: offline run {record['id']} written to {where}; `wandb sync {where}` uploads it")
