@@ -47,7 +47,8 @@ def main(argv: list[str]) -> None:
   # Before the slow compile.
   path = outputs.check_output_file(_OUT.value, "--out", force=_FORCE.value) if _OUT.value else None
   chip = machine.measured_chip() if _CHIP.value == "measured" else _CHIP.value
-  report = aot.compile_train_step(c, _TOPOLOGY.value, chip)
+  # Progress lines, flushed: stdout to a file is block-buffered, and the compile takes minutes at pod scale.
+  report = aot.compile_train_step(c, _TOPOLOGY.value, chip, log=lambda msg: print(msg, flush=True))
   print(aot.format_report(report, params=_PARAMS.value), flush=True)
   if path is not None:
     try:
@@ -55,7 +56,7 @@ def main(argv: list[str]) -> None:
     except OSError as e:
       raise UserError(f"--out={path} could not be written ({e.strerror or type(e).__name__}); "
                       "choose a writable path") from None
-    print(f"wrote {path}")
+    print(f"wrote {path}", flush=True)
   aot.check_fits(report, c)
 
 

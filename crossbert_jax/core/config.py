@@ -176,8 +176,17 @@ def _validate_runtime(c: ml_collections.ConfigDict) -> None:
   _validate_profile(c.profile, c.train.steps)
   if c.metrics.wandb and not c.metrics.wandb_project:
     raise config_error("metrics.wandb_project", "is empty but metrics.wandb=True: name the W&B project")
+  bad = sorted(set(_WANDB_NAME_BAD) & set(c.metrics.wandb_project))
+  if c.metrics.wandb and bad:
+    fix = (f": give the team as metrics.wandb_entity={c.metrics.wandb_project.split('/')[0]!r} and the project as "
+           f"metrics.wandb_project={c.metrics.wandb_project.split('/')[-1]!r}"
+           if bad == ["/"] else ": W&B project names cannot hold / \\ # ? % :")
+    raise config_error("metrics.wandb_project", f"{c.metrics.wandb_project!r} holds {' '.join(bad)}{fix}")
   if not all(isinstance(tag, str) and tag for tag in c.metrics.wandb_tags):
     raise config_error("metrics.wandb_tags", f"must be a tuple of non-empty strings, got {c.metrics.wandb_tags!r}")
+
+
+_WANDB_NAME_BAD = "/\\#?%:"  # Characters W&B refuses in a project name.
 
 
 def _validate_profile(p: ml_collections.ConfigDict, steps: int) -> None:

@@ -19,7 +19,7 @@ context extension, typically) is a row marked so, and `check_fits` names it.
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -191,13 +191,15 @@ def target_chip(topology: str, device: jax.Device, chip: str | roofline.Chip = "
   return roofline.chip_for(topology.partition(":")[0] if topology else device.device_kind)
 
 
-def compile_train_step(c: plan_lib.RunPlan, topology: str = "", chip: str | roofline.Chip = "") -> dict[str, Any]:
-  """Lowers and compiles the real train step (every phase's); the report. UserError when it cannot run there."""
+def compile_train_step(c: plan_lib.RunPlan, topology: str = "", chip: str | roofline.Chip = "",
+                       log: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
+  """Lowers and compiles the real train step (every phase's); the report. UserError when it cannot run there.
+  `log`: a progress line before each slow stage (lowering, compiling: minutes at pod scale)."""
   devices = topology_devices(topology) if topology else None
   mesh = make_mesh(c, devices)
   target = target_chip(topology, mesh.devices.flat[0], chip)
   if not phases_lib.has_phases(c):
-    return _compile_one(c, mesh, topology, target)
+    return _compile_one(c, mesh, topology, target, log=log)
   phases = list(c.phases)
   # Every phase's batch shards on the mesh: checked before the first (slow) compile.
   phases_lib.check_each(phases,
@@ -209,7 +211,8 @@ def compile_train_step(c: plan_lib.RunPlan, topology: str = "", chip: str | roof
     shape = (pc.train.batch_size, pc.data.seq_len)
     if shape not in by_shape:
       try:
-        by_shape[shape] = _compile_one(pc, mesh, topology, target)
+        log(f"compile: {phase.describe()}")
+        by_shape[shape] = _compile_one(pc, mesh, topology, target, log=log)
       except UserError as e:
         if "does not fit" not in str(e):
           raise UserError(f"{e} (in {phase.describe()})") from None
@@ -230,8 +233,8 @@ def compile_train_step(c: plan_lib.RunPlan, topology: str = "", chip: str | roof
   return {**report, "phases": rows}
 
 
-def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str,
-                 chip: roofline.Chip | None) -> dict[str, Any]:
+def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str, chip: roofline.Chip | None,
+                 log: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
   """The report of one (single-phase) config's train step on `mesh`."""
   sharding.check_batch_divisible(c.train.batch_size, c.train.grad_accum, mesh)
   train_program = program_lib.TrainProgram(c, mesh)
@@ -239,9 +242,11 @@ def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str,
   device = mesh.devices.flat[0]
   where = topology or f"{mesh.size} local {device.platform} device(s)"
 
+  log(f"compile: lowering the train step (batch {c.train.batch_size} x L={c.data.seq_len}) for {where}")
   t0 = time.perf_counter()
   lowered = train_program.lower(state, batch)
   t1 = time.perf_counter()
+  log(f"compile: lowered in {t1 - t0:.1f} s; compiling (XLA: minutes for a pod-sized model)")
   try:
     compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001 - XLA reports OOM as a runtime error; anything else re-raises.

@@ -25,7 +25,7 @@ import collections
 import json
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 from etils import epath
 
@@ -36,20 +36,56 @@ _STEADY_KEPT = 200  # Step times kept for the median (the latest).
 
 
 def read(workdir: epath.Path) -> list[dict[str, Any]]:
-  """The attempts recorded in `workdir` (oldest first); [] for none or an unreadable file."""
+  """The attempts recorded in `workdir` (oldest first); [] for none or a damaged file (`read_checked`)."""
+  return read_checked(workdir)[0]
+
+
+def read_checked(workdir: epath.Path) -> tuple[list[dict[str, Any]], str | None]:
+  """(the well-formed attempts recorded in `workdir`, oldest first; what is wrong with the file, or None).
+
+  A damaged file (not JSON, not {"attempts": [...]}, an attempt without its numbers) never stops a
+  run: its well-formed attempts are kept, the rest is named in the problem."""
   path = workdir / GOODPUT_FILE
+  if not path.exists():
+    return [], None
   try:
-    return json.loads(path.read_text())["attempts"] if path.exists() else []
-  except (ValueError, KeyError):
-    return []
+    record = json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    return [], f"is not readable JSON ({type(e).__name__})"
+  attempts = record.get("attempts") if isinstance(record, dict) else None
+  if not isinstance(attempts, list):
+    return [], f'is not {{"attempts": [...]}} (holds {json.dumps(record)[:40]})'
+  good = [a for a in attempts if _well_formed(a)]
+  if len(good) < len(attempts):
+    return good, f"has {len(attempts) - len(good)} of {len(attempts)} attempt(s) without their numbers"
+  return good, None
+
+
+def _well_formed(attempt: Any) -> bool:
+  """An attempt as `Ledger.write` records it: start, end (times), status, seconds by cause."""
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+  return (isinstance(attempt, dict) and number(attempt.get("start")) and number(attempt.get("end")) and
+          isinstance(attempt.get("status"), str) and isinstance(attempt.get("seconds"), dict) and
+          all(isinstance(k, str) and number(v) for k, v in attempt["seconds"].items()))
 
 
 class Ledger:
   """This attempt's timed intervals, beside the earlier attempts read from the workdir."""
-  def __init__(self, workdir: epath.Path, started: float, enabled: bool, logged_until: int = 0):
-    """`started`: time.time() at the command's start; `logged_until`: the last step already logged."""
+  def __init__(self, workdir: epath.Path, started: float, enabled: bool, logged_until: int = 0,
+               warn: Callable[[str], None] | None = None):
+    """`started`: time.time() at the command's start; `logged_until`: the last step already logged;
+    `warn`: where a damaged goodput file is reported (one line; the count goes on without what is damaged)."""
     self._workdir, self._enabled, self._logged_until = workdir, enabled, logged_until
-    self._earlier = read(workdir) if enabled else []
+    self._earlier, problem = read_checked(workdir) if enabled else ([], None)
+    if problem is not None:
+      path, aside = workdir / GOODPUT_FILE, workdir / f"{GOODPUT_FILE}.damaged"
+      try:
+        aside.write_bytes(path.read_bytes())
+        kept = f"; the file is kept as {aside.name}"
+      except OSError:
+        kept = ""
+      good = f"from its {len(self._earlier)} good attempt(s) on" if self._earlier else "afresh"
+      (warn or (lambda msg: None))(f"warning: {path} {problem}: goodput is recounted {good}{kept}")
     self._attempt: dict[str, Any] = {"start": started, "end": started, "status": "running"}
     self._seconds: dict[str, float] = collections.Counter()
     self._extra: list[tuple[float, bool, str]] = []  # (step time, recomputed, cause) of compiling / traced steps.

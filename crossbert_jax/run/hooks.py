@@ -13,6 +13,7 @@ step's row calls `info.context.log_scores(scores)`; its time counts as goodput's
 """
 
 import dataclasses
+import numbers
 import time
 from typing import Any, Callable
 
@@ -53,8 +54,30 @@ class Hook:
   every: int
   run: Callable[[StepInfo], None]
 
+  def __post_init__(self):
+    """Refuses a hook that could never run as meant (`every` negative or not an int) where it is made."""
+    if not isinstance(self.name, str) or not self.name:
+      raise ValueError(f"Hook name must be a non-empty string, got {self.name!r}")
+    if isinstance(self.every, bool) or not isinstance(self.every, numbers.Integral):
+      raise TypeError(f"Hook {self.name!r}: every must be an int (steps; 0: never), got {self.every!r} "
+                      f"({type(self.every).__name__})")
+    if self.every < 0:
+      raise ValueError(f"Hook {self.name!r}: every must be >= 0 (steps; 0: never), got {self.every}")
+    if not callable(self.run):
+      raise TypeError(f"Hook {self.name!r}: run must be callable (a function of StepInfo), got {self.run!r}")
+
   def due(self, info: StepInfo) -> bool:
-    return self.every > 0 and info.step % self.every == 0
+    return self.due_at(info.step)
+
+  def due_at(self, step: int) -> bool:
+    return self.every > 0 and step % self.every == 0
+
+
+def check_hooks(hooks: Any) -> None:
+  """Refuses anything but `Hook`s (each checked where it was made)."""
+  for hook in hooks:
+    if not isinstance(hook, Hook):
+      raise TypeError(f"run's hooks must be hooks.Hook(name, every, fn), got {hook!r}")
 
 
 def run_due(hooks: list[Hook], info: StepInfo) -> dict[str, float]:

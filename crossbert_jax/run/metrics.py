@@ -52,7 +52,8 @@ class MetricsLogger:
   """Appends metrics to workdir/metrics.jsonl, TensorBoard and a progress bar (process 0 only)."""
   def __init__(self, workdir: str, *, total_steps: int, start_step: int, enabled: bool, tensorboard: bool,
                progress_bar: bool, eta_by_work: bool = False, sink: Any = None):
-    """`eta_by_work`: the bar shows the ETA `log` is given (steps of unequal cost: a run's phases);
+    """`eta_by_work`: the bar shows the ETA `log` is given (the trainer's: without the compiling steps,
+    priced by work where phases' steps differ), not tqdm's own (which counts the first step's compile);
     `sink`: another tracker that gets every row (`log(step, scalars)`, `close()`; run/wandb_logger.py)."""
     self._enabled = enabled
     self._sink = sink if enabled else None

@@ -7,6 +7,9 @@ loop does nothing more than compare two integers. Step 1 (the compile step) is n
 compiled step): such a step is skipped with one line. The traced steps are recorded in
 WORKDIR/profile/profiled.json when the trace is written, so a resumed run traces only the steps
 not yet traced (a kill inside the window loses that trace, and the resume traces the rest again).
+A start that ends inside the window (train.stop_at_step, a stop signal) says so, and stops, summarises
+and records the trace at its last step. Host ids beyond the run's processes are refused before any
+work (`check_hosts`); a window over a checkpoint save or a hook's step is one warning line (`busy`).
 
 The trace lands in WORKDIR/profile/plugins/profile/<time>/<host>.xplane.pb (and .trace.json.gz),
 where TensorBoard's profile plugin / XProf read it. A gs:// workdir: traced to a local folder and
@@ -25,7 +28,8 @@ import jax
 from etils import epath
 
 from crossbert_jax.core import sections
-from crossbert_jax.run import trace_summary
+from crossbert_jax.core.errors import config_error
+from crossbert_jax.run import checkpoint, hooks as hooks_lib, trace_summary
 from crossbert_jax.training import program as program_lib
 
 PROFILE_DIR = "profile"
@@ -39,6 +43,25 @@ def profiling_host(hosts: str, process_index: int) -> bool:
   return hosts == "all" or str(process_index) in hosts.split(",")
 
 
+def check_hosts(p: sections.Profile, process_count: int) -> None:
+  """Refuses profile.hosts naming a process this run does not have (it would trace nothing)."""
+  hosts = p.hosts
+  named = [] if not p.start_step or hosts.replace(" ", "") == "all" else [
+      int(h) for h in hosts.replace(" ", "").split(",")]
+  beyond = sorted(h for h in named if h >= process_count)
+  if beyond:
+    raise config_error(
+        "profile.hosts", f"{hosts!r} names process {', '.join(map(str, beyond))}, but this run has {process_count} "
+        f"process(es) (0-{process_count - 1}): name those, or 'all'")
+
+
+def busy(ckpt: sections.Checkpoint, hooks: list[hooks_lib.Hook], step: int) -> str | None:
+  """What runs at `step` besides the step itself (a checkpoint save, added hooks), if anything."""
+  what = ["a checkpoint save"] if checkpoint.is_save_step(ckpt, step) else []
+  what += [f"the hook {h.name!r}" for h in hooks if h.name != "metrics" and h.due_at(step)]
+  return " and ".join(what) or None
+
+
 def read_record(workdir: epath.Path) -> list[int]:
   """The steps already traced in `workdir` (earlier process starts)."""
   path = workdir / PROFILE_DIR / RECORD_FILE
@@ -47,14 +70,20 @@ def read_record(workdir: epath.Path) -> list[int]:
 
 class Profiler:
   """Starts and stops the trace around the window's steps (`before_step`, `after_step`)."""
-  def __init__(self, p: sections.Profile, workdir: epath.Path, first_step: int, log: Callable[[str], None]):
-    """`first_step`: this process start's first step (it compiles: never traced)."""
+  def __init__(self, p: sections.Profile, workdir: epath.Path, first_step: int, log: Callable[[str], None],
+               last_step: int | None = None, busy: Callable[[int], str | None] = lambda step: None,
+               warn: Callable[[str], None] | None = None):
+    """`first_step`: this process start's first step (it compiles: never traced); `last_step`: its last
+    (train.steps or train.stop_at_step; a window past it is traced up to it); `busy(step)`: what else
+    runs at `step` (a checkpoint save, a hook), if anything: a window over such a step is warned of."""
     self._workdir, self._log = workdir, log
     self._primary = jax.process_index() == 0
     done = set(read_record(workdir)) if p.start_step else set()
     window = range(p.start_step, p.start_step + p.steps) if p.start_step else range(0)
     todo = [s for s in window if s not in done and s > first_step]
-    self._steps = [s for i, s in enumerate(todo) if s == todo[0] + i]  # Contiguous: one trace.
+    steps = [s for i, s in enumerate(todo) if s == todo[0] + i]  # Contiguous: one trace.
+    last_step = window.stop - 1 if last_step is None else last_step
+    self._steps = [s for s in steps if s <= last_step]
     self.summary: str | None = None  # This start's trace summary, once written.
     self._on = bool(self._steps) and profiling_host(p.hosts, jax.process_index())
     self._tracing = False
@@ -62,6 +91,18 @@ class Profiler:
     self._first, self._last = (self._steps[0], self._steps[-1]) if self._steps else (0, 0)
     if first_step in window and first_step not in done:
       log(f"profile: step {first_step} is this start's first step (it compiles): not traced")
+    if len(self._steps) < len(steps):
+      log(f"profile: this start ends at step {last_step} (train.steps / train.stop_at_step), inside the window "
+          f"{window.start}-{window.stop - 1}: " +
+          (f"traces steps {self._first}-{self._last} only" if self._steps else "nothing traced now (a resume past "
+           f"step {last_step} traces it)"))
+    overlaps = [(s, what) for s in self._steps if (what := busy(s))]
+    if overlaps and warn is not None:
+      free = next((start for start in range(p.start_step + 1, last_step - p.steps + 2)
+                   if not any(busy(s) for s in range(start, start + p.steps))), None)
+      warn(f"warning: the profile window {window.start}-{window.stop - 1} overlaps " +
+           ", ".join(f"{what} (step {s})" for s, what in overlaps) + ": the trace counts their time as the steps'" +
+           (f"; for the steps alone use --config.profile.start_step={free}" if free else ""))
 
   def before_step(self, step: int) -> None:
     """Starts the trace before the window's first step (its batch read included)."""
@@ -81,10 +122,16 @@ class Profiler:
     """Whether this process traces `step` (goodput counts its time beyond the median as profiling)."""
     return self._on and self._first <= step <= self._last
 
-  def after_step(self, step: int, outputs: Any) -> None:
-    """At the window's last step: stops the trace (where it runs), summarizes it; process 0 records the steps."""
-    if not self._steps or step != self._last:
+  def after_step(self, step: int, outputs: Any, final: bool = False) -> None:
+    """At the window's last step, or at this start's `final` step inside it (a stop): stops the trace (where
+    it runs), summarizes it; process 0 records the steps traced."""
+    if not self._steps or not (step == self._last or (final and self._first <= step < self._last)):
       return
+    if step < self._last:
+      self._log(f"profile: the run stops at step {step}, inside the window {self._first}-{self._last}: traced "
+                f"steps {self._first}-{step} only")
+      self._last = step
+      self._steps = list(range(self._first, step + 1))
     where = self._workdir / PROFILE_DIR
     if self._tracing:
       jax.block_until_ready(outputs)

@@ -2,7 +2,8 @@
 
 The loop dispatches step N, then hands its device metrics to `StepRecorder.dispatched`, which
 first fetches step N-1's (the device is already busy with step N, so the host never blocks it).
-A fetched row gets the step's wall time, throughput, analytic FLOPs and MFU, `tokens_seen`, and
+A fetched row gets the step's wall time (from the previous step's fetch, less the added hooks' and
+the saves' time between them, `pause`/`resume`: the step after a save holds none of it), throughput, analytic FLOPs and MFU, `tokens_seen`, and
 the time the host spent blocked on the step's input (`data_wait_s`, and `data_wait_fraction` of
 the step's time), and with data.mixture `tokens_seen/<source>` (data/mixture.py says what it counts,
 summed over processes, and over the run: a phase with another data stream adds its sources' tokens
@@ -11,10 +12,11 @@ to those of the earlier streams); a non-finite loss raises `TrainingDiverged`. W
 a start excluded: it includes compilation), one warning line names the fixes. Each row also
 carries the host's 1-minute load average (`load_avg_1m`), beside which its tokens/s is read.
 
-In a run with phases (`core/phases.py`) each row is computed with its step's phase (tokens per
-step, FLOPs) and carries `phase`, its index; the progress bar's ETA is then the FLOPs of the
-remaining steps, phase by phase, at the rate of the latest steps (a step count alone would
-price an 8,192-token step like a 1,024-token one).
+The progress bar's ETA is the FLOPs of the remaining steps at the rate of the latest steps, never
+counting a start's or a phase's first step (it compiles; none is shown before a second step). In a
+run with phases (`core/phases.py`) each row is computed with its step's phase (tokens per step,
+FLOPs) and carries `phase`, its index; the ETA prices the remaining steps phase by phase (a step
+count alone would price an 8,192-token step like a 1,024-token one).
 """
 
 import dataclasses
@@ -104,6 +106,8 @@ class StepRecorder:
     self._num_devices = num_devices
     self._peak = flops.peak_tflops_per_device(jax.devices()[0], c.model.dtype, c.metrics.cpu_peak_tflops)
     self._last_time: float | None = None
+    self._paused_s, self._paused_since = 0.0, None  # Time outside the steps (`pause`), and since when.
+    self._paused_mark = 0.0  # `_paused_s` when the last step's time was taken.
     self._pending: _Pending | None = None
     self._window: list[tuple[float, float]] = []  # (data wait, step time) of recent steps.
     self._warned = False
@@ -125,6 +129,16 @@ class StepRecorder:
     next phase's, whose first step is then timed from its dispatch (as a start's)."""
     self.flush()
     self._last_time = None
+
+  def pause(self) -> None:
+    """The loop leaves the steps for a while (added hooks, a save): until `resume`, wall time is no step's
+    (the first checked save compiles the loss check: seconds on CPU), except a fetch's wait for a step."""
+    self._paused_since = time.perf_counter()
+
+  def resume(self) -> None:
+    if self._paused_since is not None:
+      self._paused_s += time.perf_counter() - self._paused_since
+      self._paused_since = None
 
   def flush(self, probes: Callable[[], dict[str, float]] | None = None) -> None:
     """Fetches and logs the pending step (blocking until it is done); `probes()` adds frozen probe scores."""
@@ -148,11 +162,15 @@ class StepRecorder:
     self._watch_data_wait(p, scalars["step_time"])
 
   def _scalars(self, p: _Pending) -> dict[str, float]:
+    paused = self._paused_since is not None
+    self.resume()  # Waiting for the step's results is its time, also inside a pause (a hook's or a save's fetch).
     host = jax.device_get(p.device_metrics)
     now = time.perf_counter()
     first = self._last_time is None  # The first step after a (re)start includes compilation.
-    dt = now - (p.dispatched_at if first else self._last_time)
-    self._last_time = now
+    dt = now - (p.dispatched_at if first else self._last_time) - (self._paused_s - self._paused_mark)
+    self._last_time, self._paused_mark = now, self._paused_s
+    if paused:
+      self.pause()
     out = {k: float(np.asarray(v)) for k, v in host.items()}
     phase = phases_lib.phase_at(self._phases, p.step)
     per_step = self._flops[phase.index]
@@ -171,8 +189,9 @@ class StepRecorder:
     return out
 
   def _eta(self, step: int, scalars: dict[str, float]) -> float | None:
-    """Seconds left for steps step + 1 .. train.steps at the recent FLOP rate (None: one phase, tqdm's own)."""
-    if len(self._phases) == 1 or self._fetched == 0:  # The first step's time is mostly compilation.
+    """Seconds left for steps step + 1 .. train.steps at the recent FLOP rate of the steps after a start's and
+    a phase's first (tqdm's own rate would count their compile); None until there is one."""
+    if self._fetched == 0:  # The first step's time is mostly compilation.
       return None
     if step != phases_lib.phase_at(self._phases, step).start + 1:  # A phase's first step compiles its program.
       rate = scalars["step_time"] / scalars["flops_per_step"]

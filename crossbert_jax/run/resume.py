@@ -6,7 +6,8 @@ meaning or what the data iterator's saved position points at -- `objective`, `mo
 and `data.path` / `mixture` / `format` / `text_field` / `text_unit` / `seq_len` / `shuffle_seed` -- and a
 tokenizer whose file content or special ids differ from those the run was trained with (its sha256,
 vocabulary size and special ids are stored in every checkpoint; older ones lack the special ids).
-Allowed with a one-line warning: every other key (runtime keys such as `model.remat`,
+A key the saved config lacks (a checkpoint written before the key existed) is compared at the
+default `plan.of_saved` fills in, as the run trained with it. Allowed with a one-line warning: every other key (runtime keys such as `model.remat`,
 `data.worker_count`, `metrics.log_every`, `checkpoint.*`, `mesh.*`, `eval.*`, and the
 optimizer). A change of the learning-rate schedule (`train.steps`, `learning_rate`,
 `warmup_steps`, `decay`, `decay_fraction`, `decay_shape`, `final_lr_ratio`) names the jump: the lr of the next step before and
@@ -143,9 +144,11 @@ def check(workdir: str, step: int, saved: dict, meta: checkpoint.CheckpointMeta 
     fix = ("fork with the source's tokenizer or from a run trained with this one"
            if forking else "resume with the run's tokenizer or use a new --workdir")
     raise UserError(f"{where} trained with {change}; {fix}")
-  a, b = _flat(saved), _flat(json.loads(json.dumps(now.to_dict())))  # As saved: tuples become lists.
-  changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
   old = plan_lib.of_saved(saved)  # Once: its phases and its schedule.
+  # The saved config with the keys added since at today's defaults (as the run is read back), so a key
+  # its checkpoint lacks is compared like one it holds; as saved: tuples become lists.
+  a, b = _flat(json.loads(json.dumps(old.to_dict()))), _flat(json.loads(json.dumps(now.to_dict())))
+  changed = sorted(k for k in b if k in a and a[k] != b[k] and k not in _SILENT)
   phased = phases_lib.has_phases(now) or phases_lib.has_phases(old)
   phase_lines, phase_data = _check_phases(where, step, old, now) if phased else ([], True)
   refused = [k for k in changed if _refused(k) and not (phased and k in phases_lib.OVERRIDABLE)]

@@ -56,10 +56,12 @@ def run(c: plan_lib.RunPlan, workdir: str, *, break_lock: bool = False, started:
   after each step's metrics, in order (`Trainer.add_hook`; the train command's: `train.standard_hooks`).
   """
   started = time.time() if started is None else started
+  hooks_lib.check_hooks(hooks)
   # A file (or one on the way), or a read-only disk, is one line before any work, not a traceback.
   outputs.check_folder_path(workdir, "--workdir", writes_inside=True)
   fork.check_workdir(c, workdir)
   workdir = epath.Path(workdir)
+  profile.check_hosts(c.profile, jax.process_count())
   mesh = sharding.make_mesh(c.mesh)
   phases = list(c.phases)
   phases_lib.check_each(phases, lambda phase: preflight.check_phase(c, phases, phase, mesh))
@@ -154,9 +156,12 @@ class Trainer:
           self._enter(phases_lib.phase_at(self.phases, step_num))
           info = self._step(state, step_num)
           state, rs.step = info.state, step_num
-          took = hooks_lib.run_due(self.hooks, info)
+          took = hooks_lib.run_due(self.hooks[:1], info)  # The metrics row.
+          self.recorder.pause()  # The added hooks and the save are no step's step_time.
+          took.update(hooks_lib.run_due(self.hooks[1:], info))
           save_s = self._save_stage(info)
-        self.profiler.after_step(step_num, info.device_metrics)
+          self.recorder.resume()
+        self.profiler.after_step(step_num, info.device_metrics, final=info.stopping or step_num == end)
         self._account(step_num, began, info, took, save_s)
         if info.stopping:
           self._log_stop(step_num)
@@ -257,16 +262,17 @@ class Trainer:
     sink = wandb_logger.start(c, self.workdir, self.warn) if self.primary else None
     self.logger = metrics.MetricsLogger(str(self.workdir), total_steps=c.train.steps, start_step=start,
                                         enabled=self.primary, tensorboard=c.metrics.tensorboard,
-                                        progress_bar=c.metrics.progress_bar, eta_by_work=len(self.phases) > 1,
-                                        sink=sink)
-    self.profiler = profile.Profiler(c.profile, self.workdir, start + 1, self.logger.log_text)
+                                        progress_bar=c.metrics.progress_bar, eta_by_work=True, sink=sink)
+    end = min(c.train.steps, c.train.stop_at_step or c.train.steps)
+    self.profiler = profile.Profiler(c.profile, self.workdir, start + 1, self.logger.log_text, last_step=end,
+                                     busy=lambda step: profile.busy(c.checkpoint, self.hooks, step), warn=self.warn)
     self.recorder = recorder.StepRecorder(c, mesh.size, self.logger, self._tokens_at, self.progress, self.outcome,
                                           str(self.workdir), self.warn, phases=self.phases)
     self.hooks.insert(0, hooks_lib.metrics(self.recorder, self._source_tokens))
     how = (f"forked from {c.train.fork_from}"
            if self.run_state.forked else f"resuming from step {start}" if restored else "starting")
     self.logger.log_text(f"{c.objective}: {how} in {self.workdir} on {mesh.size} device(s), mesh {dict(mesh.shape)}")
-    self.goodput = goodput.Ledger(self.workdir, self.started, self.primary, max(logged, default=0))
+    self.goodput = goodput.Ledger(self.workdir, self.started, self.primary, max(logged, default=0), self.warn)
     self.goodput.add("restore", restore_s)
     self.goodput.add("startup", time.time() - self.started - restore_s)
 

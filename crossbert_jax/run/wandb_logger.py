@@ -4,12 +4,12 @@ The W&B run id is kept in WORKDIR/wandb_run.json, so a resumed run continues the
 (`resume="allow"`); a fork (or a WSD decay branch) is a new W&B run in the group of its source
 (the source's own group, else the source's run id); `metrics.wandb_group` names a group outright
 (a sweep sets its name, so its runs group). WANDB_MODE=offline writes the run under
-WORKDIR/wandb/ (`wandb sync` uploads it later). W&B never stops training: a missing package or a
-failing call is one warning line, and the run goes on without W&B.
+WORKDIR/wandb/ and says so at the start (`wandb sync DIR` uploads it later). W&B never stops training
+and never prompts: a missing package, no login while not offline (where wandb.init would ask on a
+terminal), or a failing call is one warning line, and the run goes on without W&B.
 """
 
 import json
-import os
 import secrets
 import tempfile
 from typing import Any, Callable
@@ -73,6 +73,13 @@ def start(c: plan_lib.Settings, workdir: epath.Path, warn: Callable[[str], None]
     return None
   path = workdir / RUN_FILE
   try:
+    # WANDB_MODE or `wandb offline`'s setting; silent: the login check prints no "Loaded credentials" lines.
+    mode = wandb.setup(settings=wandb.Settings(silent=True)).settings.mode
+    if mode not in ("offline", "dryrun", "disabled") and not wandb.login(prompt=False, verify=False):
+      # wandb.init would prompt ("Enter your choice") on a terminal and wait for an answer: never.
+      warn("warning: config metrics.wandb=True but W&B has no login (WANDB_API_KEY or `wandb login`) and is not "
+           "offline (WANDB_MODE=offline); training goes on without W&B")
+      return None
     record = json.loads(path.read_text()) if path.exists() else {}
     if not record:
       group = m.wandb_group or (_source_group(c) if c.train.fork_from else "")
@@ -87,6 +94,10 @@ def start(c: plan_lib.Settings, workdir: epath.Path, warn: Callable[[str], None]
     sink = WandbSink(None, warn)
     sink._fail(e)  # pylint: disable=protected-access
     return None
-  if os.environ.get("WANDB_MODE") != "offline":
+  mode = getattr(run.settings, "mode", mode)
+  if mode in ("offline", "dryrun"):
+    where = getattr(run.settings, "sync_dir", None) or str(workdir / "wandb")
+    warn(f"W&B: offline run {record['id']} written to {where}; `wandb sync {where}` uploads it")
+  elif mode != "disabled":
     warn(f"W&B: {getattr(run, 'url', None) or record['id']}")
   return WandbSink(run, warn)
