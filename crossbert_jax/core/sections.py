@@ -79,6 +79,10 @@ class Model(Section):
   # Vocabulary head + cross-entropy over this many predicted slots at a time (a rematerialised
   # scan), so B x Q x V float32 logits never exist whole; Q <= loss_chunk: one plain pass.
   loss_chunk: int = 512
+  # The head's GEMMs: "float32" (bf16 inputs under dtype=bfloat16, but the backward's two GEMMs take
+  # the float32 logit gradient, and recompute the logits) or "bfloat16" (all three GEMMs bf16 with
+  # float32 accumulation; float32 softmax and loss; gradient in the forward pass: no recompute).
+  head_dtype: str = "float32"
   rope_theta: float = 160_000.0  # Global-attention layers (ModernBERT's global_rope_theta).
   local_rope_theta: float = 10_000.0  # Local-attention layers.
   local_window: int = 128  # Total window as in ModernBERT: each token sees +-local_window//2.
