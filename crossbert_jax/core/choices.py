@@ -21,6 +21,7 @@ class Remat(str, enum.Enum):
   NONE = "none"
   FULL = "full"
   DOTS = "dots"
+  AUTO = "auto"  # The least of none / dots / full whose compiled step fits (training/memory.py).
 
 
 class Dtype(str, enum.Enum):

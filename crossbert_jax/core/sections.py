@@ -90,7 +90,10 @@ class Model(Section):
   # Pod-sized variants: bf16 compute, scan and full remat, the settings the pre-flight compile
   # (`python -m crossbert_jax.compile`) shows they need on 16 GiB chips and at L=8192 (docs/scaling.md).
   scan_layers: bool = False  # nn.scan over layers 1..N-1 (layer 0 has no attention pre-norm).
-  remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs only); core/choices.Remat.
+  # "none" | "full" | "dots" (save matmul outputs only) | "auto": the least recomputation whose
+  # compiled step fits memory_budget_gib, else the device's memory (training/memory.py).
+  remat: str = "none"
+  memory_budget_gib: float = 0.0  # remat=auto's budget per device; 0: the device's memory.
   dtype: str = "float32"  # Compute dtype: "float32" | "bfloat16". Params stay float32.
 
   @classmethod
