@@ -98,11 +98,13 @@ def test_every_head_gemm_is_bf16():
   """bf16 hidden states: the bf16 head's three GEMMs (no recompute) take bf16 operands; the float32
   head's backward takes the float32 logit gradient (what the H200 trace showed as f32 GEMMs)."""
   x, w, b, targets, weights = _inputs(jnp.bfloat16)
-  grad = lambda head_dtype: jax.grad(
-      lambda x, w, b: objectives.chunked_cross_entropy(x, (w, b), targets, weights, 8, head_dtype)[0], argnums=(0, 1, 2))
-  dots = _dot_operand_dtypes(grad("bfloat16"), x, w, b)
+  grad = lambda loss: jax.grad(lambda x, w, b: loss(x, w, b)[0], argnums=(0, 1, 2))
+  # As compiled for a GPU or TPU (a CPU multiplies the same bf16 values as float32: XLA:CPU lacks the dot).
+  bf16 = lambda x, w, b: bf16_head.cross_entropy(x, (w, b), targets, weights, 8, jnp.bfloat16, native=True)
+  dots = _dot_operand_dtypes(grad(bf16), x, w, b)
   assert dots and all(d == ("bfloat16", "bfloat16") for d in dots) and len(dots) == 3, dots
-  assert any("float32" in d for d in _dot_operand_dtypes(grad("float32"), x, w, b))
+  f32 = lambda x, w, b: objectives.chunked_cross_entropy(x, (w, b), targets, weights, 8, "float32")
+  assert any("float32" in d for d in _dot_operand_dtypes(grad(f32), x, w, b))
 
 
 def test_bf16_head_never_holds_the_whole_logits():

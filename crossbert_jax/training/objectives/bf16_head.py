@@ -12,6 +12,10 @@ is rounded to bf16 for the two gradient GEMMs (float32 accumulation), d W and d 
 float32 across chunks. The loss is a scalar, so its cotangent only scales what the forward
 computed: three bf16 GEMMs, no recompute, and B x Q x V never exists whole (one B x chunk x V
 tile at a time). The stats (counts) get no gradient, as before.
+
+XLA:CPU has no bf16 x bf16 -> float32 dot for every layout ("Unsupported element type for
+DotThunk"): on a CPU the bf16-rounded operands are multiplied as float32, which is the same
+arithmetic (a product of two bf16 numbers is exact in float32; the sums are float32 either way).
 Shape letters: B batch, Q predicted slots, C slots per chunk, D width, V vocab, N chunks.
 """
 
@@ -20,6 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from crossbert_jax.model import attention_kernels
 from crossbert_jax.training.objectives.losses import LossStats
 
 Array = jax.Array
@@ -32,10 +37,14 @@ def _chunks(a: Array, n: int, chunk: int) -> Array:
   return jnp.moveaxis(a.reshape((b, n, chunk) + a.shape[2:]), 1, 0)
 
 
-def _scan(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk: int, dtype, with_grads: bool):
+def _scan(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk: int, dtype, native: bool, with_grads: bool):
   """(loss, stats) and, `with_grads`, (d x, d W, d b) of the summed loss, one chunk of slots at a time."""
   b, q, d = x_BxQxD.shape
   dtype = jnp.dtype(dtype)
+  if native:
+    dot = lambda spec, u, v: jnp.einsum(spec, u, v, preferred_element_type=jnp.float32)
+  else:  # The same products and float32 sums, as float32 operands (XLA:CPU).
+    dot = lambda spec, u, v: jnp.einsum(spec, u.astype(jnp.float32), v.astype(jnp.float32))
   n = -(-q // chunk)
   c = min(chunk, q)
   w_lo = w_DxV.astype(dtype)
@@ -44,7 +53,7 @@ def _scan(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk: int, dtype, with
   def body(carry, xs_chunk):
     x_BxCxD, t_BxC, wt_BxC = xs_chunk
     x_lo = x_BxCxD.astype(dtype)
-    logits_BxCxV = jnp.einsum("bcd,dv->bcv", x_lo, w_lo, preferred_element_type=jnp.float32) + b_V[None, None, :]
+    logits_BxCxV = dot("bcd,dv->bcv", x_lo, w_lo) + b_V[None, None, :]
     shifted_BxCxV = logits_BxCxV - jnp.max(logits_BxCxV, axis=-1, keepdims=True)
     exp_BxCxV = jnp.exp(shifted_BxCxV)
     sum_BxC = jnp.sum(exp_BxCxV, axis=-1)
@@ -58,8 +67,8 @@ def _scan(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk: int, dtype, with
     is_target = jnp.arange(w_DxV.shape[1])[None, None, :] == t_BxC[..., None]
     dlogits_BxCxV = (exp_BxCxV / sum_BxC[..., None] - is_target) * wt[..., None]
     dl_lo = dlogits_BxCxV.astype(dtype)
-    dx_BxCxD = jnp.einsum("bcv,dv->bcd", dl_lo, w_lo, preferred_element_type=jnp.float32).astype(x_BxCxD.dtype)
-    dw_DxV = jnp.einsum("bcd,bcv->dv", x_lo, dl_lo, preferred_element_type=jnp.float32)
+    dx_BxCxD = dot("bcv,dv->bcd", dl_lo, w_lo).astype(x_BxCxD.dtype)
+    dw_DxV = dot("bcd,bcv->dv", x_lo, dl_lo)
     (tot_loss, tot_stats), (dw, db) = carry
     carry = ((tot_loss + loss, jax.tree.map(jnp.add, tot_stats, stats)), (dw + dw_DxV, db + jnp.sum(dlogits_BxCxV,
                                                                                                      (0, 1))))
@@ -75,18 +84,18 @@ def _scan(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk: int, dtype, with
   return out, (dx_BxQxD, dw, db)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _fused(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk, dtype):
-  return _scan(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk, dtype, with_grads=False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _fused(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk, dtype, native):
+  return _scan(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk, dtype, native, with_grads=False)
 
 
-def _fused_fwd(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk, dtype):
-  out, (dx, dw, db) = _scan(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk, dtype, with_grads=True)
+def _fused_fwd(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk, dtype, native):
+  out, (dx, dw, db) = _scan(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk, dtype, native, with_grads=True)
   return out, (dx, dw.astype(w_DxV.dtype), db.astype(b_V.dtype))
 
 
-def _fused_bwd(chunk, dtype, residuals, cotangents):
-  del chunk, dtype
+def _fused_bwd(chunk, dtype, native, residuals, cotangents):
+  del chunk, dtype, native
   g = cotangents[0]  # The summed loss's; the counts' cotangents are ignored (piecewise constant).
   scale = lambda a: (g * a.astype(jnp.float32)).astype(a.dtype)
   return (*map(scale, residuals), None, None)
@@ -96,9 +105,12 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
 def cross_entropy(x_BxQxD: Array, head: tuple[Array, Array | None], targets_BxQ: Array, weights_BxQ: Array, chunk: int,
-                  dtype=jnp.bfloat16) -> tuple[Array, LossStats]:
+                  dtype=jnp.bfloat16, native: bool | None = None) -> tuple[Array, LossStats]:
   """Summed cross-entropy and stats of logits x @ W + b with `dtype` GEMM inputs (float32 softmax
-  and accumulation), `chunk` slots at a time; the gradient is computed in the forward pass."""
+  and accumulation), `chunk` slots at a time; the gradient is computed in the forward pass.
+  `native`: `dtype` dots with float32 results (default: unless compiling for a CPU)."""
   w_DxV, b_V = head
   bias = jnp.zeros((w_DxV.shape[1],), jnp.float32) if b_V is None else b_V
-  return _fused(x_BxQxD, w_DxV, bias, targets_BxQ, weights_BxQ, chunk, jnp.dtype(dtype).name)
+  if native is None:
+    native = attention_kernels.target_platform() != "cpu"
+  return _fused(x_BxQxD, w_DxV, bias, targets_BxQ, weights_BxQ, chunk, jnp.dtype(dtype).name, bool(native))
