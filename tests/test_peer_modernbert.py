@@ -22,8 +22,9 @@ def _peer():
 def test_the_peer_trains_our_shape_and_counts_our_flops(tmp_path):
   peer = _peer()
   out = tmp_path / "peer.json"
-  assert peer.main([f"--out={out}", "--shape=tiny", "--batch=2", "--seq_len=64", "--steps=2", "--warmup=1",
-                    "--compile=eager", "--device=cpu"]) == 0
+  assert peer.main([
+      f"--out={out}", "--shape=tiny", "--batch=2", "--seq_len=64", "--steps=2", "--warmup=1", "--compile=eager",
+      "--device=cpu"]) == 0
   report = json.loads(out.read_text())
   row = report["variants"]["sdpa"]
   assert row["median_step_s"] > 0 and row["tokens_per_s"] == pytest.approx(2 * 64 / row["median_step_s"])

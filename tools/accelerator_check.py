@@ -220,18 +220,29 @@ def bench(dry_run: bool, out: pathlib.Path, work: pathlib.Path) -> dict[str, Any
     step_flops = flops.train_flops_per_step(c)
     stats = (device.memory_stats() or {}) if hasattr(device, "memory_stats") else {}
     rows[name] = {
-        "variant": "tiny" if dry_run else "base", "batch_size": c.train.batch_size, "seq_len": c.data.seq_len,
-        "dtype": "bfloat16", "keys": keys, "global_every": c.model.global_every, "remat": timing["remat"],
-        "head_dtype": c.model.head_dtype, "attention": c.model.attention, "median_step_s": timing["median_s"],
-        "compile_s": timing["compile_s"], "temp_bytes": timing["temp_bytes"],
+        "variant": "tiny" if dry_run else "base",
+        "batch_size": c.train.batch_size,
+        "seq_len": c.data.seq_len,
+        "dtype": "bfloat16",
+        "keys": keys,
+        "global_every": c.model.global_every,
+        "remat": timing["remat"],
+        "head_dtype": c.model.head_dtype,
+        "attention": c.model.attention,
+        "median_step_s": timing["median_s"],
+        "compile_s": timing["compile_s"],
+        "temp_bytes": timing["temp_bytes"],
         "tokens_per_s": c.train.batch_size * c.data.seq_len / timing["median_s"],
         "achieved_tflops": step_flops / timing["median_s"] / 1e12,
         "mfu": step_flops / timing["median_s"] / chip.peak_flops if chip else None,
         # The process's peak so far (JAX cannot reset it): an upper bound for this case.
-        "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "loss": timing["loss"],
+        "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+        "loss": timing["loss"],
         **(_save_trace(trace_dir, out, name) if traced else {})}
   failed = [n for n, r in rows.items() if "error" in r]
-  return {"chip": chip.name if chip else None, "cases": rows, "passed": not failed, **({"failed": failed} if failed else {})}
+  return {
+      "chip": chip.name if chip else None, "cases": rows, "passed": not failed,
+      **({"failed": failed} if failed else {})}
 
 
 def peer(dry_run: bool, out: pathlib.Path) -> dict[str, Any]:
@@ -244,8 +255,9 @@ def peer(dry_run: bool, out: pathlib.Path) -> dict[str, Any]:
     return {"passed": False, "rc": proc.returncode, "error": _tail(proc)}
   result = json.loads(path.read_text())
   path.unlink()  # Kept in the check's JSON.
-  return {**result, "rc": proc.returncode, "passed": proc.returncode == 0,
-          **({"error": _tail(proc)} if proc.returncode else {})}
+  return {
+      **result, "rc": proc.returncode, "passed": proc.returncode == 0,
+      **({"error": _tail(proc)} if proc.returncode else {})}
 
 
 def add_vs_peer(report: dict[str, Any]) -> None:
@@ -258,8 +270,9 @@ def add_vs_peer(report: dict[str, Any]) -> None:
 
 def format_table(report: dict[str, Any]) -> str:
   """Ours and the peer: step ms, tokens/s, MFU, memory, vs the peer's best."""
-  lines = [f"{'case':<24} {'layers':<11} {'remat':<5} {'head':<8} {'attention':<9} {'step ms':>8} {'tok/s':>9} "
-           f"{'MFU':>6} {'GiB':>6} {'vs peer':>7}"]
+  lines = [
+      f"{'case':<24} {'layers':<11} {'remat':<5} {'head':<8} {'attention':<9} {'step ms':>8} {'tok/s':>9} "
+      f"{'MFU':>6} {'GiB':>6} {'vs peer':>7}"]
   pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
   for name, r in report["steps"].get("bench", {}).get("cases", {}).items():
     if "tokens_per_s" not in r:
@@ -384,8 +397,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--out", required=True, help="folder for accelerator_check.json and the runs")
   parser.add_argument("--work", default="", help="folder for the runs (default: OUT/runs)")
   parser.add_argument("--dry_run", action="store_true", help="tiny shapes on the CPU (the suite runs this)")
-  parser.add_argument("--steps", default="", help="comma-separated steps, in order, or 'all' (default: the "
-                      f"speed table, {DEFAULT_STEPS}; with --dry_run: all)")
+  parser.add_argument(
+      "--steps", default="", help="comma-separated steps, in order, or 'all' (default: the "
+      f"speed table, {DEFAULT_STEPS}; with --dry_run: all)")
   a = parser.parse_args(argv)
   out = pathlib.Path(a.out)
   work = pathlib.Path(a.work) if a.work else out / "runs"

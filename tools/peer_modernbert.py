@@ -43,8 +43,8 @@ GLOBAL_EVERY, WINDOW = 3, 128
 
 def our_plan(shape: str, batch: int, seq_len: int) -> plan_lib.RunPlan:
   """Our BERT r=0.15 bench case at this shape with ModernBERT's layer pattern (the FLOP count's input)."""
-  c = benchmark.case_config(config_lib.get_config("crossbert", shape), benchmark.CASES[0][2], seq_len,
-                            batch_size=batch, dtype="bfloat16")
+  c = benchmark.case_config(config_lib.get_config("crossbert", shape), benchmark.CASES[0][2], seq_len, batch_size=batch,
+                            dtype="bfloat16")
   return plan_lib.with_keys(c, {"model.global_every": GLOBAL_EVERY, "model.local_window": WINDOW})
 
 
@@ -52,11 +52,12 @@ def hf_config(c: plan_lib.Settings, attn: str):
   from transformers import ModernBertConfig  # pylint: disable=g-import-not-at-top
 
   m = c.model
-  return ModernBertConfig(
-      vocab_size=m.vocab_size, hidden_size=m.embed_dim, intermediate_size=m.mlp_dim, num_hidden_layers=m.num_layers,
-      num_attention_heads=m.num_heads, global_attn_every_n_layers=m.global_every, local_attention=m.local_window,
-      max_position_embeddings=max(8192, c.data.seq_len), pad_token_id=0, bos_token_id=1, eos_token_id=2,
-      cls_token_id=1, sep_token_id=2, sparse_prediction=True, attn_implementation=attn)
+  return ModernBertConfig(vocab_size=m.vocab_size, hidden_size=m.embed_dim, intermediate_size=m.mlp_dim,
+                          num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
+                          global_attn_every_n_layers=m.global_every, local_attention=m.local_window,
+                          max_position_embeddings=max(8192,
+                                                      c.data.seq_len), pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                          cls_token_id=1, sep_token_id=2, sparse_prediction=True, attn_implementation=attn)
 
 
 def _inputs(c: plan_lib.Settings, device, seed: int = 0):
@@ -135,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
   modes = a.compile.split(",")
   bad = [m for m in modes if m not in ("eager", "compiled")]
   if bad or a.shape not in config_lib.VARIANTS or min(a.batch, a.seq_len, a.steps) < 1 or a.warmup < 0:
-    print(f"error: --compile={a.compile} --shape={a.shape} --batch={a.batch} --seq_len={a.seq_len} --steps={a.steps}: "
-          f"use eager/compiled, one of {', '.join(config_lib.VARIANTS)}, positive sizes", file=sys.stderr)
+    print(
+        f"error: --compile={a.compile} --shape={a.shape} --batch={a.batch} --seq_len={a.seq_len} --steps={a.steps}: "
+        f"use eager/compiled, one of {', '.join(config_lib.VARIANTS)}, positive sizes", file=sys.stderr)
     return 2
   try:
     import torch  # pylint: disable=g-import-not-at-top
@@ -170,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
       except Exception as e:  # noqa: BLE001 - a variant this machine cannot run is recorded, not fatal.
         row = {"error": f"{type(e).__name__}: {e}"[:500]}
       report["variants"][name] = row
-      print(f"peer {name}: " + (f"{1e3 * row['median_step_s']:.1f} ms, {row['tokens_per_s']:,.0f} tok/s" +
-                                (f", MFU {100 * row['mfu']:.1f}%" if row.get("mfu") else "")
-                                if "median_step_s" in row else row.get("error", "")), flush=True)
+      print(
+          f"peer {name}: " + (f"{1e3 * row['median_step_s']:.1f} ms, {row['tokens_per_s']:,.0f} tok/s" +
+                              (f", MFU {100 * row['mfu']:.1f}%" if row.get("mfu") else "")
+                              if "median_step_s" in row else row.get("error", "")), flush=True)
       if device.type == "cuda":
         torch.cuda.empty_cache()
   measured = {n: r for n, r in report["variants"].items() if "tokens_per_s" in r}

@@ -40,6 +40,7 @@ HBM_GIB: dict[str, float] = {
     "L40S": 48.0,
     "L4": 24.0,}
 
+
 def hbm_bytes(device: jax.Device) -> int | None:
   """Per-device memory: the runtime's limit for a local accelerator, else the HBM_GIB table."""
   if device.platform == "cpu":
@@ -67,7 +68,6 @@ def compiled_memory(compiled) -> dict[str, int]:
   out["total_bytes"] = (out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"] +
                         out["generated_code_bytes"])
   return out
-
 
 
 # Least recomputation first: the first that fits wins.

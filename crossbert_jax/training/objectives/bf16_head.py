@@ -70,9 +70,8 @@ def _scan(x_BxQxD, w_DxV, b_V, targets_BxQ, weights_BxQ, chunk: int, dtype, nati
     dx_BxCxD = dot("bcv,dv->bcd", dl_lo, w_lo).astype(x_BxCxD.dtype)
     dw_DxV = dot("bcd,bcv->dv", x_lo, dl_lo)
     (tot_loss, tot_stats), (dw, db) = carry
-    carry = ((tot_loss + loss, jax.tree.map(jnp.add, tot_stats, stats)), (dw + dw_DxV, db + jnp.sum(dlogits_BxCxV,
-                                                                                                     (0, 1))))
-    return carry, dx_BxCxD
+    totals = (tot_loss + loss, jax.tree.map(jnp.add, tot_stats, stats))
+    return (totals, (dw + dw_DxV, db + jnp.sum(dlogits_BxCxV, (0, 1)))), dx_BxCxD
 
   zero = jnp.zeros((), jnp.float32)
   init = (zero, LossStats(zero, zero))
