@@ -37,6 +37,7 @@ class Attention(str, enum.Enum):
   CHUNKED = "chunked"
   SPLASH = "splash"
   GPU_FLASH = "gpu_flash"
+  CUDNN = "cudnn"
 
 
 class Decay(str, enum.Enum):

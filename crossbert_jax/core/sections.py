@@ -70,7 +70,8 @@ class Model(Section):
   norm_eps: float = 1e-5
   init_std: float = 0.02
   # Attention kernel (model/attention.py), every layer: "xla" dense scores (the reference),
-  # "chunked" blocked online softmax in XLA, "splash" (TPU Pallas), "gpu_flash" (Pallas GPU), or
+  # "chunked" blocked online softmax in XLA, "splash" (TPU Pallas), "gpu_flash" (Pallas GPU), "cudnn"
+  # (cuDNN's fused attention, the mask passed whole; GPU, bf16), or
   # "auto": splash on TPU, gpu_flash on GPU, on CPU chunked from attention_chunked_min_len keys.
   attention: str = "auto"
   attention_block_q: int = 512  # Query tile of splash / gpu_flash (splash rounds up to 128s).
