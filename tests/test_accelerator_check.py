@@ -30,12 +30,13 @@ def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   assert report["dry_run"] and list(steps) == [
       "peer", "versions", "attention", "attention_speed", "bench", "resume", "export", "tests"]
   assert all(r.get("passed", True) for r in steps.values()), json.dumps(steps)[:3000]
-  assert set(steps["attention"]["backends"]) == {"chunked", "gpu_flash"}
+  assert set(steps["attention"]["backends"]) == {"chunked", "gpu_flash", "cudnn_bf16"}
+  assert "cudnn" in steps["attention_speed"]["backends"]
   assert all(r["median_ms"] > 0 for r in steps["attention_speed"]["backends"].values())
   peer = steps["peer"]  # transformers' ModernBERT at the tiny shape, on the CPU.
   assert peer["variants"]["sdpa"]["tokens_per_s"] > 0 and peer["best"] == "sdpa"
   cases = steps["bench"]["cases"]
-  assert list(cases) == ["bert_r0.15", "cb_r0.5_k1", "bert_mb_attention_xla", "bert_mb_levers", "cb_mb_levers"]
+  assert list(cases) == ["bert_r0.15", "cb_r0.5_k1", "bert_mb_levers", "cb_mb_levers", "bert_mb_attention_cudnn"]
   assert all(case["tokens_per_s"] > 0 for case in cases.values())
   for case in cases.values():
     assert case["vs_peer"] == case["tokens_per_s"] / peer["best_tokens_per_s"]
