@@ -47,6 +47,7 @@ def main(argv: list[str]) -> None:
                       "cases): drop it, or drop --data to time train steps")
     return feed_bench.main(_OUT.value)
   xla_flags.set_cpu_flags()
+  xla_flags.set_gpu_flags()
   plan = plan_lib.build(config_lib.from_flag(_CONFIG.value))
   phase = plan.phase(_PHASE.value, "--phase")
   if len(plan.phases) > 1 or plan.train.phases:

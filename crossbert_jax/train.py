@@ -79,6 +79,7 @@ def main(argv):
   no_positional(argv, "; use --config=..., --workdir=..., --config.key=value")
   require("workdir", advice=": the run directory for checkpoints and metrics")
   xla_flags.set_cpu_flags()  # Before the first JAX computation (jax.distributed included).
+  xla_flags.set_gpu_flags()
   if _DISTRIBUTED.value:
     if jax.config.jax_platforms == "cpu" or _COORDINATOR.value:
       jax.config.update("jax_cpu_collectives_implementation", "gloo")

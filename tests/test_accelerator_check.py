@@ -28,12 +28,22 @@ def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   report = json.loads((tmp_path / "out" / "accelerator_check.json").read_text())
   steps = report["steps"]
   assert report["dry_run"] and list(steps) == [
-      "versions", "attention", "attention_speed", "bench", "resume", "export", "tests"]
+      "peer", "versions", "attention", "attention_speed", "bench", "resume", "export", "tests"]
   assert all(r.get("passed", True) for r in steps.values()), json.dumps(steps)[:3000]
-  assert set(steps["attention"]["backends"]) == {"chunked", "gpu_flash"}
+  assert set(steps["attention"]["backends"]) == {"chunked", "gpu_flash", "cudnn_bf16"}
+  assert "cudnn" in steps["attention_speed"]["backends"]
   assert all(r["median_ms"] > 0 for r in steps["attention_speed"]["backends"].values())
-  assert all(case["tokens_per_s"] > 0 for case in steps["bench"]["cases"].values())
-  for case in steps["bench"]["cases"].values():  # Each case's trace came back and parses with jax's reader.
+  peer = steps["peer"]  # transformers' ModernBERT at the tiny shape, on the CPU.
+  assert peer["variants"]["sdpa"]["tokens_per_s"] > 0 and peer["best"] == "sdpa"
+  cases = steps["bench"]["cases"]
+  assert list(cases) == ["bert_r0.15", "cb_r0.5_k1", "bert_mb_levers", "cb_mb_levers", "bert_mb_attention_cudnn"]
+  assert all(case["tokens_per_s"] > 0 for case in cases.values())
+  for case in cases.values():
+    assert case["vs_peer"] == case["tokens_per_s"] / peer["best_tokens_per_s"]
+  assert cases["bert_mb_levers"]["global_every"] == 3 and cases["bert_mb_levers"]["head_dtype"] == "bfloat16"
+  assert cases["bert_mb_levers"]["remat"] == "none"  # auto, with no memory size known on a CPU.
+  assert "case " in log and "peer sdpa" in log  # The table.
+  for case in (c for c in cases.values() if "trace" in c):  # Each case's trace came back and parses with jax's reader.
     xspace = gzip.decompress((tmp_path / "out" / case["trace"]).read_bytes())
     planes = [plane.name for plane in jax.profiler.ProfileData.from_serialized_xspace(xspace).planes]
     assert any(name.startswith("/host:CPU") for name in planes), planes
@@ -41,8 +51,8 @@ def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   assert resumed["killed_before_it_finished"] and resumed["final_steps"] == [12, 12] and resumed["bitwise"]
   assert "verified" in steps["export"]["verify_lines"][0]
   assert sorted(os.listdir(tmp_path / "out")) == [
-      "accelerator_check.json", "accelerator_check.log", "profile_bert_r0.15.xplane.pb.gz",
-      "profile_cb_r0.5_k1.xplane.pb.gz"]
+      "accelerator_check.json", "accelerator_check.log", "profile_bert_mb_levers.xplane.pb.gz",
+      "profile_bert_r0.15.xplane.pb.gz", "profile_cb_mb_levers.xplane.pb.gz", "profile_cb_r0.5_k1.xplane.pb.gz"]
 
 
 def _wrapper(*args: str, tmp_path, out_env: str | None = None, wait: bool = True):

@@ -3,21 +3,30 @@ r"""One prepared check of an accelerator (a lent GPU, minutes long): writes one 
   python tools/accelerator_check.py --out=results/accelerator [--work=/tmp/runs] [--dry_run]
 
 Steps, each recorded (passed or not, seconds, figures) and none stopping the others:
+  peer       transformers' ModernBertForMaskedLM (torch) at the bench's shape with ModernBERT's layer
+             pattern (tools/peer_modernbert.py, its own process, first: before JAX holds the GPU):
+             step time, tokens/s, MFU by our FLOP formula per attention implementation, eager and
+             torch.compile'd.
   versions   Python, jax, jaxlib, flax, optax, orbax, grain; the devices.
   attention  every attention backend (xla, chunked, gpu_flash; splash on a TPU) against dense,
              forward and gradients, on the default device.
   attention_speed  forward + backward time of each backend in bf16 at the bench's shape, and of
              cuDNN's fused attention on a GPU (the reference).
-  bench      the real bf16 train step of `base` at L=1024: CrossBERT r=0.5 K=1 and BERT r=0.15
-             (step time, tokens/s, MFU against the chip's peak, peak device memory), then a
-             jax.profiler trace of 3 more steps each: OUT/profile_<case>.xplane.pb.gz.
+  bench      the real bf16 train step of `base` at L=1024, one case per row of BENCH_CASES: BERT r=0.15
+             and CrossBERT r=0.5 K=1 with all layers global and with ModernBERT's pattern (global
+             every 3rd layer, window 128), each lever alone and all together (step time, tokens/s,
+             MFU against the chip's peak, XLA's temporaries, vs_peer: tokens/s over the peer's
+             best); the traced cases get a jax.profiler trace of 3 more steps:
+             OUT/profile_<case>.xplane.pb.gz.
   resume     `small` trained 200 steps straight, and again killed (SIGKILL) after its step-100
              checkpoint and resumed: the two final params compared (bitwise, or the largest
              difference).
   export     `export --verify` of that run (transformers and sentence-transformers on the CPU).
   tests      the suite's sharding and masking tests on the default device.
---dry_run: the same steps at tiny shapes on this machine's CPU (the suite runs it, so the script
-stays working between loans). tools/accelerator_check.sh is the wrapper that installs wheels and
+The default steps are the speed table (peer, versions, attention, attention_speed, bench: about
+6 minutes on an H200); `--steps=all` adds resume, export and tests (run2 and run5 passed them).
+--dry_run: every step at tiny shapes on this machine's CPU (the suite runs it, so the script stays
+working between loans). tools/accelerator_check.sh is the wrapper that installs wheels and
 keeps the log; docs/benchmarks.md says how the figures are read.
 """
 
@@ -44,10 +53,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from crossbert_jax.core import config as config_lib  # noqa: E402
+from crossbert_jax.core import plan as plan_lib  # noqa: E402
+from crossbert_jax.core import xla_flags  # noqa: E402
+from crossbert_jax.core.errors import UserError  # noqa: E402
 from crossbert_jax.model import attention as attention_lib  # noqa: E402
 from crossbert_jax.perf import benchmark, roofline  # noqa: E402
 from crossbert_jax.training import flops  # noqa: E402
 
+DEFAULT_STEPS = "peer,versions,attention,attention_speed,bench"
+ALL_STEPS = DEFAULT_STEPS + ",resume,export,tests"
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "ml-collections", "transformers", "torch")
 
 
@@ -98,7 +112,18 @@ def attention(dry_run: bool) -> dict[str, Any]:
         "grad_max_abs_diff": max(float(jnp.max(jnp.abs(g - d))) for g, d in zip(grads, dense_grads)),
         "seconds": time.perf_counter() - t0}
   worst = max(max(r["forward_max_abs_diff"], r["grad_max_abs_diff"]) for r in rows.values())
-  return {"shape_BxTxHxK": [b, length, heads, k], "backends": rows, "passed": worst < 1e-3}
+  # cudnn runs bf16 only: its inputs rounded to bf16, against dense on those same values in float32.
+  lo = [a.astype(jnp.bfloat16) for a in (q, kk, v)]
+  spec = attention_lib.AttentionSpec(backend="cudnn", interpret=on_cpu)
+  try:
+    got = jax.jit(lambda *a: attention_lib.attention(*a, seg, spec=spec))(*lo).astype(jnp.float32)
+    ref = jax.jit(lambda *a: attention_lib.attention(*a, seg, spec=attention_lib.AttentionSpec("xla")))(
+        *(a.astype(jnp.float32) for a in lo))
+    rows["cudnn_bf16"] = {"forward_max_abs_diff": float(jnp.max(jnp.abs(got - ref)))}
+    cudnn_ok = rows["cudnn_bf16"]["forward_max_abs_diff"] < 3e-2  # bf16 outputs: 2^-8 of values ~1.
+  except Exception as e:  # noqa: BLE001 - recorded; the float32 backends decide the step.
+    rows["cudnn_bf16"], cudnn_ok = {"error": f"{type(e).__name__}: {e}"[:300]}, False
+  return {"shape_BxTxHxK": [b, length, heads, k], "backends": rows, "passed": worst < 1e-3 and cudnn_ok}
 
 
 def attention_speed(dry_run: bool) -> dict[str, Any]:
@@ -109,8 +134,9 @@ def attention_speed(dry_run: bool) -> dict[str, Any]:
   q, kk, v, seg = _attention_inputs((b, length, heads, k), jnp.bfloat16, seed=1)
   on_cpu = jax.default_backend() == "cpu"
   fns = {}
-  for backend in ["xla", "chunked", "gpu_flash"] + (["splash"] if jax.default_backend() == "tpu" else []):
-    spec = attention_lib.AttentionSpec(backend=backend, interpret=on_cpu and backend in ("gpu_flash", "splash"))
+  for backend in ["xla", "chunked", "gpu_flash", "cudnn"] + (["splash"] if jax.default_backend() == "tpu" else []):
+    spec = attention_lib.AttentionSpec(backend=backend, interpret=on_cpu and
+                                       backend in ("gpu_flash", "splash", "cudnn"))
     fns[backend] = functools.partial(attention_lib.attention, q_seg_BxT=seg, spec=spec)
   if jax.default_backend() == "gpu":
     mask = (seg[:, None, :, None] == seg[:, None, None, :])
@@ -133,7 +159,7 @@ def attention_speed(dry_run: bool) -> dict[str, Any]:
       rows[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
   return {
       "shape_BxLxHxK": [b, length, heads, k], "dtype": "bfloat16", "backends": rows,
-      "passed": all("median_ms" in r for n, r in rows.items() if not n.startswith("cudnn"))}
+      "passed": all("median_ms" in r for n, r in rows.items() if not n.startswith("cudnn (reference)"))}
 
 
 def _save_trace(trace_dir: pathlib.Path, out: pathlib.Path, name: str) -> dict[str, Any]:
@@ -147,31 +173,142 @@ def _save_trace(trace_dir: pathlib.Path, out: pathlib.Path, name: str) -> dict[s
   return {"trace": target.name, "trace_bytes": target.stat().st_size}
 
 
-def bench(dry_run: bool, out: pathlib.Path, work: pathlib.Path) -> dict[str, Any]:
-  """The bf16 train step of each case on one device: time, tokens/s, MFU, peak memory; then a
-  jax.profiler trace of benchmark.TRACED_STEPS more steps, saved into OUT."""
+# ModernBERT-base's layer pattern: global attention every 3rd layer, the others a 128-token window.
+MB = {"model.global_every": 3, "model.local_window": 128}
+LEVERS = {"model.remat": "auto", "model.head_dtype": "bfloat16"}
+# (case, benchmark.CASES entry, config keys over `base`'s, traced). `base` as is: remat full, float32
+# head, attention auto (gpu_flash on a GPU; local layers fall back to chunked there).
+BENCH_CASES = (
+    ("bert_r0.15", "bert_r0.15", {}, True),  # All global: run1-run5's rows.
+    ("cb_r0.5_k1", "cb_r0.5_k1", {}, True),
+    ("bert_mb", "bert_r0.15", MB, False),  # ModernBERT's pattern, the peer's.
+    ("cb_mb", "cb_r0.5_k1", MB, False),
+    ("bert_mb_levers", "bert_r0.15", {**MB, **LEVERS}, True),
+    ("cb_mb_levers", "cb_r0.5_k1", {**MB, **LEVERS}, True),
+    ("bert_mb_attention_cudnn", "bert_r0.15", {**MB, "model.attention": "cudnn"}, False),
+    ("bert_mb_attention_xla", "bert_r0.15", {**MB, "model.attention": "xla"}, False),
+    ("bert_mb_remat_auto", "bert_r0.15", {**MB, "model.remat": "auto"}, False),
+    ("bert_mb_head_bf16", "bert_r0.15", {**MB, "model.head_dtype": "bfloat16"}, False),
+    ("bert_r0.15_levers", "bert_r0.15", LEVERS, False),
+    ("cb_r0.5_k1_levers", "cb_r0.5_k1", LEVERS, False),
+)
+BENCH_BUDGET_S = 230  # No case starts after this (the wrapper stops the check at 480 s).
+# The dry run's cases: every code path of the table (each lever, both patterns, both objectives) in
+# five compiles, not eleven.
+DRY_RUN_CASES = ("bert_r0.15", "cb_r0.5_k1", "bert_mb_levers", "cb_mb_levers", "bert_mb_attention_cudnn")
+
+
+def bench_config(name: str, dry_run: bool):
+  """The plan of bench case `name` (BENCH_CASES) at the check's shape."""
   variant, seq_len, batch = ("tiny", 64, 8) if dry_run else ("base", 1024, 32)
+  _, case, keys, _ = next(row for row in BENCH_CASES if row[0] == name)
+  edit = next(e for n, _, e in benchmark.CASES if n == case)
+  # case_config times float32 by default; the accelerator is judged in bf16.
+  c = benchmark.case_config(config_lib.get_config("crossbert", variant), edit, seq_len, batch_size=batch,
+                            dtype="bfloat16")
+  if dry_run and "model.local_window" in keys:  # The tiny rows are 64 long: a window that masks something.
+    keys = {**keys, "model.local_window": 16}
+  return plan_lib.with_keys(c, keys)
+
+
+def bench(dry_run: bool, out: pathlib.Path, work: pathlib.Path,
+          on_case: Callable[[dict[str, Any]], None] = lambda rows: None) -> dict[str, Any]:
+  """The bf16 train step of each case on one device: time, tokens/s, MFU, memory; then, for the traced
+  cases, a jax.profiler trace of benchmark.TRACED_STEPS more steps, saved into OUT. `on_case(rows)`
+  after each case (the JSON is rewritten: a check stopped mid-bench keeps the cases it measured)."""
   device = jax.devices()[0]
   chip = roofline.chip_for(device.device_kind)
   rows = {}
-  for name, _, edit in benchmark.CASES:
-    if name not in ("bert_r0.15", "cb_r0.5_k1"):
+  t0 = time.perf_counter()
+  for name, _, keys, traced in BENCH_CASES:
+    if dry_run and name not in DRY_RUN_CASES:
       continue
-    # case_config times float32 by default; the accelerator is judged in bf16.
-    c = benchmark.case_config(config_lib.get_config("crossbert", variant), edit, seq_len, batch_size=batch,
-                              dtype="bfloat16")
-    trace_dir = work / f"trace_{name}"
-    timing = benchmark.time_case(c, steps=3 if dry_run else 10, warmup=1 if dry_run else 3, trace_dir=str(trace_dir))
+    if not dry_run and time.perf_counter() - t0 > BENCH_BUDGET_S:
+      rows[name] = {"skipped": f"past the bench's {BENCH_BUDGET_S} s"}
+      continue
+    c = bench_config(name, dry_run)
+    trace_dir = work / f"trace_{name}" if traced else None
+    try:
+      timing = benchmark.time_case(c, steps=3 if dry_run else 10, warmup=1 if dry_run else 3,
+                                   trace_dir=str(trace_dir) if traced else "")
+    except Exception as e:  # noqa: BLE001 - a case that fails (e.g. out of memory) is recorded; the others run.
+      rows[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+      continue
     step_flops = flops.train_flops_per_step(c)
     stats = (device.memory_stats() or {}) if hasattr(device, "memory_stats") else {}
     rows[name] = {
-        "variant": variant, "batch_size": batch, "seq_len": seq_len, "dtype": "bfloat16",
-        "median_step_s": timing["median_s"], "compile_s": timing["compile_s"],
-        "tokens_per_s": batch * seq_len / timing["median_s"], "achieved_tflops": step_flops / timing["median_s"] / 1e12,
+        "variant": "tiny" if dry_run else "base",
+        "batch_size": c.train.batch_size,
+        "seq_len": c.data.seq_len,
+        "dtype": "bfloat16",
+        "keys": keys,
+        "global_every": c.model.global_every,
+        "remat": timing["remat"],
+        "head_dtype": c.model.head_dtype,
+        "attention": c.model.attention,
+        "median_step_s": timing["median_s"],
+        "compile_s": timing["compile_s"],
+        "temp_bytes": timing["temp_bytes"],
+        "tokens_per_s": c.train.batch_size * c.data.seq_len / timing["median_s"],
+        "achieved_tflops": step_flops / timing["median_s"] / 1e12,
         "mfu": step_flops / timing["median_s"] / chip.peak_flops if chip else None,
-        "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "loss": timing["loss"],
-        **_save_trace(trace_dir, out, name)}
-  return {"chip": chip.name if chip else None, "cases": rows, "passed": True}
+        # The process's peak so far (JAX cannot reset it): an upper bound for this case.
+        "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+        "loss": timing["loss"],
+        **(_save_trace(trace_dir, out, name) if traced else {})}
+    on_case(rows)
+  failed = [n for n, r in rows.items() if "error" in r]
+  return {
+      "chip": chip.name if chip else None, "cases": rows, "passed": not failed,
+      **({"failed": failed} if failed else {})}
+
+
+def peer(dry_run: bool, out: pathlib.Path) -> dict[str, Any]:
+  """tools/peer_modernbert.py in its own process (torch gets the GPU JAX has not taken yet)."""
+  args = (["--shape=tiny", "--batch=2", "--seq_len=64", "--steps=2", "--warmup=1", "--compile=eager", "--device=cpu"]
+          if dry_run else ["--budget_s=90"])
+  path = out / "peer.json"
+  proc = _python("tools/peer_modernbert.py", f"--out={path}", *args, timeout=420)
+  if not path.is_file():
+    return {"passed": False, "rc": proc.returncode, "error": _tail(proc)}
+  result = json.loads(path.read_text())
+  path.unlink()  # Kept in the check's JSON.
+  return {
+      **result, "rc": proc.returncode, "passed": proc.returncode == 0,
+      **({"error": _tail(proc)} if proc.returncode else {})}
+
+
+def add_vs_peer(report: dict[str, Any]) -> None:
+  """Each bench case's tokens/s over the peer's best (in place), when both were measured."""
+  best = report["steps"].get("peer", {}).get("best_tokens_per_s")
+  for row in report["steps"].get("bench", {}).get("cases", {}).values():
+    if best and "tokens_per_s" in row:
+      row["vs_peer"] = row["tokens_per_s"] / best
+
+
+def format_table(report: dict[str, Any]) -> str:
+  """Ours and the peer: step ms, tokens/s, MFU, memory, vs the peer's best."""
+  lines = [
+      f"{'case':<24} {'layers':<11} {'remat':<5} {'head':<8} {'attention':<9} {'step ms':>8} {'tok/s':>9} "
+      f"{'MFU':>6} {'GiB':>6} {'vs peer':>7}"]
+  pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+  for name, r in report["steps"].get("bench", {}).get("cases", {}).items():
+    if "tokens_per_s" not in r:
+      lines.append(f"{name:<24} {r.get('error', r.get('skipped', ''))[:80]}")
+      continue
+    layers = "all global" if r["global_every"] == 1 else f"global/{r['global_every']}"
+    lines.append(f"{name:<24} {layers:<11} {r['remat']:<5} {r['head_dtype'][:8]:<8} {r['attention']:<9} "
+                 f"{1e3 * r['median_step_s']:>8.1f} {r['tokens_per_s']:>9,.0f} {pct(r['mfu']):>6} "
+                 f"{r['temp_bytes'] / 2**30:>6.2f} {r.get('vs_peer', 0):>6.2f}x")
+  for name, r in report["steps"].get("peer", {}).get("variants", {}).items():
+    if "tokens_per_s" not in r:
+      lines.append(f"peer {name:<19} {r.get('error', r.get('skipped', ''))[:80]}")
+      continue
+    gib = "-" if r["peak_bytes_allocated"] is None else f"{r['peak_bytes_allocated'] / 2**30:.2f}"
+    lines.append(f"{'peer ' + name:<24} {'global/3':<11} {'-':<5} {'torch':<8} {name.split('+')[0][:9]:<9} "
+                 f"{1e3 * r['median_step_s']:>8.1f} {r['tokens_per_s']:>9,.0f} {pct(r['mfu']):>6} {gib:>6} "
+                 f"{'':>7}")
+  return "\n".join(lines)
 
 
 def _python(*args: str, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -254,6 +391,12 @@ def tests(dry_run: bool) -> dict[str, Any]:
       **({"error": _tail(proc)} if proc.returncode else {})}
 
 
+def _backend() -> str:
+  """JAX's backend, asked in another process: this one must not take the GPU before the peer runs."""
+  proc = _python("-c", "import jax; print(jax.default_backend())", timeout=120)
+  return proc.stdout.strip() or "not importable"
+
+
 def _refusal(asked: list[str], known: list[str], out: pathlib.Path, dry_run: bool) -> str | None:
   """Why the check cannot start, checked before anything is written; None when it can."""
   unknown = [s for s in asked if s not in known]
@@ -261,7 +404,7 @@ def _refusal(asked: list[str], known: list[str], out: pathlib.Path, dry_run: boo
     return f"--steps {','.join(unknown)}: use some of {','.join(known)}"
   if out.exists() and not out.is_dir():
     return f"--out {out} is a file: give a folder"
-  if not dry_run and jax.default_backend() == "cpu":  # The full-size steps would run for minutes on the CPU.
+  if not dry_run and _backend() == "cpu":  # The full-size steps would run for minutes on the CPU.
     return ("no GPU found (jax's backend is cpu): run this on the lent GPU machine, or pass --dry_run for the tiny "
             "shapes on the CPU")
   return None
@@ -272,25 +415,47 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--out", required=True, help="folder for accelerator_check.json and the runs")
   parser.add_argument("--work", default="", help="folder for the runs (default: OUT/runs)")
   parser.add_argument("--dry_run", action="store_true", help="tiny shapes on the CPU (the suite runs this)")
-  parser.add_argument("--steps", default="versions,attention,attention_speed,bench,resume,export,tests",
-                      help="comma-separated subset of the steps, in order")
+  parser.add_argument(
+      "--xla_gpu_preset", default="", help="an XLA:GPU flag preset of core/xla_flags.GPU_PRESETS "
+      "for this call (its steps and the runs it starts): a second call measures it")
+  parser.add_argument(
+      "--steps", default="", help="comma-separated steps, in order, or 'all' (default: the "
+      f"speed table, {DEFAULT_STEPS}; with --dry_run: all)")
   a = parser.parse_args(argv)
   out = pathlib.Path(a.out)
   work = pathlib.Path(a.work) if a.work else out / "runs"
   steps: dict[str, Callable[[], dict[str, Any]]] = {
-      "versions": versions, "attention": lambda: attention(a.dry_run),
-      "attention_speed": lambda: attention_speed(a.dry_run), "bench": lambda: bench(a.dry_run, out, work),
-      "resume": lambda: resume(a.dry_run, work), "export": lambda: export(a.dry_run, work),
-      "tests": lambda: tests(a.dry_run)}
-  refusal = _refusal(a.steps.split(","), list(steps), out, a.dry_run)
+      "peer": lambda: peer(a.dry_run, out), "versions": versions, "attention": lambda: attention(a.dry_run),
+      "attention_speed": lambda: attention_speed(a.dry_run),
+      "bench": lambda: bench(a.dry_run, out, work, on_case=partial), "resume": lambda: resume(a.dry_run, work),
+      "export": lambda: export(a.dry_run, work), "tests": lambda: tests(a.dry_run)}
+  asked = (ALL_STEPS if a.steps == "all" or (a.dry_run and not a.steps) else a.steps or DEFAULT_STEPS).split(",")
+  refusal = _refusal(asked, list(steps), out, a.dry_run)
+  if a.xla_gpu_preset and not refusal:
+    os.environ[xla_flags.GPU_PRESET_ENV] = a.xla_gpu_preset
+    try:
+      xla_flags.set_gpu_flags()  # Before JAX creates its GPU backend (the peer step does not use it).
+    except UserError as e:
+      refusal = f"--xla_gpu_preset: {e}"
   if refusal:
     print(f"error: {refusal}", file=sys.stderr)
     return 2
   out.mkdir(parents=True, exist_ok=True)
   work.mkdir(parents=True, exist_ok=True)
-  report: dict[str, Any] = {"dry_run": a.dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "steps": {}}
+  if not a.dry_run and not jax.config.jax_compilation_cache_dir:  # remat=auto's chosen candidate: compiled once.
+    jax.config.update("jax_compilation_cache_dir", str(work / "jit_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  report: dict[str, Any] = {
+      "dry_run": a.dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "xla_gpu_preset": a.xla_gpu_preset,
+      "xla_flags": os.environ.get("XLA_FLAGS", ""), "steps": {}}
   path = out / "accelerator_check.json"
-  for name in a.steps.split(","):
+
+  def partial(rows: dict[str, Any]) -> None:
+    report["steps"]["bench"] = {"cases": rows, "partial": True}
+    add_vs_peer(report)
+    path.write_text(json.dumps(report, indent=1))
+
+  for name in asked:
     t0 = time.perf_counter()
     try:
       result = steps[name]()
@@ -302,7 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{name}: {'passed' if result.get('passed', True) else 'FAILED'} in {result['seconds']:.1f} s "
         f"{json.dumps({k: v for k, v in result.items() if k not in ('traceback', 'seconds')})[:600]}", flush=True)
+    add_vs_peer(report)
     path.write_text(json.dumps(report, indent=1))  # After every step: a killed check keeps what it measured.
+  if "bench" in report["steps"] or "peer" in report["steps"]:
+    print(format_table(report), flush=True)
   failed = [n for n, r in report["steps"].items() if r.get("passed") is False]
   print(f"wrote {path}; " + (f"FAILED: {', '.join(failed)}" if failed else "every step passed"), flush=True)
   return 1 if failed else 0

@@ -21,6 +21,7 @@ class Remat(str, enum.Enum):
   NONE = "none"
   FULL = "full"
   DOTS = "dots"
+  AUTO = "auto"  # The least of none / dots / full whose compiled step fits (training/memory.py).
 
 
 class Dtype(str, enum.Enum):
@@ -36,6 +37,7 @@ class Attention(str, enum.Enum):
   CHUNKED = "chunked"
   SPLASH = "splash"
   GPU_FLASH = "gpu_flash"
+  CUDNN = "cudnn"
 
 
 class Decay(str, enum.Enum):

@@ -78,7 +78,10 @@ def _validate_model(m: ml_collections.ConfigDict) -> None:
     raise config_error("model.local_window", f"must be an even number >= 2, got {m.local_window}")
   choices.check("model.remat", m.remat, choices.Remat)
   choices.check("model.dtype", m.dtype, choices.Dtype)
+  choices.check("model.head_dtype", m.head_dtype, choices.Dtype)
   choices.check("model.attention", m.attention, choices.Attention)
+  if m.memory_budget_gib < 0:
+    raise config_error("model.memory_budget_gib", f"must be >= 0 (0: the device's memory), got {m.memory_budget_gib}")
   for key in ("attention_block_q", "attention_block_kv", "attention_chunked_min_len", "loss_chunk"):
     if m[key] < 1:
       raise config_error(f"model.{key}", f"must be >= 1, got {m[key]}")

@@ -70,7 +70,8 @@ class Model(Section):
   norm_eps: float = 1e-5
   init_std: float = 0.02
   # Attention kernel (model/attention.py), every layer: "xla" dense scores (the reference),
-  # "chunked" blocked online softmax in XLA, "splash" (TPU Pallas), "gpu_flash" (Pallas GPU), or
+  # "chunked" blocked online softmax in XLA, "splash" (TPU Pallas), "gpu_flash" (Pallas GPU), "cudnn"
+  # (cuDNN's fused attention, the mask passed whole; GPU, bf16), or
   # "auto": splash on TPU, gpu_flash on GPU, on CPU chunked from attention_chunked_min_len keys.
   attention: str = "auto"
   attention_block_q: int = 512  # Query tile of splash / gpu_flash (splash rounds up to 128s).
@@ -79,6 +80,10 @@ class Model(Section):
   # Vocabulary head + cross-entropy over this many predicted slots at a time (a rematerialised
   # scan), so B x Q x V float32 logits never exist whole; Q <= loss_chunk: one plain pass.
   loss_chunk: int = 512
+  # The head's GEMMs: "float32" (bf16 inputs under dtype=bfloat16, but the backward's two GEMMs take
+  # the float32 logit gradient, and recompute the logits) or "bfloat16" (all three GEMMs bf16 with
+  # float32 accumulation; float32 softmax and loss; gradient in the forward pass: no recompute).
+  head_dtype: str = "float32"
   rope_theta: float = 160_000.0  # Global-attention layers (ModernBERT's global_rope_theta).
   local_rope_theta: float = 10_000.0  # Local-attention layers.
   local_window: int = 128  # Total window as in ModernBERT: each token sees +-local_window//2.
@@ -86,7 +91,10 @@ class Model(Section):
   # Pod-sized variants: bf16 compute, scan and full remat, the settings the pre-flight compile
   # (`python -m crossbert_jax.compile`) shows they need on 16 GiB chips and at L=8192 (docs/scaling.md).
   scan_layers: bool = False  # nn.scan over layers 1..N-1 (layer 0 has no attention pre-norm).
-  remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs only); core/choices.Remat.
+  # "none" | "full" | "dots" (save matmul outputs only) | "auto": the least recomputation whose
+  # compiled step fits memory_budget_gib, else the device's memory (training/memory.py).
+  remat: str = "none"
+  memory_budget_gib: float = 0.0  # remat=auto's budget per device; 0: the device's memory.
   dtype: str = "float32"  # Compute dtype: "float32" | "bfloat16". Params stay float32.
 
   @classmethod

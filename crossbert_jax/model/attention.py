@@ -7,7 +7,8 @@ key (a pad, or a reconstruction query whose document has no visible token) outpu
 
 Backends: `xla` dense scores (the reference); `chunked` blocked online softmax in plain XLA with
 a flash backward (`attention_chunked.py`); `splash` the TPU Pallas kernel (`attention_kernels.py`);
-`gpu_flash` the Pallas GPU kernel; `auto` picks splash on TPU, gpu_flash on GPU, and dense or
+`gpu_flash` the Pallas GPU kernel; `cudnn` cuDNN's fused attention with the mask passed whole
+(`attention_cudnn.py`); `auto` picks splash on TPU, gpu_flash on GPU, and dense or
 chunked on CPU by length. Shape letters: B batch, T queries, S keys, H heads, K head dim.
 """
 
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 
 from crossbert_jax.core import sections
 from crossbert_jax.core import choices
-from crossbert_jax.model import attention_chunked, attention_kernels
+from crossbert_jax.model import attention_chunked, attention_cudnn, attention_kernels
 
 Array = jax.Array
 BACKENDS = tuple(choices.values(choices.Attention))
@@ -44,7 +45,7 @@ class AttentionSpec:
 def resolve_backend(spec: AttentionSpec, q_len: int, kv_len: int) -> str:
   """The concrete backend for `spec.backend` at these lengths on the target platform."""
   platform = attention_kernels.target_platform()
-  home = {"splash": "tpu", "gpu_flash": "gpu"}.get(spec.backend)
+  home = {"splash": "tpu", "gpu_flash": "gpu", "cudnn": "gpu"}.get(spec.backend)
   if home is not None and platform != home and not spec.interpret:
     attention_kernels.warn_once(f"model.attention={spec.backend} needs a {home.upper()}; running the "
                                 f"chunked kernel on {platform}")
@@ -105,6 +106,13 @@ def attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: A
   if backend == "splash":
     return attention_kernels.splash_attention(*args, window=window, block_q=spec.block_q, block_kv=spec.block_kv,
                                               interpret=spec.interpret)
+  if backend == "cudnn":
+    impl = attention_cudnn.implementation(attention_kernels.target_platform(), q_BxTxHxK.dtype)
+    if impl != "cudnn" and attention_kernels.target_platform() == "gpu":
+      attention_kernels.warn_once(f"model.attention=cudnn needs bf16 or fp16 inputs, got {q_BxTxHxK.dtype}; running "
+                                  "jax.nn.dot_product_attention's XLA implementation")
+    return attention_cudnn.cudnn_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK,
+                                           mask(q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS, window), impl=impl)
   if backend == "gpu_flash":
     return attention_kernels.gpu_flash_attention(*args, window=window, shared_segments=shared, block_q=spec.block_q,
                                                  block_kv=spec.block_kv, interpret=spec.interpret)

@@ -158,7 +158,9 @@ class GeGLU(nn.Module):
 def remat(block_cls: type[nn.Module], mode: str, *, prevent_cse: bool = True, static_argnums=()) -> type[nn.Module]:
   """`block_cls` under the config's `model.remat`: "none" (as is), "dots" (save the matmuls
   without batch dimensions, recompute the rest) or "full" (save only the block's inputs)."""
-  if mode == "none":
+  # "auto" is resolved to none / dots / full by the train program (training/memory.py) before any
+  # backward; it reaches here only for forwards (init, evaluation, export), where nothing is recomputed.
+  if mode in ("none", "auto"):
     return block_cls
   policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if mode == "dots" else None
   return nn.remat(block_cls, policy=policy, prevent_cse=prevent_cse, static_argnums=static_argnums)

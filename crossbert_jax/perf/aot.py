@@ -31,52 +31,14 @@ from crossbert_jax.core import phases as phases_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.perf import hlo_costs, roofline
 from crossbert_jax.training import flops, objectives, program as program_lib, sharding
-
-GIB = 1024 ** 3
-
-# Memory per JAX device, GiB, by a substring of `device_kind` (longest match wins, as in
-# flops.PEAK_TFLOPS). Vendor capacities; XLA keeps a little of it for itself. One JAX device
-# is one chip, except TPU v2/v3 where it is one TensorCore (half a chip's HBM).
-HBM_GIB: dict[str, float] = {
-    "TPU v2": 8.0,
-    "TPU v3": 16.0,
-    "TPU v4": 32.0,
-    "TPU v5 lite": 16.0,  # v5e.
-    "TPU v5e": 16.0,
-    "TPU v5": 95.0,  # v5p reports "TPU v5".
-    "TPU v5p": 95.0,
-    "TPU v6 lite": 32.0,  # v6e / Trillium.
-    "TPU v6e": 32.0,
-    "A100": 40.0,
-    "A100-SXM4-80GB": 80.0,
-    "A100 80GB": 80.0,
-    "H100": 80.0,
-    "H100 NVL": 94.0,
-    "H200": 141.0,
-    "GH200": 96.0,
-    "B200": 180.0,
-    "L40S": 48.0,
-    "L4": 24.0,}
+from crossbert_jax.training import memory as memory_lib
+from crossbert_jax.training.memory import GIB, HBM_GIB, hbm_bytes  # noqa: F401 - re-exported (tests, tools).
 
 # TPU generation (the topology name's prefix) -> chip config: v4 and v5p run both TensorCores
 # of a chip as one device ("megacore"), which is what a pod slice gives JAX.
 _CHIP_CONFIG = {"v4": "megacore", "v5p": "megacore", "v5": "megacore"}
 # The generations libtpu (0.0.42) compiles a topology for; "v5" is v5p's other name.
 TPU_GENERATIONS = ("v2", "v3", "v4", "v5e", "v5p", "v5", "v6e", "tpu7x")
-
-
-def hbm_bytes(device: jax.Device) -> int | None:
-  """Per-device memory: the runtime's limit for a local accelerator, else the HBM_GIB table."""
-  if device.platform == "cpu":
-    return None
-  try:
-    limit = (device.memory_stats() or {}).get("bytes_limit")
-  except Exception:  # noqa: BLE001 - compile-only topology devices have no memory stats.
-    limit = None
-  if limit:
-    return int(limit)
-  matches = [k for k in HBM_GIB if k.lower() in device.device_kind.lower()]
-  return int(HBM_GIB[max(matches, key=len)] * GIB) if matches else None
 
 
 def topology_devices(topology: str) -> list[jax.Device]:
@@ -139,20 +101,6 @@ def param_table(c: plan_lib.Settings, params, shardings) -> list[dict[str, Any]]
         "spec": list(shard.spec) + [None] * (leaf.ndim - len(shard.spec)),
         "shard_shape": list(shard.shard_shape(leaf.shape))})
   return rows
-
-
-def _memory(compiled) -> dict[str, int]:
-  m = compiled.memory_analysis()
-  out = {
-      "argument_bytes": int(m.argument_size_in_bytes),
-      "output_bytes": int(m.output_size_in_bytes),
-      "alias_bytes": int(m.alias_size_in_bytes),  # Outputs written into donated arguments (the state).
-      "temp_bytes": int(m.temp_size_in_bytes),
-      "generated_code_bytes": int(m.generated_code_size_in_bytes),}
-  # Live at once: arguments, outputs not aliased onto them, temporaries and the program itself.
-  out["total_bytes"] = (out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"] +
-                        out["generated_code_bytes"])
-  return out
 
 
 def _xla_flops(compiled) -> float | None:
@@ -238,6 +186,7 @@ def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str, c
   """The report of one (single-phase) config's train step on `mesh`."""
   sharding.check_batch_divisible(c.train.batch_size, c.train.grad_accum, mesh)
   train_program = program_lib.TrainProgram(c, mesh)
+  c = train_program.config  # remat=auto resolved.
   state, batch = train_program.shaped_inputs()
   device = mesh.devices.flat[0]
   where = topology or f"{mesh.size} local {device.platform} device(s)"
@@ -256,7 +205,7 @@ def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str, c
     raise UserError(f"the train step does not fit on {where} ({message[:300]}); try {_hints(c)}") from None
   t2 = time.perf_counter()
 
-  memory = _memory(compiled)
+  memory = memory_lib.compiled_memory(compiled)
   hbm = hbm_bytes(device)
   memory["hbm_bytes"] = hbm
   memory["fits"] = None if hbm is None else memory["total_bytes"] <= hbm
@@ -283,7 +232,8 @@ def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str, c
       "sequences_per_device": c.train.batch_size / mesh.size,
       "dtype": c.model.dtype,
       "scan_layers": c.model.scan_layers,
-      "remat": c.model.remat,
+      "remat": c.model.remat,  # remat=auto: what it chose.
+      "remat_choice": train_program.remat_choice,
       "lower_seconds": t1 - t0,
       "compile_seconds": t2 - t1,
       "memory": memory,

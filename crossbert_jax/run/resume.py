@@ -2,7 +2,7 @@
 
 Refused (one line naming every differing key): anything that changes the params' shapes or
 meaning or what the data iterator's saved position points at -- `objective`, `model.*`
-(except `remat`, `dtype`, `init_std`, the attention kernel keys and `loss_chunk`), `reconstructor.*`, `masking.*`, `mlm.*`, `train.seed`,
+(except `remat`, `dtype`, `init_std`, the attention kernel keys, `loss_chunk` and `head_dtype`), `reconstructor.*`, `masking.*`, `mlm.*`, `train.seed`,
 and `data.path` / `mixture` / `format` / `text_field` / `text_unit` / `seq_len` / `shuffle_seed` -- and a
 tokenizer whose file content or special ids differ from those the run was trained with (its sha256,
 vocabulary size and special ids are stored in every checkpoint; older ones lack the special ids).
@@ -40,7 +40,7 @@ _REFUSED_SECTIONS = ("model", "masking")
 # Numerics-preserving runtime choices: the attention kernel and its blocks, the loss chunking.
 _ALLOWED_IN_REFUSED = {
     "model.remat", "model.dtype", "model.init_std", "model.attention", "model.attention_block_q",
-    "model.attention_block_kv", "model.attention_chunked_min_len", "model.loss_chunk"}
+    "model.attention_block_kv", "model.attention_chunked_min_len", "model.loss_chunk", "model.head_dtype"}
 _REFUSED_KEYS = {
     "objective", "train.seed", "data.path", "data.mixture", "data.format", "data.text_field", "data.text_unit",
     "data.seq_len", "data.shuffle_seed"}

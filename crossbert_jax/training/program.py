@@ -77,6 +77,12 @@ class TrainProgram:
   """
   def __init__(self, c: plan_lib.Settings, mesh: Mesh, *, replacement_vocab: int | None = None,
                specials: SpecialIds = SENTENCEPIECE):
+    self.remat_choice: list[dict[str, Any]] = []  # remat=auto: the compiled candidates it tried.
+    if c.model.remat == "auto":
+      from crossbert_jax.training import memory  # pylint: disable=g-import-not-at-top (it builds TrainPrograms)
+      compile_step = lambda cand: TrainProgram(cand, mesh, replacement_vocab=replacement_vocab, specials=specials
+                                              ).lower().compile()
+      c, self.remat_choice = memory.choose_remat(c, mesh, compile_step)
     self.config = c
     self.mesh = mesh
     self.rules = sharding.logical_rules(c.mesh)

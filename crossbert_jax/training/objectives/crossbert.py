@@ -85,7 +85,8 @@ class CrossBertObjective:
       hidden_KBxQxD, head = model.apply({"params": params}, tokens_KBxL, tile(pos_BxL), tile(seg_BxL),
                                         flat(masks.vis_idx_KxBxT), rec_idx_KBxQ, rec_valid_KBxQ, return_hidden=True)
       targets_KBxQ = jnp.take_along_axis(tokens_KBxL, rec_idx_KBxQ, axis=1)
-      return losses.chunked_cross_entropy(hidden_KBxQxD, head, targets_KBxQ, rec_valid_KBxQ, c.model.loss_chunk)
+      return losses.chunked_cross_entropy(hidden_KBxQxD, head, targets_KBxQ, rec_valid_KBxQ, c.model.loss_chunk,
+                                          c.model.head_dtype)
 
     return crossbert_loss
 

@@ -63,12 +63,17 @@ def replacement_vocab_size(c: plan_lib.Settings, tokenizer_vocab_size: int) -> i
 
 
 def chunked_cross_entropy(x_BxQxD: Array, head: tuple[Array, Array | None], targets_BxQ: Array, weights_BxQ: Array,
-                          chunk: int) -> tuple[Array, LossStats]:
+                          chunk: int, head_dtype: str = "float32") -> tuple[Array, LossStats]:
   """Summed cross-entropy and stats of logits x @ W + b, `chunk` query slots at a time.
 
   Each chunk's logits (float32 accumulation) exist only inside a rematerialised scan step, so
   neither the forward nor the backward holds B x Q x V; Q <= chunk is one plain pass.
+  `head_dtype="bfloat16"` (model.head_dtype): every head GEMM in bf16, the gradient computed in
+  the forward pass (`bf16_head.py`).
   """
+  if head_dtype == "bfloat16":
+    from crossbert_jax.training.objectives import bf16_head  # pylint: disable=g-import-not-at-top (it imports this)
+    return bf16_head.cross_entropy(x_BxQxD, head, targets_BxQ, weights_BxQ, chunk, jnp.bfloat16)
   w_DxV, b_V = head
   one_chunk = lambda x, t, w: _token_losses(layers.vocab_logits(x, w_DxV, b_V), t, w)
   b, q = targets_BxQ.shape

@@ -48,7 +48,8 @@ class MlmObjective:
       hidden_BxMxD, head = model.apply({"params": params}, corrupted_BxL, pos_BxL, seg_BxL, masks.mask_idx_BxM,
                                        return_hidden=True)
       targets_BxM = jnp.take_along_axis(tokens_BxL, masks.mask_idx_BxM, axis=1)
-      return losses.chunked_cross_entropy(hidden_BxMxD, head, targets_BxM, masks.mask_valid_BxM, c.model.loss_chunk)
+      return losses.chunked_cross_entropy(hidden_BxMxD, head, targets_BxM, masks.mask_valid_BxM, c.model.loss_chunk,
+                                          c.model.head_dtype)
 
     return mlm_loss
 
