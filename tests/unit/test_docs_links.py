@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 # [text](target) and [text](target "title"); images too. Code spans are removed first.
 _LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)

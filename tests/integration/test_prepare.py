@@ -19,7 +19,7 @@ from crossbert_jax.data import pipeline, prepare, shards, sources, tokenizer
 from crossbert_jax.data import workers as workers_lib
 from tests.helpers import run_module
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 _WORDS = "every document must land in exactly one shard once and only once across reruns".split()
 
 
@@ -156,7 +156,7 @@ def test_the_same_command_on_a_finished_set_says_so_and_writes_nothing(corpus, t
   assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == written
 
 
-# SIGKILL: tests/test_fault_inject_prepare.py (random kills, orphans, every document once).
+# SIGKILL: tests/integration/test_fault_inject_prepare.py (random kills, orphans, every document once).
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_is_one_line_workers_die_and_the_rerun_finishes(corpus, tmp_path, sig):
   root, docs, _ = corpus

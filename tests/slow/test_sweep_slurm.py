@@ -1,7 +1,7 @@
 """sweep --executor=slurm against a real one-node SLURM (slurmctld + slurmd + munged on 127.0.0.1,
 started by the test as root): a branch after its stable run (afterok), a stopped trainer (exit 75)
 requeued and resumed, a rerun that re-attaches instead of submitting twice. Skips, saying why, where
-SLURM cannot start (the dry run of the same path is tested in tests/test_sweep_executors.py)."""
+SLURM cannot start (the dry run of the same path is tested in tests/integration/test_sweep_executors.py)."""
 
 import json
 import os
@@ -13,7 +13,7 @@ import pytest
 from crossbert_jax.scaling import plan as plan_lib
 from tests import ray_cluster, slurm_cluster
 from tests.helpers import ROOT, run_module
-from tests.test_sweep_ray import XS, _rows, _spec, _wait_for_checkpoint
+from tests.slow.test_sweep_ray import XS, _rows, _spec, _wait_for_checkpoint
 import fault_inject_sweep  # noqa: E402  pylint: disable=g-import-not-at-top  (tools/, on sys.path via test_sweep_ray)
 
 

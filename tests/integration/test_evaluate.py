@@ -17,7 +17,7 @@ import pytest
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.data import corpus, tokenizer
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
 
 

@@ -120,7 +120,7 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, spm_model):
   bad_step = int(re.search(r"at step (\d+)", err_lines[0]).group(1))
   saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
   # The params after step 1 are finite but give NaN at step 2: they are not saved either
-  # (tests/test_reliability.py checks that a kept checkpoint resumes into a finite loss).
+  # (tests/integration/test_reliability.py checks that a kept checkpoint resumes into a finite loss).
   assert all(s < bad_step - 1 for s in saved), f"checkpoints {saved} must precede the step before {bad_step}"
 
 

@@ -21,7 +21,7 @@ from crossbert_jax.hf import convert
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling import spec as spec_lib
 from tests.helpers import run_module
-from tests.test_scaling_sweep import TINY_SPEC
+from tests.integration.test_scaling_sweep import TINY_SPEC
 
 VOCAB = 512
 
@@ -78,7 +78,7 @@ def _finished(tiny_run) -> pathlib.Path:
 def hf_folder(tmp_path_factory, spm_model) -> pathlib.Path:
   """An HF export of a random tiny encoder (the `export` writer, no training)."""
   from crossbert_jax.data import tokenizer  # pylint: disable=g-import-not-at-top
-  from tests.test_export import _config, _params  # pylint: disable=g-import-not-at-top
+  from tests.integration.test_export import _config, _params  # pylint: disable=g-import-not-at-top
 
   c = _config()
   out = tmp_path_factory.mktemp("hf") / "model"

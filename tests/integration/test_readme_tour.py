@@ -2,7 +2,7 @@
 
 Each command is the README's own line; only the flags in SMALLER are appended (fewer steps and
 examples), so a renamed flag, a config that refuses the tokenizer or a missing input fails here.
-The TPU compile line runs in `make test-tpu` (tests/test_compile.py), where libtpu is installed.
+The TPU compile line runs in `make test-tpu` (tests/unit/test_compile.py), where libtpu is installed.
 """
 
 import json
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Appended to the README's command of each module: the same path through the code, less work.
 SMALLER = {
@@ -85,7 +85,7 @@ def test_readme_tour_runs_as_written(tmp_path, shared_data):
   for command in tour_commands((ROOT / "README.md").read_text()):
     argv = shlex.split(command)
     if not command.startswith("python "):
-      continue  # `source`, and the TPU set-up and compile (tests/test_compile.py).
+      continue  # `source`, and the TPU set-up and compile (tests/unit/test_compile.py).
     argv = [sys.executable, *argv[1:], *SMALLER.get(_module(argv), [])]
     proc = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"

@@ -103,6 +103,7 @@ def test_packing_keeps_document_boundaries(lines_file, tok):
   assert seen_long, "no document longer than seq_len was chunked; make the test lines longer"
 
 
+@pytest.mark.integration  # Real data: two Gutenberg books.
 def test_well_packed_on_gutenberg_paragraphs(shared_data, tok):
   books = sorted((shared_data / "gutenberg").glob("*.txt"))[:2]
   assert books, "no gutenberg books in the shared data"

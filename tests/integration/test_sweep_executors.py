@@ -1,5 +1,5 @@
 """sweep --executor=ray|slurm, the fast part: placement plans, bad inputs refused before anything
-starts, the attempts record, the SLURM scripts. tests/test_sweep_ray.py trains on a real cluster."""
+starts, the attempts record, the SLURM scripts. tests/slow/test_sweep_ray.py trains on a real cluster."""
 
 import json
 import re
@@ -14,7 +14,7 @@ from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling import spec as spec_lib
 from tests import ray_cluster
 from tests.helpers import run_module
-from tests.test_sweep_wsd import WSD_SPEC
+from tests.integration.test_sweep_wsd import WSD_SPEC
 
 TWO_SIZES = WSD_SPEC.replace("FLOPS", "[2e9]").replace(
     'SIZES = {"xs": dict(embed_dim=32, num_heads=2, num_layers=1, mlp_dim=64, flops=[2e9])}',

@@ -36,6 +36,7 @@ def test_search_is_exact_cosine():
   np.testing.assert_array_equal(idx, np.argsort(-(unit(queries) @ unit(docs).T), axis=1)[:, :100])
 
 
+@pytest.mark.integration  # Real data: SciFact's 5,183 documents.
 def test_beir_reader_on_scifact(shared_data):
   data = retrieval.read_beir(shared_data / "beir" / "scifact")
   assert len(data.docs) == len(data.doc_ids) == 5183

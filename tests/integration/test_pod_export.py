@@ -16,7 +16,7 @@ from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.hf import convert
 from crossbert_jax.training import objectives
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 VOCAB = 512
 
 

@@ -21,7 +21,7 @@ from crossbert_jax.core.errors import UserError
 from crossbert_jax.perf import aot
 from crossbert_jax.training import flops, optimizer, program as program_lib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed (make setup-tpu; .ci/run "
                                   "runs this in .venv-tpu)")
@@ -90,19 +90,19 @@ def test_a_batch_that_does_not_shard_and_a_mesh_that_does_not_divide_are_user_er
     aot.compile_train_step(plan_lib.build(_tiny(**{"mesh.fsdp": 3})))
 
 
-def test_cli_mesh_that_does_not_divide_exits_2_with_one_line():
-  r = _cli("--config=configs/crossbert.py:tiny", "--config.mesh.fsdp=3")
+def test_cli_mesh_that_does_not_divide_exits_2_with_one_line(command):
+  r = command("crossbert_jax.compile", "--config=configs/crossbert.py:tiny", "--config.mesh.fsdp=3")
   assert r.returncode == 2, r.stderr[-2000:]
   assert _error_lines(r.stderr) == [line for line in _error_lines(r.stderr) if "config mesh" in line]
   assert len(_error_lines(r.stderr)) == 1
 
 
-def test_an_existing_out_file_is_replaced_only_with_force(tmp_path):
+def test_an_existing_out_file_is_replaced_only_with_force(tmp_path, command):
   """`--out` an earlier report: one line before any compile, the file as it was; --force replaces it
   (the phases test below)."""
   out = tmp_path / "compile.json"
   out.write_text("earlier results")
-  r = _cli("--config=configs/crossbert.py:tiny", f"--out={out}")
+  r = command("crossbert_jax.compile", "--config=configs/crossbert.py:tiny", f"--out={out}")
   assert r.returncode == 2, r.stderr[-2000:]
   assert _error_lines(r.stderr) == [
       f"error: --out {out}: {out} exists (earlier results): choose a new path, "
@@ -117,7 +117,7 @@ def test_an_unknown_generation_is_named_with_libtpu_or_without():
     aot.topology_devices("v9:2x2")
 
 
-def test_config_files_that_fail_are_one_line_naming_the_file(tmp_path):
+def test_config_files_that_fail_are_one_line_naming_the_file(tmp_path, command):
   """A --config file with no get_config, one that adds a key the schema lacks, one whose code fails."""
   files = {
       "none.py": "x = 1\n", "adds.py": "from crossbert_jax.core import config\ndef get_config(v='tiny'):\n"
@@ -126,8 +126,8 @@ def test_config_files_that_fail_are_one_line_naming_the_file(tmp_path):
   lines = {}
   for name, text in files.items():
     (tmp_path / name).write_text(text)
-    r = _cli(f"--config={tmp_path / name}:tiny")
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    r = command("crossbert_jax.compile", f"--config={tmp_path / name}:tiny")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, (name, r.stderr[-2000:])
     (lines[name],) = r.stderr.strip().splitlines()
   assert lines["none.py"] == (f"error: --config file {tmp_path / 'none.py'} defines no get_config: add `def "
                               "get_config(variant)` returning crossbert_jax.core.config.get_config(objective, "
@@ -161,6 +161,7 @@ def test_hbm_table_lookup():
   assert aot.hbm_bytes(jax.devices()[0]) is None  # CPU.
 
 
+@pytest.mark.integration  # The compile command's subprocess smoke test (its real argv, exit status and stderr).
 @needs_libtpu
 def test_topology_tiny_compiles_for_v5p_2x2x2_and_reports_memory(tmp_path):
   out = tmp_path / "compile.json"
@@ -175,6 +176,7 @@ def test_topology_tiny_compiles_for_v5p_2x2x2_and_reports_memory(tmp_path):
   assert "total" in r.stdout and "fits" in r.stdout and "per-device shard" in r.stdout
 
 
+@pytest.mark.integration
 @needs_libtpu
 def test_topology_oversized_batch_exits_2_with_one_line():
   # 2^20 sequences on 4 v5e chips (16 GiB each): XLA's memory planner rejects it at compile time.
@@ -198,6 +200,7 @@ def test_pod_variants_compute_in_bf16_with_scan_and_full_remat_and_keep_fp32_sta
   assert (small.dtype, small.scan_layers, small.remat) == ("float32", False, "none")
 
 
+@pytest.mark.integration  # The compile command's subprocess smoke test on CPU (the topology ones need libtpu).
 def test_every_phase_is_compiled_and_reported_one_row_each(tmp_path):
   out = tmp_path / "compile.json"
   out.write_text("an earlier report")  # Replaced: --force.

@@ -124,7 +124,7 @@ import pathlib  # noqa: E402
 
 from crossbert_jax.data import prepare  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_prepare_writes_shards_that_hold_every_document_once(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 from crossbert_jax.run import metrics
 from tests.helpers import run_module
-from tests.test_pod_gcs import BUCKET, GS, gcs  # noqa: F401 - the module-scoped GCS emulator fixture.
+from tests.integration.test_pod_gcs import BUCKET, GS, gcs  # noqa: F401 - the module-scoped GCS emulator fixture.
 
 WSD = [
     "--config.train.decay=wsd", "--config.train.decay_fraction=0.2", "--config.train.warmup_steps=2",

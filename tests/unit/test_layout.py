@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import crossbert_jax
 
 ROOT = pathlib.Path(crossbert_jax.__file__).parent
@@ -123,6 +125,7 @@ def test_commands_share_one_skeleton():
   assert not bad, "\n".join(bad)
 
 
+@pytest.mark.integration  # A fresh interpreter's modules: the process boundary is the point.
 def test_the_export_imports_no_training_code():
   """hf/ reads an objective's spec (core/objectives.py), never its training half: a fresh process
   that imports the converter and builds both objectives' configs holds no crossbert_jax.training module."""

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # Over 75 s on 2 idle cores: `make test-slow` and CI run it.

@@ -1,7 +1,7 @@
 """Reliability of training runs: resume checks, finite checkpoints, damaged checkpoints,
 workdir locks, exit codes, orphaned data workers, full and read-only disks.
 
-Training runs are subprocesses on one CPU device through the real CLI (tests/test_train.py's
+Training runs are subprocesses on one CPU device through the real CLI (tests/integration/test_train.py's
 helper). One base run (4 steps, a checkpoint every step) is shared: tests copy its workdir.
 """
 
@@ -23,9 +23,9 @@ from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.data import workers as workers_lib
 from crossbert_jax.run import lock as lock_lib
 from crossbert_jax.run import metrics
-from tests.test_train import _losses, _train
+from tests.integration.test_train import _losses, _train
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _args(spm, *extra):

@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TPU_ENV = {"TPU": "cb-v5p-64", "ZONE": "us-east5-a", "ACCELERATOR": "v5p-64"}
 TRAIN_FLAGS = [
     "--config=configs/crossbert.py:base", "--workdir=gs://bkt/runs/cb base",

@@ -27,9 +27,9 @@ from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.run import compile_cache
 from crossbert_jax.run import lock as lock_lib
 from tests.helpers import cpu_env, run_module
-from tests.test_reliability import check_two_breakers_of_one_dead_lease
+from tests.integration.test_reliability import check_two_breakers_of_one_dead_lease
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUCKET = "crossbert-test"
 GS = f"gs://{BUCKET}"
 

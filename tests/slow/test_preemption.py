@@ -18,7 +18,7 @@ from crossbert_jax.core.errors import EXIT_STOPPED
 from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.run import metrics
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _start(workdir, spm, *extra) -> list[subprocess.Popen]:

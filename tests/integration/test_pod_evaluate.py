@@ -10,7 +10,7 @@ import pytest
 
 from crossbert_jax.evaluation import columns
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 _READ_ONLY = r"""
 import pathlib, subprocess, sys

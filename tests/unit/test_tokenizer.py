@@ -16,7 +16,7 @@ from crossbert_jax.core.errors import exit_on_user_error
 from crossbert_jax.data import corpus
 from crossbert_jax.data import tokenizer as tokenizer_lib
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # A few stdlib files' docstrings: real English, harvested in well under a second.
 _STDLIB_FILES = ("argparse.py", "os.py", "subprocess.py", "threading.py", "pathlib.py", "logging/__init__.py",
@@ -72,6 +72,7 @@ def test_pickles_through_its_proto(model_path):
   assert clone.encode("Open a file.") == tok.encode("Open a file.")
 
 
+@pytest.mark.integration  # The tokenizer command's subprocess smoke test (its real argv, exit status and stderr).
 def test_cli_end_to_end(tmp_path):
   (tmp_path / "a.txt").write_text("\n\n".join(english_documents()[:150]))
   (tmp_path / "b.jsonl").write_text('{"text": "A second file in another format."}\n')
@@ -127,24 +128,24 @@ def test_missing_or_bad_files(tmp_path):
     tokenizer_lib.train_tokenizer(["Some text here."], 100, tmp_path / "small.model")
 
 
-def test_cli_checks_its_output_before_training(tmp_path):
+def test_cli_checks_its_output_before_training(tmp_path, command):
   """An existing --output is kept (replaced only with --force), a non-.model name or a folder is refused: one
   line each, before any training."""
   old = tmp_path / "old.model"
   old.write_bytes(b"the user's model")
   (tmp_path / "dir").mkdir()
-  base = [sys.executable, "-m", "crossbert_jax.tokenizer", "--input=builtin", "--vocab_size=400", "--max_documents=300"]
+  base = ["crossbert_jax.tokenizer", "--input=builtin", "--vocab_size=400", "--max_documents=300"]
   refusals = {
       str(old): "exists",
       str(tmp_path / "x.json"): "does not end in .model",
       str(tmp_path / "dir"): "is a folder"}
   for output, words in refusals.items():
-    proc = subprocess.run([*base, f"--output={output}"], capture_output=True, text=True, cwd=REPO, check=False)
+    proc = command(*base, f"--output={output}")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
   assert old.read_bytes() == b"the user's model" and sorted(p.name for p in tmp_path.iterdir()) == ["dir", "old.model"]
   assert not any((tmp_path / "dir").iterdir())
-  proc = subprocess.run([*base, f"--output={old}", "--force"], capture_output=True, text=True, cwd=REPO, check=False)
+  proc = command(*base, f"--output={old}", "--force")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert tokenizer_lib.Tokenizer.load(old).vocab_size == 400
 
