@@ -144,19 +144,31 @@ def tiny_run(tmp_path_factory, spm_model) -> pathlib.Path:
   return workdir
 
 
+@pytest.fixture(scope="session")
+def tiny_bert_run(tmp_path_factory, spm_model):
+  """A tiny flat-BERT run of 2 steps (one checkpoint, no TensorBoard; local attention on every other
+  layer, so its export exercises both kinds and the MLM head), started in the background at the first
+  use so its compile overlaps other tests: `tiny_bert_run.finished()` waits and returns its workdir.
+  Read-only, as `tiny_run`."""
+  from tests.helpers import BackgroundRun  # pylint: disable=g-import-not-at-top
+
+  run = BackgroundRun(
+      tmp_path_factory.mktemp("tiny_bert_run") / "run", [
+          "--config=configs/bert.py:tiny", f"--config.data.tokenizer={spm_model}", "--config.model.vocab_size=512",
+          "--config.model.global_every=2", "--config.model.local_window=16", "--config.train.steps=2",
+          "--config.checkpoint.every_steps=2", "--config.metrics.progress_bar=False",
+          "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False"])
+  yield run
+  run.stop()
+
+
 @pytest.fixture
-def command(capsys):
-  """Runs a command in this process as `python -m` would (tests/helpers.py's `run_main`):
+def command():
+  """Runs a command in this process as `python -m` would (tests/helpers.py's `run_command`):
   command("crossbert_jax.compile", "--config=...") is a CompletedProcess (returncode, stdout, stderr)."""
-  from tests.helpers import run_main  # pylint: disable=g-import-not-at-top
+  from tests.helpers import run_command  # pylint: disable=g-import-not-at-top
 
-  def run(module: str, *argv: str) -> subprocess.CompletedProcess:
-    capsys.readouterr()
-    code = run_main(module, *argv)
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess([module, *argv], code, out, err)
-
-  return run
+  return run_command
 
 
 @pytest.fixture

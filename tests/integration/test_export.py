@@ -27,11 +27,9 @@ LOCAL_WINDOW = 8  # +-4 tokens: far below the verify sentences' lengths, so loca
 
 
 @pytest.fixture(scope="module")
-def tok_path(tmp_path_factory) -> str:
-  """A small SentencePiece model trained on the built-in corpus."""
-  path = tmp_path_factory.mktemp("tok") / "spm.model"
-  tokenizer.train_tokenizer(corpus.builtin_documents()[:4000], VOCAB, path)
-  return str(path)
+def tok_path(spm_model) -> str:
+  """The session's SentencePiece model (conftest's spm_model: 512 pieces of the built-in corpus)."""
+  return spm_model
 
 
 @pytest.fixture(scope="module")
@@ -40,21 +38,11 @@ def tok(tok_path) -> tokenizer.Tokenizer:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def real_run(tok_path, tmp_path_factory):
-  """A real tiny training run (the flat-BERT baseline: it compiles faster than CrossBERT and its
-  export exercises the MLM head too), started in the background at module setup so its compile
-  overlaps the in-process tests; the CLI test waits for it."""
-  workdir = tmp_path_factory.mktemp("real") / "run"
-  proc = _cli([
-      "crossbert_jax.train", "--config=configs/bert.py:tiny", f"--workdir={workdir}",
-      f"--config.data.tokenizer={tok_path}", f"--config.model.vocab_size={VOCAB}", "--config.model.global_every=2",
-      "--config.model.local_window=16", "--config.train.steps=2", "--config.checkpoint.every_steps=2",
-      "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
-      "--config.checkpoint.async_save=False"], wait=False)
-  yield workdir, proc
-  if proc.poll() is None:
-    proc.kill()
-  proc.communicate()
+def real_run(tiny_bert_run):
+  """The session's tiny flat-BERT run (conftest's tiny_bert_run: it compiles faster than CrossBERT and
+  its export exercises the MLM head too), started at module set-up so its compile overlaps the
+  in-process tests; the CLI tests wait for it. Read-only."""
+  return tiny_bert_run
 
 
 def _config(objective="crossbert", global_every=1, scan_layers=False):
@@ -278,12 +266,7 @@ def _cli(module_args, check=True, wait=True):
 
 def _finished(real_run):
   """The real run's workdir, once its training has finished."""
-  run, train = real_run
-  if train.returncode is None:
-    _, err = train.communicate(timeout=600)
-    assert train.returncode == 0, f"training failed ({train.returncode}):\n{err[-3000:]}"
-  assert train.returncode == 0, "training failed (see the first test that waited for it)"
-  return run
+  return real_run.finished()
 
 
 def test_cli_real_run_exports_verifies_and_imports(tmp_path, real_run):

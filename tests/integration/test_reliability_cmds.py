@@ -1,9 +1,10 @@
 """Reliability of the commands other than train: outputs that never delete inputs or runs, bad
 inputs refused before slow work, one `error:` line and exit 2 instead of tracebacks.
 
-pooler, export import, report, compile, train (probe inputs), mteb_eval and evaluate --task_file
-run as subprocesses through their real CLIs (launched together, so their start-ups overlap); the
-output-folder rules they share (`core.outputs`) and the readers are also tested in-process.
+pooler, export import, report, compile, train (probe inputs), mteb_eval, evaluate --task_file and bench
+run in-process through their real mains and flag parsing (tests/helpers.py's `run_main`; one bench
+case as a subprocess); the output-folder rules they share (`core.outputs`) and the readers are also
+tested directly.
 """
 
 import hashlib
@@ -33,14 +34,21 @@ def _digest(folder: pathlib.Path) -> dict[str, str]:
       if p.is_file()}
 
 
-def _run_all(cases: dict[str, list[str]], **env) -> dict:
-  """Runs every `python -m` command at once; {name: (returncode, stdout, stderr)}."""
-  from tests.helpers import cpu_env  # pylint: disable=g-import-not-at-top
+def _run_all(cases: dict[str, list[str]], *, smoke: str | None = None, **env) -> dict:
+  """Runs each command in this process, as its CLI would (tests/helpers.py's `run_command`); `smoke`
+  names the one case run as a real `python -m` subprocess (the command's smoke test).
+  {name: (returncode, stdout, stderr)}."""
+  from tests.helpers import cpu_env, run_command  # pylint: disable=g-import-not-at-top
 
-  procs = {
-      name: run_module(args, env=cpu_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **env), wait=False)
-      for name, args in cases.items()}
-  return {name: (p.wait(timeout=600), *p.communicate()) for name, p in procs.items()}
+  env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **env}
+  results = {}
+  for name, args in cases.items():
+    if name == smoke:
+      p = run_module(args, env=cpu_env(**env), check=False)
+    else:
+      p = run_command(*args, env=env)
+    results[name] = (p.returncode, p.stdout, p.stderr)
+  return results
 
 
 def _one_error_line(result, *needles: str) -> str:
@@ -53,25 +61,10 @@ def _one_error_line(result, *needles: str) -> str:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def tiny_run(tmp_path_factory, spm_model):
-  """A real 2-step flat-BERT run (checkpoint at step 2), started in the background at module set-up."""
-  workdir = tmp_path_factory.mktemp("cmds") / "run"
-  proc = run_module([
-      "crossbert_jax.train", "--config=configs/bert.py:tiny", f"--workdir={workdir}",
-      f"--config.data.tokenizer={spm_model}", f"--config.model.vocab_size={VOCAB}", "--config.train.steps=2",
-      "--config.checkpoint.every_steps=2", "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
-      "--config.checkpoint.async_save=False"], wait=False)
-  yield workdir, proc
-  if proc.poll() is None:
-    proc.kill()
-  proc.communicate()
-
-
-def _finished(tiny_run) -> pathlib.Path:
-  workdir, proc = tiny_run
-  _, err = proc.communicate(timeout=600)
-  assert proc.returncode == 0, err[-3000:]
-  return workdir
+def _bert_run_started(tiny_bert_run):
+  """The session's tiny flat-BERT run (conftest's tiny_bert_run), started at module set-up so its
+  compile overlaps the in-process tests."""
+  return tiny_bert_run
 
 
 @pytest.fixture(scope="module")
@@ -249,9 +242,9 @@ def _sweep_root(root: pathlib.Path, rows: int, data: pathlib.Path) -> pathlib.Pa
   return root
 
 
-def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_run, hf_folder, shared_data):
+def test_commands_refuse_bad_outputs_and_inputs_in_one_line(tmp_path, tiny_bert_run, hf_folder, shared_data):
   """Every case is one `error:` line, exit 2, and nothing is lost."""
-  run = _finished(tiny_run)
+  run = tiny_bert_run.finished()
   run_before, hf_before = _digest(run), _digest(hf_folder)
   snli = str(shared_data / "senteval/downstream/SNLI")
   pooler = [
@@ -326,14 +319,16 @@ def test_bench_checks_out_and_data_flags_before_any_work(tmp_path):
   earlier = tmp_path / "earlier.json"
   earlier.write_text("earlier results")
   small = ["crossbert_jax.bench", "--config=configs/crossbert.py:tiny"]
-  results = _run_all({
-      "dir": [*small, f"--out={tmp_path}"],
-      "exists": [*small, f"--out={earlier}"],
-      "below_file": [*small, f"--out={earlier}/x.json"],
-      "long_len": [*small, "--long_len=-5", f"--out={tmp_path / 'long.json'}"],
-      "data_steps": ["crossbert_jax.bench", "--data", "--steps=-1", f"--out={tmp_path / 'feed.json'}"],
-      "data_config": [
-          "crossbert_jax.bench", "--data", "--config=configs/crossbert.py:tiny", f"--out={tmp_path / 'feed.json'}"],})
+  results = _run_all(
+      {
+          "dir": [*small, f"--out={tmp_path}"],
+          "exists": [*small, f"--out={earlier}"],
+          "below_file": [*small, f"--out={earlier}/x.json"],
+          "long_len": [*small, "--long_len=-5", f"--out={tmp_path / 'long.json'}"],
+          "data_steps": ["crossbert_jax.bench", "--data", "--steps=-1", f"--out={tmp_path / 'feed.json'}"],
+          "data_config": [
+              "crossbert_jax.bench", "--data", "--config=configs/crossbert.py:tiny", f"--out={tmp_path / 'feed.json'}"],
+      }, smoke="dir")  # The bench command's subprocess smoke test.
   _one_error_line(results["dir"], "is a folder")
   _one_error_line(results["exists"], "exists (earlier results)", "--force")
   _one_error_line(results["below_file"], "is a file")

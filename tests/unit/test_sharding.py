@@ -75,6 +75,7 @@ def runs():
   return batch, one, eight
 
 
+@pytest.mark.integration  # Train steps on 1 and 8 devices (the module's `runs`): over a minute on 2 cores.
 @needs_8_devices
 def test_one_device_equals_eight_devices(runs):
   assert len(jax.devices()) == 8, "conftest must provide 8 fake CPU devices"
@@ -102,6 +103,7 @@ SHARDED = {
     ("reconstructor", "head", "kernel"): ((32, 64), (16, 32)),}
 
 
+@pytest.mark.integration  # Train steps on 1 and 8 devices (the module's `runs`): over a minute on 2 cores.
 @needs_8_devices
 def test_params_and_adam_moments_are_sharded(runs):
   _, _, (state, _, _) = runs
@@ -152,6 +154,7 @@ def test_make_mesh_checks_device_count():
   assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1} and mesh.devices.size == 8
 
 
+@pytest.mark.integration  # Train steps on 1 and 8 devices (the module's `runs`): over a minute on 2 cores.
 @needs_8_devices
 def test_grad_accum_is_exact(runs):
   """Micro-batch i draws its masks from fold_in(step_key, i), so masks differ from grad_accum=1; the
