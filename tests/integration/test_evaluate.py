@@ -16,26 +16,17 @@ import pytest
 
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.data import corpus, tokenizer
+from tests.helpers import copy_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> pathlib.Path:
-  """A tiny CrossBERT run: 512-piece tokenizer, 5 steps."""
-  base = tmp_path_factory.mktemp("eval_run")
-  spm = base / "spm.model"
-  tokenizer.train_tokenizer(corpus.builtin_documents()[:4000], 512, spm)
-  workdir = base / "run"
-  cmd = [
-      sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-      f"--config.data.tokenizer={spm}", "--config.model.vocab_size=512", "--config.train.steps=5",
-      "--config.metrics.progress_bar=False"]
-  proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-  if proc.returncode != 0:
-    pytest.fail(f"training failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-  return workdir
+def run_dir(tiny_run, tmp_path_factory) -> pathlib.Path:
+  """The session's tiny CrossBERT run (conftest's tiny_run: 512-piece tokenizer, 5 steps), copied: the
+  commands here record their scores in the run's folder."""
+  return copy_run(tiny_run, tmp_path_factory.mktemp("eval_run"))
 
 
 @pytest.fixture(scope="module")
@@ -93,20 +84,16 @@ def test_cli_end_to_end(run_dir, hf_dir, shared_data, tmp_path):
   assert "| scifact/ndcg@10 |" in table
 
 
-def test_cli_user_errors(tmp_path):
-  proc = subprocess.run([
-      sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={tmp_path}", "--data_dir=/nonexistent", "--tasks=sst2"
-  ], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+def test_cli_user_errors(tmp_path, command):
+  proc = command("crossbert_jax.evaluate", f"--workdir={tmp_path}", "--data_dir=/nonexistent", "--tasks=sst2")
   assert proc.returncode == 2
   lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
   assert len(lines) == 1 and "--data_dir" in lines[0], proc.stderr[-2000:]
 
 
-def test_a_model_given_twice_is_refused(tmp_path):
+def test_a_model_given_twice_is_refused(tmp_path, command):
   """Two spellings of one --workdir would be two identical columns: one line, before anything is read."""
-  proc = subprocess.run([
-      sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={tmp_path}", f"--workdir={tmp_path}/.", "--tasks=sst2"
-  ], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+  proc = command("crossbert_jax.evaluate", f"--workdir={tmp_path}", f"--workdir={tmp_path}/.", "--tasks=sst2")
   assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
       f"error: --workdir={tmp_path}/. is --workdir={tmp_path} again: give each model once"], proc.stderr[-2000:]
 

@@ -14,7 +14,7 @@ from etils import epath
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.evaluation import glue, glue_data, glue_run, glue_table, probes
 from crossbert_jax.evaluation import tasks as eval_tasks
-from tests.helpers import cpu_env, run_module
+from tests.helpers import copy_run, cpu_env, run_module
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 # GLUE config -> (today's reader, {Hub split: reader split}): what the shared data holds.
@@ -44,6 +44,13 @@ def write_hub_copy(shared_data, out, configs=tuple(COPIED), label_of=None) -> No
               labels,
               pa.int64() if spec.num_classes else pa.float32()), "idx": pa.array(np.arange(len(sp), dtype=np.int32))}
       pq.write_table(pa.table(cols), out / config / f"{hub_split}-00000-of-00001.parquet")
+
+
+@pytest.fixture(scope="module")
+def run_copy(tiny_run, tmp_path_factory):
+  """The session's tiny CrossBERT run (conftest's tiny_run), copied: the GLUE command records its table and
+  scores in the run's folder."""
+  return copy_run(tiny_run, tmp_path_factory.mktemp("glue_run"))
 
 
 @pytest.fixture(scope="module")
@@ -174,14 +181,14 @@ def test_a_damaged_parquet_file_is_one_line(tmp_path, shared_data):
     glue_data.from_local_copy(glue.TASKS["rte"], str(tmp_path / "copy"))
 
 
-def test_scores_equal_todays_tasks_path(tiny_run, hub_copy, shared_data):
+def test_scores_equal_todays_tasks_path(run_copy, hub_copy, shared_data):
   """Seed 0 of the GLUE runner on the copy == today's evaluate_task on the shared files (same process)."""
   from crossbert_jax.data import tokenizer
   from crossbert_jax.evaluation import embedder, runner
   from crossbert_jax.model.encoder import EncoderSpec
   from crossbert_jax.run import load
 
-  config, params, _ = load.load_run(str(tiny_run))
+  config, params, _ = load.load_run(str(run_copy))
   emb = embedder.JaxEmbedder(EncoderSpec.from_config(config.model), params["encoder"],
                              tokenizer.Tokenizer.load(config.data.tokenizer), embedder.Options(max_length=64))
   for name, metric in (("cola", "matthews"), ("rte", "accuracy")):
@@ -200,9 +207,9 @@ def _glue_cli(run_dir, data_dir, out, *flags, wait=True, check=True):
   return run_module(args, env=cpu_env(**OFFLINE, HF_DATASETS_CACHE=str(out) + "-hf"), wait=wait, check=check)
 
 
-def test_cli_table_skips_and_the_model_card_record(tiny_run, hub_copy, tmp_path):
+def test_cli_table_skips_and_the_model_card_record(run_copy, hub_copy, tmp_path):
   out = tmp_path / "glue"
-  proc = _glue_cli(tiny_run, hub_copy, out, "--tasks=cola,mnli", "--max_examples=200", "--probe_seeds=2")
+  proc = _glue_cli(run_copy, hub_copy, out, "--tasks=cola,mnli", "--max_examples=200", "--probe_seeds=2")
   skipped = [l for l in proc.stdout.splitlines() if l.startswith("skipping ")]
   assert len(skipped) == 1 and skipped[0].endswith(": mnli"), proc.stdout[-2000:]
   assert "[1/1] cola: linear " in proc.stdout and " texts, " in proc.stdout
@@ -212,12 +219,12 @@ def test_cli_table_skips_and_the_model_card_record(tiny_run, hub_copy, tmp_path)
   assert len(json.loads(next(out.glob("tasks/*/*/cola.json")).read_text())["rows"]["cola"]["linear"]["matthews"]) == 2
   assert table["average"]["run@5"]["linear"]["glue"] is None
   assert table["average"]["run@5"]["linear"]["rows_run"] == 1
-  assert (tiny_run / "glue_table.md").read_text() == (out / "glue_table.md").read_text()  # One column: the same.
-  record = json.loads((tiny_run / "eval_results.json").read_text())
+  assert (run_copy / "glue_table.md").read_text() == (out / "glue_table.md").read_text()  # One column: the same.
+  record = json.loads((run_copy / "eval_results.json").read_text())
   assert record["scores"]["glue/cola/linear"] == pytest.approx(cola["mean"] / 100, abs=1e-6)
   from crossbert_jax.hf import files  # The export's model card shows the record as a table.
 
-  record = files.run_summary(epath.Path(str(tiny_run)), config=None, step=5)["results"]
+  record = files.run_summary(epath.Path(str(run_copy)), config=None, step=5)["results"]
   card = "\n".join(files._evaluation_table(record, 5))  # pylint: disable=protected-access
   assert f"| glue/cola/linear | {cola['mean']:.1f} |" in card and "| glue/mean_of_1_rows/knn |" in card
 
@@ -230,29 +237,29 @@ def test_cli_unknown_benchmark_is_one_line(tmp_path):
       "crossbert_jax.mteb_eval --benchmark=..."], proc.stderr[-2000:]
 
 
-def test_cli_copy_with_a_missing_split_is_one_line(tiny_run, tmp_path, shared_data):
+def test_cli_copy_with_a_missing_split_is_one_line(run_copy, tmp_path, shared_data):
   write_hub_copy(shared_data, tmp_path / "copy", ("rte",))
   (tmp_path / "copy" / "rte" / "validation-00000-of-00001.parquet").unlink()
-  proc = _glue_cli(tiny_run, tmp_path / "copy", tmp_path / "out", "--tasks=rte", check=False)
+  proc = _glue_cli(run_copy, tmp_path / "copy", tmp_path / "out", "--tasks=rte", check=False)
   assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
       f"error: --data_dir {tmp_path / 'copy'}: rte/validation-*.parquet is missing (the reported split); copy it "
       "from nyu-mll/glue (hf download nyu-mll/glue --repo-type=dataset) or remove rte/"], proc.stderr[-2000:]
 
 
 @pytest.mark.slow  # 33-39 s on 2 cores (plus the shared tiny run): three runs of three tasks.
-def test_killed_during_the_third_task_resumes_to_the_same_table(tiny_run, hub_copy, tmp_path):
+def test_killed_during_the_third_task_resumes_to_the_same_table(run_copy, hub_copy, tmp_path):
   flags = ("--tasks=cola,sst2,mrpc", "--max_examples=1500", "--nocache")
   whole = tmp_path / "whole"
-  _glue_cli(tiny_run, hub_copy, whole, *flags)
+  _glue_cli(run_copy, hub_copy, whole, *flags)
   killed = tmp_path / "killed"
-  proc = _glue_cli(tiny_run, hub_copy, killed, *flags, wait=False)
+  proc = _glue_cli(run_copy, hub_copy, killed, *flags, wait=False)
   for line in proc.stdout:
     if line.startswith("[2/3] sst2"):
       proc.send_signal(signal.SIGKILL)
       break
   assert proc.wait(timeout=600) == -signal.SIGKILL
   assert not (killed / "glue_table.json").exists() and not list(killed.glob("tasks/*/*/mrpc.json"))
-  resumed = _glue_cli(tiny_run, hub_copy, killed, *flags)
+  resumed = _glue_cli(run_copy, hub_copy, killed, *flags)
   assert "[1/3] cola: linear " in resumed.stdout and resumed.stdout.count("(cached, ") == 2, resumed.stdout
   assert " texts, " in resumed.stdout.split("[3/3] mrpc")[1].splitlines()[0]
   for name in ("glue_table.json", "glue_table.md"):
