@@ -4,13 +4,13 @@ any work, another model's export refused before any timing, the run's own export
 import json
 import shutil
 
-from tests.helpers import run_module
+from tests.helpers import run_command, run_module
 
 
-def _embed_bench(workdir, hf, *flags):
-  return run_module([
-      "crossbert_jax.embed_bench", f"--workdir={workdir}", f"--hf={hf}", "--texts=40", "--max_length=64", *flags],
-                    check=False)
+def _embed_bench(workdir, hf, *flags, in_process=False):
+  """The command as a subprocess (its smoke test below), or `in_process` (tests/helpers.py's run_command)."""
+  args = ["crossbert_jax.embed_bench", f"--workdir={workdir}", f"--hf={hf}", "--texts=40", "--max_length=64", *flags]
+  return run_command(*args) if in_process else run_module(args, check=False)
 
 
 def _refused(proc, line: str) -> None:
@@ -23,13 +23,14 @@ def test_bad_options_and_an_earlier_out_are_one_line_before_any_work(tmp_path):
   run_dir = tmp_path / "run"
   earlier = tmp_path / "ok.json"
   earlier.write_text("earlier results")
-  _refused(_embed_bench(run_dir, tmp_path, "--st_batch_size=0"), "error: --st_batch_size=0: give at least 1")
-  _refused(_embed_bench(run_dir, tmp_path, "--texts=-3"), "error: --texts=-3: give at least 1")
+  _refused(_embed_bench(run_dir, tmp_path, "--st_batch_size=0", in_process=True),
+           "error: --st_batch_size=0: give at least 1")
+  _refused(_embed_bench(run_dir, tmp_path, "--texts=-3", in_process=True), "error: --texts=-3: give at least 1")
   _refused(
-      _embed_bench(run_dir, tmp_path, f"--out={earlier}"),
+      _embed_bench(run_dir, tmp_path, f"--out={earlier}", in_process=True),
       f"error: --out {earlier}: {earlier} exists (earlier results): choose a new path, or pass --force to "
       "replace it")
-  proc = _embed_bench(run_dir, tmp_path, f"--out={tmp_path}")
+  proc = _embed_bench(run_dir, tmp_path, f"--out={tmp_path}", in_process=True)
   assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --out"), proc.stderr[-2000:]
   assert earlier.read_text() == "earlier results"
 
