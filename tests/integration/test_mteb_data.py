@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from tests.helpers import cpu_env, run_module
+from tests.helpers import run_command
 
 STS_HEADER = "sentence1\tsentence2\tscore\n"
 STS_GOOD = STS_HEADER + "a cat sat\ta cat sits\t4.5\na dog ran\tthe sky is blue\t0.5\n"
@@ -104,10 +104,9 @@ def test_mteb_eval_refuses_bad_data_before_loading_and_leaves_no_output(tmp_path
   not even a run), and no --output_dir made."""
   path = _sts(tmp_path / "data", STS_GOOD + "a\tb\tnan\n")
   out = tmp_path / "mteb"
-  proc = run_module([
-      "crossbert_jax.mteb_eval", f"--workdir={tmp_path / 'run'}", "--tasks=STSBenchmark",
-      f"--data_dir={tmp_path / 'data'}", f"--output_dir={out}"], env=cpu_env(HF_HUB_OFFLINE="1",
-                                                                             HF_DATASETS_OFFLINE="1"), check=False)
+  proc = run_command("crossbert_jax.mteb_eval", f"--workdir={tmp_path / 'run'}", "--tasks=STSBenchmark",
+                     f"--data_dir={tmp_path / 'data'}", f"--output_dir={out}",
+                     env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
   assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
       f"error: {path} line 4: score 'nan' is not a finite number; fix or drop the row"], proc.stderr[-2000:]
   assert not out.exists()

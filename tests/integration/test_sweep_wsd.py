@@ -17,7 +17,7 @@ from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling import spec as spec_lib
 from crossbert_jax.training import optimizer
 from crossbert_jax.run import metrics
-from tests.helpers import ROOT, run_module
+from tests.helpers import ROOT, run_command, run_module
 
 sys.path.insert(0, str(ROOT / "tools"))
 import archive_sweep  # noqa: E402  pylint: disable=g-import-not-at-top
@@ -145,7 +145,7 @@ def test_bad_sweep_flags_are_one_line(tmp_path):
   for args, needle in ((["--flops_scale=inf", f"--root={tmp_path / 'r'}"], "--flops_scale=inf"),
                        ([f"--root={tmp_path / 'afile'}"], "is a file"), ([f"--spec={txt}", f"--root={tmp_path / 'r'}"],
                                                                          "is not a .py file")):
-    proc = run_module(["crossbert_jax.sweep", f"--spec={spec}", *args, "--dry_run"], check=False, timeout=120)
+    proc = run_command("crossbert_jax.sweep", f"--spec={spec}", *args, "--dry_run")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith("error:") and needle in proc.stderr, proc.stderr
 
