@@ -10,7 +10,7 @@ import pytest
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import corpus, hf_tokenizer, shards, special_ids, tokenizer
 from tests import hf_models
-from tests.helpers import run_module
+from tests.helpers import run_command, run_module
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +44,8 @@ def test_missing_mask_role_is_refused_in_one_line(tmp_path, bpe_folder):
   (tmp_path / "tokenizer.json").write_text(json.dumps(data))
   with pytest.raises(UserError, match="has no mask token"):
     hf_tokenizer.HfTokenizer.load(tmp_path)
-  proc = run_module([
-      "crossbert_jax.prepare", "--input=builtin", f"--output={tmp_path / 'out'}", "--shards=1",
-      f"--tokenizer={tmp_path / 'tokenizer.json'}"], check=False)
+  proc = run_command("crossbert_jax.prepare", "--input=builtin", f"--output={tmp_path / 'out'}", "--shards=1",
+                     f"--tokenizer={tmp_path / 'tokenizer.json'}")
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 1 and "no mask token" in lines[0], proc.stderr[-2000:]
 
@@ -115,12 +114,14 @@ def _one_error_line(proc, words: str) -> None:
   assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
 
 
-def _train(tmp_path, tok, *overrides: str):
-  """A tiny CrossBERT run with `tok` (2 steps): its CompletedProcess."""
-  return run_module([
+def _train(tmp_path, tok, *overrides: str, in_process: bool = False):
+  """A tiny CrossBERT run with `tok` (2 steps): its CompletedProcess (`in_process`: tests/helpers.py's
+  run_command, for starts refused before any work)."""
+  args = [
       "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
       f"--config.data.tokenizer={tok}", "--config.train.steps=2", "--config.metrics.progress_bar=False",
-      "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False", *overrides], check=False)
+      "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False", *overrides]
+  return run_command(*args) if in_process else run_module(args, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -139,10 +140,9 @@ def test_tokenizer_that_cannot_encode_is_refused_before_any_work(tmp_path, text_
     tokenizer.Tokenizer.load(bad)
   out = tmp_path / "shards"
   _one_error_line(
-      run_module([
-          "crossbert_jax.prepare", f"--input={text_input}", f"--output={out}", "--shards=1", "--progress=false",
-          f"--tokenizer={bad}"], check=False), "cannot encode")
-  _one_error_line(_train(tmp_path, bad), "cannot encode")
+      run_command("crossbert_jax.prepare", f"--input={text_input}", f"--output={out}", "--shards=1", "--progress=false",
+                  f"--tokenizer={bad}"), "cannot encode")
+  _one_error_line(_train(tmp_path, bad, in_process=True), "cannot encode")
   assert sorted(p.name for p in tmp_path.iterdir()) == ["nounk"]
 
 
@@ -171,7 +171,8 @@ def test_ids_past_the_token_count_set_the_vocab_size(tmp_path, text_input):
       "crossbert_jax.prepare", f"--input={text_input}", f"--output={tmp_path / 'shards'}", "--shards=1",
       "--progress=false", f"--tokenizer={big}"])
   assert shards.read_manifest(tmp_path / "shards")["dtype"] == "uint32"
-  _one_error_line(_train(tmp_path, big, "--config.model.vocab_size=2048"), "model.vocab_size=2048 is smaller")
+  _one_error_line(_train(tmp_path, big, "--config.model.vocab_size=2048", in_process=True),
+                  "model.vocab_size=2048 is smaller")
   assert not (tmp_path / "run").exists()
 
 
