@@ -43,7 +43,8 @@ def run_main(module: str, *argv: str, env: dict[str, str] | None = None) -> int:
   an earlier call, are dropped first: commands share flag names such as --config), parsed as its CLI
   parses them (`parse_flags_or_exit`: a bad flag or config is one line and exit 2), then its main
   runs with `env` added to os.environ; stdout and stderr are the caller's (capsys, `run_command`). The
-  flags and the environment are reset afterwards.
+  flags and the environment are reset afterwards. The command sees this process's devices (conftest's 8
+  fake CPU devices, where a subprocess sees 1): a batch that does not divide by 8 is refused for that.
   """
   from absl import flags  # pylint: disable=g-import-not-at-top
 

@@ -15,7 +15,7 @@ from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import corpus, tokenizer
 from tests import hf_models
-from tests.helpers import ROOT, run_module
+from tests.helpers import ROOT, run_command, run_module
 
 # The tiny model's numerics on CPU: float32, no remat; a short schedule.
 RUN = [
@@ -215,8 +215,8 @@ def test_bert_over_an_import_without_mlm_head_is_refused(tmp_path):
   imp = tmp_path / "imp"
   run_module(["crossbert_jax.export", "import", f"--hf={hf}", f"--output={imp}"])
   _refused(
-      run_module(["crossbert_jax.export", "import", f"--hf={hf}", f"--output={tmp_path / 'mlm'}", "--objective=mlm"],
-                 check=False), "holds no MLM head")
+      run_command("crossbert_jax.export", "import", f"--hf={hf}", f"--output={tmp_path / 'mlm'}", "--objective=mlm"),
+      "holds no MLM head")
   workdir = tmp_path / "run"
   _refused(
       run_module([
