@@ -84,11 +84,11 @@ def test_wordpiece_tokenizer_trains_from_scratch(tmp_path):
   wp = hf_models.wordpiece_tokenizer(tmp_path / "wp" / "tokenizer.json")
   tok = tokenizer.Tokenizer.load(wp)
   assert tok.special_ids == special_ids.SpecialIds.of(0, 1, 2, 3, 4)
-  proc = run_module([
-      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
-      f"--config.data.tokenizer={wp}", "--config.model.vocab_size=768", "--config.train.steps=4",
-      "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
-      "--config.checkpoint.async_save=False"])
+  proc = run_command("crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
+                     f"--config.data.tokenizer={wp}", "--config.model.vocab_size=768", "--config.train.steps=4",
+                     "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
+                     "--config.checkpoint.async_save=False")
+  assert proc.returncode == 0, proc.stderr[-3000:]
   assert "done: step 4" in proc.stdout, proc.stdout
 
 
@@ -114,14 +114,14 @@ def _one_error_line(proc, words: str) -> None:
   assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
 
 
-def _train(tmp_path, tok, *overrides: str, in_process: bool = False):
-  """A tiny CrossBERT run with `tok` (2 steps): its CompletedProcess (`in_process`: tests/helpers.py's
-  run_command, for starts refused before any work)."""
+def _train(tmp_path, tok, *overrides: str):
+  """A tiny CrossBERT run with `tok` (2 steps), in this process (tests/helpers.py's run_command): its
+  CompletedProcess."""
   args = [
       "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
       f"--config.data.tokenizer={tok}", "--config.train.steps=2", "--config.metrics.progress_bar=False",
       "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False", *overrides]
-  return run_command(*args) if in_process else run_module(args, check=False)
+  return run_command(*args)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def test_tokenizer_that_cannot_encode_is_refused_before_any_work(tmp_path, text_
   _one_error_line(
       run_command("crossbert_jax.prepare", f"--input={text_input}", f"--output={out}", "--shards=1", "--progress=false",
                   f"--tokenizer={bad}"), "cannot encode")
-  _one_error_line(_train(tmp_path, bad, in_process=True), "cannot encode")
+  _one_error_line(_train(tmp_path, bad), "cannot encode")
   assert sorted(p.name for p in tmp_path.iterdir()) == ["nounk"]
 
 
@@ -171,8 +171,7 @@ def test_ids_past_the_token_count_set_the_vocab_size(tmp_path, text_input):
       "crossbert_jax.prepare", f"--input={text_input}", f"--output={tmp_path / 'shards'}", "--shards=1",
       "--progress=false", f"--tokenizer={big}"])
   assert shards.read_manifest(tmp_path / "shards")["dtype"] == "uint32"
-  _one_error_line(_train(tmp_path, big, "--config.model.vocab_size=2048", in_process=True),
-                  "model.vocab_size=2048 is smaller")
+  _one_error_line(_train(tmp_path, big, "--config.model.vocab_size=2048"), "model.vocab_size=2048 is smaller")
   assert not (tmp_path / "run").exists()
 
 
