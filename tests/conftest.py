@@ -3,7 +3,7 @@ strict rank promotion, absl flags parsed, the shared data location and the runs 
 
 Tiers (docs/testing.md): a test's folder under tests/ is its tier's marker; an explicit
 `@pytest.mark.integration` or `@pytest.mark.slow` on a test overrides its folder's. A unit-tier test
-that starts a process or trains fails by name (`_unit_guard`); every test has a time limit by tier
+that starts a process or trains fails by name (`_GuardedPopen`, `_guard_training`); every test has a time limit by tier
 (pytest-timeout), so a hung one fails by name too.
 """
 
