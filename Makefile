@@ -1,8 +1,9 @@
 # Fresh-machine entry points. Each target sets up .venv with the pinned stack when needed.
 #   make demo   tokenizer on the built-in corpus, a tiny CrossBERT pretraining run, HF export, and a
 #               frozen word-order probe of the run against its random init (built-in data)
-#   make test   the test suite without the slow cases (CROSSBERT_DATA defaults to ../shared/data)
-#   make test-slow   the cases marked slow (end-to-end sweeps, kill loops, gs:// forks)
+#   make test   the unit tier: no training run, no subprocess (tests/unit; docs/testing.md)
+#   make test-integration   in-process runs on shared session runs, real data (CROSSBERT_DATA defaults to ../shared/data)
+#   make test-slow   kill loops, clusters, multi-process, gs:// end to end (tests/slow and the cases marked slow)
 #   make lint   ruff (pyproject's [tool.ruff]) and the yapf format check ([tool.yapf]); make format rewrites
 #   make setup-tpu   .venv-tpu: the pinned stack + jax[tpu]/libtpu (TPU VMs; on any host, the pre-flight
 #                    compile for a TPU topology: JAX_PLATFORMS=cpu .venv-tpu/bin/python -m crossbert_jax.compile)
@@ -18,7 +19,7 @@ RUN ?= runs/demo
 KILLS ?= 50
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-tpu setup-gpu demo test test-slow test-tpu lint format bench fault-inject fault-inject-sweep clean
+.PHONY: setup setup-tpu setup-gpu demo test test-integration test-slow test-tpu lint format bench fault-inject fault-inject-sweep clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,13 +67,16 @@ demo: setup
 	$(PY) -m crossbert_jax.evaluate --workdir=$(RUN)/crossbert --word_order
 
 test: setup
-	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m unit $(PYTEST_ARGS)
+
+test-integration: setup
+	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m integration $(PYTEST_ARGS)
 
 test-slow: setup
 	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
 test-tpu: setup-tpu
-	JAX_PLATFORMS=cpu $(TPU_VENV)/bin/python -m pytest -q tests/test_compile.py -k topology $(PYTEST_ARGS)
+	JAX_PLATFORMS=cpu $(TPU_VENV)/bin/python -m pytest -q tests/unit/test_compile.py -k topology $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) -m crossbert_jax.bench --config=configs/crossbert.py:small --out=bench_results.json --force

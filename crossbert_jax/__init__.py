@@ -2,7 +2,7 @@
 export them to Hugging Face.
 
 The packages' layers and each module's concern: docs/layout.md (the ranks are checked by
-tests/test_layout.py); the path of the plan and of a batch: docs/architecture.md.
+tests/unit/test_layout.py); the path of the plan and of a batch: docs/architecture.md.
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,11 @@
-"""Test setup: 8 fake CPU devices, strict rank promotion, absl flags parsed, shared data location."""
+"""Test setup: the tiers (unit / integration / slow, from each test's folder), 8 fake CPU devices,
+strict rank promotion, absl flags parsed, the shared data location and the runs several files read.
+
+Tiers (docs/testing.md): a test's folder under tests/ is its tier's marker; an explicit
+`@pytest.mark.integration` or `@pytest.mark.slow` on a test overrides its folder's. A unit-tier test
+that starts a process or trains fails by name (`_GuardedPopen`, `_guard_training`); every test has a time limit by tier
+(pytest-timeout), so a hung one fails by name too.
+"""
 
 import os
 
@@ -14,6 +21,7 @@ if _OWN_CACHE:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="crossbert-tests-jit-")
 
 import pathlib  # noqa: E402
+import subprocess  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -24,6 +32,78 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 flags.FLAGS.mark_as_parsed()
 
 DATA_ENV = "CROSSBERT_DATA"
+TESTS = pathlib.Path(__file__).resolve().parent
+# Each tier's folder, and its per-test time limit in seconds (set-up of the session's runs included, on
+# 2 loaded cores): past it the test fails by name (pytest-timeout's SIGALRM) and the session goes on.
+TIMEOUTS = {"unit": 300, "integration": 900, "slow": 1800}
+
+
+def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
+  """Marks each test with its folder's tier unless it names one itself; a test outside the tier
+  folders is refused (a new file goes to tests/unit, tests/integration or tests/slow)."""
+  misplaced = set()
+  for item in items:
+    rel = pathlib.Path(str(item.path)).resolve().relative_to(TESTS)
+    folder = rel.parts[0] if len(rel.parts) > 1 else None
+    if folder not in TIMEOUTS:
+      misplaced.add(str(rel))
+      continue
+    named = [m.name for m in item.iter_markers() if m.name in TIMEOUTS]
+    tier = "slow" if "slow" in named else (named[0] if named else folder)
+    if not named:
+      item.add_marker(getattr(pytest.mark, tier))
+    if item.get_closest_marker("timeout") is None:
+      item.add_marker(pytest.mark.timeout(TIMEOUTS[tier]))
+  if misplaced:
+    raise pytest.UsageError(f"tests/{', tests/'.join(sorted(misplaced))}: outside the tier folders; move it to "
+                            "tests/unit, tests/integration or tests/slow (docs/testing.md)")
+
+
+_UNIT_TEST = None  # The node id of the unit-tier test being set up, run or torn down.
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
+  global _UNIT_TEST
+  _UNIT_TEST = item.nodeid if item.get_closest_marker("unit") is not None else None
+  try:
+    yield
+  finally:
+    _UNIT_TEST = None
+
+
+def _refuse(what: str) -> None:
+  pytest.fail(
+      f"{_UNIT_TEST} {what}: the unit tier starts no process and trains nothing; call the library or the "
+      "command's main in-process, or move the test to tests/integration (docs/testing.md)", pytrace=False)
+
+
+class _GuardedPopen(subprocess.Popen):
+  """subprocess.Popen (and so subprocess.run), refused inside a unit-tier test."""
+  def __init__(self, args, *rest, **kwargs):
+    if _UNIT_TEST is not None:
+      _refuse(f"starts a subprocess ({' '.join(map(str, args)) if isinstance(args, (list, tuple)) else args})")
+    super().__init__(args, *rest, **kwargs)
+
+
+subprocess.Popen = _GuardedPopen
+
+
+def _guard_training() -> None:
+  """Trainer.train (every run: trainer.run, the train command's main) refused inside a unit-tier test."""
+  from crossbert_jax.run import trainer  # pylint: disable=g-import-not-at-top
+
+  train = trainer.Trainer.train
+
+  def guarded(self, *args, **kwargs):
+    if _UNIT_TEST is not None:
+      _refuse(f"trains ({self.workdir})")
+    return train(self, *args, **kwargs)
+
+  trainer.Trainer.train = guarded
+
+
+_guard_training()
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +131,7 @@ def spm_model(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, spm_model) -> pathlib.Path:
   """A tiny CrossBERT run of 5 steps (one checkpoint), for the commands that read a run; it also
-  traces steps 3-4 (profile.*) and logs to an offline W&B run (tests/test_observe.py reads both)."""
+  traces steps 3-4 (profile.*) and logs to an offline W&B run (tests/integration/test_observe.py reads both)."""
   from tests.helpers import cpu_env, run_module  # pylint: disable=g-import-not-at-top
 
   workdir = tmp_path_factory.mktemp("tiny_run") / "run"
@@ -62,6 +142,33 @@ def tiny_run(tmp_path_factory, spm_model) -> pathlib.Path:
       "--config.metrics.wandb=True"], env=cpu_env(WANDB_MODE="offline", WANDB_SILENT="true"))
   (workdir.parent / "train.out").write_text(proc.stdout + proc.stderr)
   return workdir
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_run(tmp_path_factory, spm_model):
+  """A tiny flat-BERT run of 2 steps (one checkpoint, no TensorBoard; local attention on every other
+  layer, so its export exercises both kinds and the MLM head), started in the background at the first
+  use so its compile overlaps other tests: `tiny_bert_run.finished()` waits and returns its workdir.
+  Read-only, as `tiny_run`."""
+  from tests.helpers import BackgroundRun  # pylint: disable=g-import-not-at-top
+
+  run = BackgroundRun(
+      tmp_path_factory.mktemp("tiny_bert_run") / "run", [
+          "--config=configs/bert.py:tiny", f"--config.data.tokenizer={spm_model}", "--config.model.vocab_size=512",
+          "--config.model.global_every=2", "--config.model.local_window=16", "--config.train.steps=2",
+          "--config.checkpoint.every_steps=2", "--config.metrics.progress_bar=False",
+          "--config.metrics.tensorboard=False", "--config.checkpoint.async_save=False"])
+  yield run
+  run.stop()
+
+
+@pytest.fixture
+def command():
+  """Runs a command in this process as `python -m` would (tests/helpers.py's `run_command`):
+  command("crossbert_jax.compile", "--config=...") is a CompletedProcess (returncode, stdout, stderr)."""
+  from tests.helpers import run_command  # pylint: disable=g-import-not-at-top
+
+  return run_command
 
 
 @pytest.fixture

@@ -1,7 +1,13 @@
-"""Running the project's commands in subprocesses, as the tests do: one CPU device, repo on the path."""
+"""Running the project's commands: in this process (`run_main`: the command's flags and main, as its CLI
+runs them), or in a subprocess (`run_module`: one CPU device, the repo on the path) where the process
+boundary is the point (kill -9, signals, several processes, locks) and for each command's one smoke test."""
 
 import os
 import pathlib
+import shutil
+import contextlib
+import importlib
+import io
 import subprocess
 import sys
 
@@ -28,3 +34,87 @@ def run_module(args, *, env: dict[str, str] | None = None, check: bool = True, w
   if check and proc.returncode != 0:
     pytest.fail(f"{args[0]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
   return proc
+
+
+def run_main(module: str, *argv: str, env: dict[str, str] | None = None) -> int:
+  """`python -m <module> <argv>` in this process: its exit status (0 when main returns).
+
+  The command's flags are defined afresh (a command module's flags, and any other command's left by
+  an earlier call, are dropped first: commands share flag names such as --config), parsed as its CLI
+  parses them (`parse_flags_or_exit`: a bad flag or config is one line and exit 2), then its main
+  runs with `env` added to os.environ; stdout and stderr are the caller's (capsys, `run_command`). The
+  flags and the environment are reset afterwards. The command sees this process's devices (conftest's 8
+  fake CPU devices, where a subprocess sees 1): a batch that does not divide by 8 is refused for that.
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  from crossbert_jax.core import errors  # pylint: disable=g-import-not-at-top
+
+  fv = flags.FLAGS
+  _drop_command_flags(fv)
+  mod = importlib.reload(sys.modules[module]) if module in sys.modules else importlib.import_module(module)
+  if hasattr(mod, "_define_flags"):
+    mod._define_flags()  # pylint: disable=protected-access
+  # ml_collections loads a --config file as module "config_config" into an existing one of that name: a
+  # file without get_config would keep the last file's.
+  sys.modules.pop("config_config", None)
+  saved_argv, sys.argv = sys.argv, [module, *argv]  # ml_collections reads --config.key=value overrides here.
+  saved_env, saved_quiet = dict(os.environ), errors._quiet_stderr  # pylint: disable=protected-access
+  errors._quiet_stderr = lambda: None  # A command's exit silences fd 2: the test session's stderr here.
+  os.environ.update(env or {})
+  try:
+    mod.main(errors.parse_flags_or_exit(sys.argv))
+  except SystemExit as e:
+    return 0 if e.code is None else e.code
+  finally:
+    sys.argv = saved_argv
+    os.environ.clear()
+    os.environ.update(saved_env)  # main's XLA flags and the like stay the command's.
+    errors._quiet_stderr = saved_quiet  # pylint: disable=protected-access
+    fv.unparse_flags()
+    _drop_command_flags(fv)  # As before the call: a test that defines a command's flags itself can.
+    fv.mark_as_parsed()
+  return 0
+
+
+def _drop_command_flags(fv) -> None:
+  """Removes the flags that crossbert_jax's commands defined, with their --config.KEY overrides
+  (ml_collections defines those while parsing); other libraries' flags (grain's) stay."""
+  commands = {
+      f.name for m, defined in fv.flags_by_module_dict().items() if m.startswith("crossbert_jax.") for f in defined}
+  for name in [n for n in fv if n in commands or n.split(".")[0] in commands and "." in n]:
+    delattr(fv, name)
+
+
+def run_command(module: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+  """`run_main` with its stdout and stderr captured: a CompletedProcess (returncode, stdout, stderr)."""
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    code = run_main(module, *argv, env=env)
+  return subprocess.CompletedProcess([module, *argv], code, out.getvalue(), err.getvalue())
+
+
+class BackgroundRun:
+  """A `python -m crossbert_jax.train` started now; `finished()` waits for it and returns its workdir."""
+  def __init__(self, workdir: pathlib.Path, args: list[str]):
+    self.workdir = workdir
+    self.proc = run_module(["crossbert_jax.train", f"--workdir={workdir}", *args], wait=False)
+    self.stderr = None
+
+  def finished(self) -> pathlib.Path:
+    if self.stderr is None:
+      _, self.stderr = self.proc.communicate(timeout=600)
+    assert self.proc.returncode == 0, f"training failed ({self.proc.returncode}):\n{self.stderr[-3000:]}"
+    return self.workdir
+
+  def stop(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.kill()
+    if self.stderr is None:
+      self.stderr = self.proc.communicate()[1]
+
+
+def copy_run(run: pathlib.Path, parent: pathlib.Path) -> pathlib.Path:
+  """A copy of a session run (conftest's tiny_run, tiny_bert_run: read-only) to write into, without its
+  trace and W&B folders: parent/run."""
+  return pathlib.Path(shutil.copytree(run, parent / "run", ignore=shutil.ignore_patterns("profile", "wandb")))

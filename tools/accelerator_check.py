@@ -378,7 +378,8 @@ def export(dry_run: bool, work: pathlib.Path) -> dict[str, Any]:
 
 
 def tests(dry_run: bool) -> dict[str, Any]:
-  selection = ["tests/test_sharding.py", "tests/test_masking.py", "-m", "not slow", "-q", "-p", "no:cacheprovider"]
+  selection = [
+      "tests/unit/test_sharding.py", "tests/unit/test_masking.py", "-m", "not slow", "-q", "-p", "no:cacheprovider"]
   if dry_run:  # The suite already runs these on the CPU: here only that they are found and start.
     selection += ["-x", "-k", "test_masking and ratio"]
   env = {"CROSSBERT_DATA": os.environ.get("CROSSBERT_DATA", str(ROOT.parent / "shared" / "data"))}

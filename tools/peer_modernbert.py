@@ -13,7 +13,7 @@ Tokens/s count row slots (B x L, as our bench); MFU uses OUR FLOP formula (train
 forward's matmuls, full L x L attention in every layer, the head on the masked slots) for the same
 shape, over the chip's dense bf16 peak (perf/roofline.py), so the two sides' MFU compare directly.
 `--budget_s`: variants that would start after it are recorded as skipped. `--shape=tiny` with
-`--device=cpu` is the suite's run (tests/test_peer_modernbert.py). Writes one JSON; exit 0 when
+`--device=cpu` is the suite's run (tests/unit/test_peer_modernbert.py). Writes one JSON; exit 0 when
 a variant was measured.
 """
 

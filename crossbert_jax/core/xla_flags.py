@@ -14,7 +14,7 @@ JAX GPU anchors set (MaxText's, Pax's): the latency-hiding scheduler, Triton GEM
 every GEMM), command buffers off. Not measured on our step yet (the accelerator check's
 `--xla_gpu_preset=NAME` call measures a preset against the defaults): nothing is set by default.
 They are appended only where JAX will run on a GPU (a CUDA plugin is installed and JAX_PLATFORMS
-does not rule it out). Every flag is known to the pinned jaxlib (tests/test_xla_flags.py starts
+does not rule it out). Every flag is known to the pinned jaxlib (tests/integration/test_xla_flags.py starts
 XLA with them: it aborts on a flag it does not know); the device image's jaxlib (0.11.2) is
 checked by the first check run with the preset.
 """

@@ -1,7 +1,7 @@
 """Documents -> packed rows: `[CLS] ids [SEP]` cut into chunks of <= L, first-fit packed into bins.
 
 One fused Grain iterator does what `_ChunkDataset` + `grain.experimental.FirstFitPackIterDataset`
-did, with the same rows and the same saved state, bit for bit (tests/test_packing.py checks it
+did, with the same rows and the same saved state, bit for bit (tests/unit/test_packing.py checks it
 against Grain's), so elastic resume (data/elastic.py) and older checkpoints read it as before.
 
 Hot path, per fetched batch of documents (`fetch(indices)`: one batched read, and for text one

@@ -188,7 +188,7 @@ def pooler_loss(model: Pooler, params: dict, hidden_KxBxLxD, mask_KxBxL, scale: 
   """Contrastive loss of anchors (k = 0), positives (1) and negatives (2) pooled from cached states.
 
   Its only params are the pooler's: the frozen encoder's outputs enter as data, so no gradient
-  can flow to the encoder (tests/test_evaluate.py checks the gradient tree).
+  can flow to the encoder (tests/integration/test_evaluate.py checks the gradient tree).
   """
   out = [model.apply({"params": params}, hidden_KxBxLxD[k], mask_KxBxL[k]) for k in range(hidden_KxBxLxD.shape[0])]
   return contrastive_loss(*out, scale=scale)

@@ -10,7 +10,7 @@ commands with `--config.key=value` overrides, so they run here one after another
 With a `wsd` key a size's `flops` may be an ascending list of budgets: each (size, objective,
 seed) trains ONE stable run (`<run>__stable`, stopped at the largest budget's decay start, keeping
 a checkpoint at every budget's decay start) and one decay branch per budget (`<run>__T<steps>`,
-forked from it; bitwise a straight WSD run, tests/test_fork.py). See docs/scaling_sweeps.md.
+forked from it; bitwise a straight WSD run, tests/integration/test_fork.py). See docs/scaling_sweeps.md.
 """
 
 import dataclasses

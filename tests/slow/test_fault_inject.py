@@ -1,0 +1,18 @@
+"""tools/fault_inject.py with a handful of kills: the resumed run equals the uninterrupted one bitwise."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow  # Over 75 s on 2 idle cores: `make test-slow` and CI run it.
+def test_random_kills_resume_bitwise(tmp_path):
+  proc = subprocess.run([
+      sys.executable, "tools/fault_inject.py", "--kills=3", "--steps=30", f"--workdir={tmp_path / 'fi'}"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=1200)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "fault_inject: passed: 3 kills" in proc.stdout, proc.stdout[-3000:]

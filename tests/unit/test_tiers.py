@@ -1,0 +1,48 @@
+"""The suite's tiers (tests/conftest.py): each test carries its folder's marker unless it names one, a
+unit-tier test that starts a process or trains fails by name, every test has its tier's time limit, and
+a command's main runs in-process as its CLI would (tests/helpers.py's run_main)."""
+
+import subprocess
+
+import pytest
+
+from crossbert_jax.run import trainer
+
+
+def test_a_test_carries_its_folders_tier_and_time_limit(request):
+  assert request.node.get_closest_marker("unit") is not None
+  assert request.node.get_closest_marker("integration") is None
+  assert request.node.get_closest_marker("timeout").args == (300,)  # conftest.TIMEOUTS
+
+
+def test_a_unit_test_that_starts_a_process_fails_by_name(request):
+  with pytest.raises(pytest.fail.Exception) as e:
+    subprocess.run(["true"], check=True)
+  assert str(e.value).startswith(f"{request.node.nodeid} starts a subprocess (true): the unit tier starts no process")
+  assert "move the test to tests/integration" in str(e.value)
+
+
+def test_a_unit_test_that_trains_fails_by_name(request, tmp_path):
+  run = trainer.Trainer.__new__(trainer.Trainer)  # Trainer.train is refused before it reads anything.
+  run.workdir = tmp_path
+  with pytest.raises(pytest.fail.Exception, match=f"^{request.node.nodeid} trains \\({tmp_path}\\): the unit tier"):
+    run.train()
+
+
+@pytest.mark.integration
+def test_a_test_that_names_its_tier_may_start_a_process(request):
+  assert request.node.get_closest_marker("unit") is None
+  assert request.node.get_closest_marker("timeout").args == (900,)
+  assert subprocess.run(["true"], check=True).returncode == 0
+
+
+def test_a_command_runs_in_process_as_its_cli(command, tmp_path):
+  """A bad flag and a bad config key are one line and exit 2 (the flag parser's); the flags are reset
+  after, so the next call (another command sharing --config) parses afresh."""
+  proc = command("crossbert_jax.compile", "--config=configs/crossbert.py:tiny", "--nope=1")
+  assert proc.returncode == 2 and proc.stderr.startswith("error: Unknown command line flag 'nope'"), proc.stderr
+  proc = command("crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path}",
+                 "--config.model.nope=1")
+  assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+  assert proc.stderr.startswith("error: unknown config key 'nope' in the override --config.model.nope"), proc.stderr
+  assert not list(tmp_path.iterdir())
