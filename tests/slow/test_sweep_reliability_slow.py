@@ -19,10 +19,10 @@ from tests.slow.test_sweep_ray import XS, _rows, _spec, _trainer, _wait_for_chec
 import fault_inject_sweep  # noqa: E402  pylint: disable=g-import-not-at-top  (tools/, on sys.path via test_sweep_ray)
 
 
-def _long_spec(tmp_path) -> str:
-  """The tiny WSD spec of test_sweep_ray with 10x the FLOPs (~430 stable steps) and a checkpoint every 20
+def _long_spec(tmp_path, flops: str = "1e10") -> str:
+  """The tiny WSD spec of test_sweep_ray with more FLOPs (1e10: ~430 stable steps) and a checkpoint every 20
   steps: the trainer is still training when the signal comes."""
-  path = pathlib.Path(_spec(tmp_path, XS.replace("flops=[1e9]", "flops=[1e10]"), "long.py"))
+  path = pathlib.Path(_spec(tmp_path, XS.replace("flops=[1e9]", f"flops=[{flops}]"), "long.py"))
   path.write_text(path.read_text().replace('"checkpoint.every_steps": 2', '"checkpoint.every_steps": 20'))
   return str(path)
 
@@ -46,8 +46,10 @@ def test_sigterm_and_ctrl_c_to_the_ray_driver_save_every_trainer_and_exit_75(tmp
   """SIGTERM, then (after a rerun) SIGINT to the driver while its trainer trains: the driver exits 75 with
   one `stopped:` line, the trainer saved (exit 75, no partial checkpoint) and is gone, the attempt is
   closed as "stopped" (not left "running"), and a rerun resumes from the saved step.
-  Before: rc 1 within 2 s (`SystemError` from ray.wait), the trainer killed mid-save."""
-  spec_file = _long_spec(tmp_path)
+  Before: rc 1 within 2 s (`SystemError` from ray.wait), the trainer killed mid-save.
+  3e10 FLOPs (~1,300 stable steps): at 1e10 the second attempt's trainer once reached its last step
+  (165 steps after the save the signal waits for) before the stop reached it, on CI's loaded cores."""
+  spec_file = _long_spec(tmp_path, "3e10")
   root = tmp_path / "root"
   fault_inject_sweep.train_tokenizer(root, spm_model)
   stable = root / "runs" / "xs__bert_r15__s0__stable"
@@ -70,6 +72,7 @@ def test_sigterm_and_ctrl_c_to_the_ray_driver_save_every_trainer_and_exit_75(tmp
       assert not os.path.exists(f"/proc/{trainer}") or _trainer(stable) is None, "the trainer outlived the driver"
       _no_partial_saves(stable)
       log = (stable / "train.log").read_text().split("$ ")[-1]
+      assert "done: step" not in log, f"{sig.name}: the trainer ended before the stop reached it\n{log[-3000:]}"
       assert "SIGTERM received: saving step" in log and "(exit 75)" in log, log[-3000:]
       attempts = json.loads((stable / "sweep_wall.json").read_text())["attempts"]
       assert [a["outcome"] for a in attempts] == ["stopped"] * attempt, attempts
