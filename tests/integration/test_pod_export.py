@@ -90,7 +90,7 @@ def test_killed_export_is_recovered_by_the_next(tmp_path, tok):
 _ENV_FAULTS = r"""
 import pathlib, subprocess, sys
 sys.path.insert(0, sys.argv[2])
-from tests import test_pod_export as t
+from tests.integration import test_pod_export as t
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import tokenizer
 from crossbert_jax.hf import convert
