@@ -34,7 +34,8 @@ def _np_info_nce(a, p, negs=None, t=0.05, symmetric=False, pos_ids=None, neg_ids
   cands = p if negs is None else np.concatenate([p, unit(negs.reshape(-1, negs.shape[-1]).astype(np.float64))])
   cand_ids = None
   if pos_ids is not None:
-    extra = [] if negs is None else (list(neg_ids.reshape(-1)) if neg_ids is not None else [None] * (len(cands) - len(p)))
+    extra = [] if negs is None else (list(neg_ids.reshape(-1)) if neg_ids is not None else [None] *
+                                     (len(cands) - len(p)))
     cand_ids = list(pos_ids) + extra
 
   def direction(rows, cols, n_cols):
@@ -101,8 +102,10 @@ def test_masking_keeps_gradients_finite_and_logits_float32():
   fn = lambda a, p, n: contrastive.info_nce(a, p, n, positive_ids_B=ids, negative_ids=jnp.zeros((B, 2), jnp.int32))[0]
   loss, grads = jax.value_and_grad(fn, argnums=(0, 1, 2))(a, p, n)
   assert loss.dtype == jnp.float32
-  np.testing.assert_allclose(float(loss), _np_info_nce(*(np.asarray(x, np.float32) for x in (a, p, n)), 0.05,
-                                                       pos_ids=np.zeros(B), neg_ids=np.zeros((B, 2))), atol=1e-6)
+  np.testing.assert_allclose(
+      float(loss),
+      _np_info_nce(*(np.asarray(x, np.float32) for x in (a, p, n)), 0.05, pos_ids=np.zeros(B), neg_ids=np.zeros(
+          (B, 2))), atol=1e-6)
   assert float(loss) == 0.0
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
 
@@ -189,7 +192,8 @@ def _texts(m, seq_len=12, seed=0):
   seg = (np.arange(seq_len)[None] < lengths[:, None]).astype(np.int32)
   return {
       "tokens": np.where(seg > 0, rng.integers(5, 64, (m, seq_len)), 0).astype(np.int32), "segment_ids": seg,
-      "positions": np.where(seg > 0, np.arange(seq_len)[None], 0).astype(np.int32)}
+      "positions": np.where(seg > 0,
+                            np.arange(seq_len)[None], 0).astype(np.int32)}
 
 
 @pytest.mark.parametrize("chunk", [4, 5, 24], ids=["divides", "padded", "one_chunk"])
@@ -237,6 +241,7 @@ def test_grad_cache_passes_each_chunk_the_same_key_twice():
   (loss, _), g = jax.jit(lambda p: contrastive_cache.cached_value_and_grad(embed, loss_of, p, texts, 4, key))(params)
   emb = contrastive_cache.embed_chunked(embed, params, texts, 4, key)
   np.testing.assert_allclose(float(loss), float(loss_of(emb)[0]), rtol=1e-6)
+
   # The reference: each chunk (rows k, k+3, k+6, k+9) embedded with fold_in(key, k), gradients flowing.
   def reference(p):
     out = jnp.zeros((12, emb.shape[1]))

@@ -42,8 +42,9 @@ def check_temperature(temperature: float, key: str = "contrast.temperature") -> 
   """`temperature` if it is a finite number > 0; else the one-line error naming config `key`."""
   if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) \
       or temperature <= 0:
-    raise config_error(key, f"must be a number > 0 (got {temperature!r}); typical values are 0.01 to 0.1, "
-                       "e.g. 0.05 (SimCSE) or 0.02")
+    raise config_error(
+        key, f"must be a number > 0 (got {temperature!r}); typical values are 0.01 to 0.1, "
+        "e.g. 0.05 (SimCSE) or 0.02")
   return float(temperature)
 
 
