@@ -224,6 +224,30 @@ def test_grad_cache_equals_the_plain_gradient(chunk):
   _assert_grads_close(g_c, g_p)
 
 
+@needs_8_devices
+def test_grad_cache_on_a_sharded_batch():
+  """The 24 texts' rows over 8 devices (mesh data=8), chunks of 8 (one row per device each): GradCache's loss and
+  gradients equal the plain loss's on one device."""
+  model, params = _encoder()
+  texts = _texts(3 * B, seed=2)
+
+  def embed(params, chunk_texts, key=None):
+    del key
+    hidden = model.apply({"params": params}, chunk_texts["tokens"], chunk_texts["positions"],
+                         chunk_texts["segment_ids"])
+    return inference.pool(hidden, chunk_texts["segment_ids"], "cls")
+
+  loss_of = lambda emb: contrastive.info_nce(emb[:B], emb[B:2 * B], emb[2 * B:], temperature=0.05)
+  (loss1, _), g1 = jax.jit(jax.value_and_grad(lambda p: loss_of(embed(p, texts)), has_aux=True))(params)
+  mesh = jax.make_mesh((8, 1, 1), sharding.MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.DEFAULT_RULES):
+    sharded = jax.device_put(texts, sharding.batch_sharding(mesh))
+    fn = jax.jit(lambda p, t: contrastive_cache.cached_value_and_grad(embed, loss_of, p, t, 8))
+    (loss8, _), g8 = fn(params, sharded)
+  np.testing.assert_allclose(float(loss8), float(loss1), rtol=1e-6)
+  _assert_grads_close(g8, g1)
+
+
 def test_grad_cache_passes_each_chunk_the_same_key_twice():
   """With a key, both passes give chunk i fold_in(key, i): a dropout-style embed_fn still gets the exact
   gradient of the embeddings it produced (checked against the gradient through embed_chunked's own layout)."""
