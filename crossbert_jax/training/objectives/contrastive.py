@@ -11,7 +11,7 @@ the logical names to the mesh). The loss equals the one-device loss (tests/unit/
 
 Duplicates: with per-text ids (e.g. a hash of the positive's token ids), a candidate whose id equals
 an anchor's own positive's id but sits at another index is masked out rather than counted as a
-negative (a finite large negative logit, no -inf, so no NaN in the softmax or its gradient).
+negative (a finite -1e9 logit rather than -inf: no inf arithmetic, e.g. -inf * 0 = NaN, can reach a sum or a metric).
 Shape letters: B batch, N hard negatives per anchor, C candidates (B + B*N), D width.
 """
 
