@@ -43,7 +43,7 @@ TOKENS_PER_BATCH = 4096  # Measured best on CPU: attention cost grows with lengt
 CPU_SCORES_BYTES = 8 << 20
 PACK_LENGTH = 128  # Texts up to this long share rows of this length (attention cost grows with it).
 PACK_SLOTS = 64  # Texts per packed row at most (each has at least 2 tokens: CLS, SEP).
-POOLINGS = ("mean", "cls")
+POOLINGS = inference.POOLINGS
 PAIR_MODES = ("joint", "senteval")
 
 
@@ -79,9 +79,7 @@ def parse_layers(text: str) -> tuple[int, ...]:
 
 
 def _pool(hidden_BxLxD, segment_ids_BxL, pooling):
-  if pooling == "cls":
-    return hidden_BxLxD[:, 0].astype(jnp.float32)
-  return inference.mean_pool(hidden_BxLxD, segment_ids_BxL)
+  return inference.pool(hidden_BxLxD, segment_ids_BxL, pooling)
 
 
 def _pool_segments(hidden_BxLxD, segment_ids_BxL, positions_BxL, pooling, slots):

@@ -1,8 +1,9 @@
-"""Running a trained encoder on text: tokenise, pad, encode, mean-pool.
+"""Running a trained encoder on text: tokenise, pad, encode, pool.
 
-The layout matches Hugging Face `ModernBertModel` + sentence-transformers mean pooling: a text
-is `[CLS] ids [SEP]`, a pair `[CLS] a [SEP] b [SEP]`; the embedding is the mean of the final
-hidden states over the non-pad tokens (CLS and SEP included).
+The layout matches Hugging Face `ModernBertModel` + sentence-transformers pooling: a text is
+`[CLS] ids [SEP]`, a pair `[CLS] a [SEP] b [SEP]`; the embedding is the mean of the final hidden
+states over the non-pad tokens, CLS and SEP included (`pooling_mode_mean_tokens`), or the first
+(CLS) state (`pooling_mode_cls_token`).
 Shape letters: B batch, L length, D embed, N layers + 1.
 """
 
@@ -60,6 +61,23 @@ def mean_pool(hidden_BxLxD: Array, segment_ids_BxL: Array) -> Array:
   w_BxL = (segment_ids_BxL > 0).astype(jnp.float32)
   summed_BxD = jnp.einsum("bld,bl->bd", hidden_BxLxD.astype(jnp.float32), w_BxL)
   return summed_BxD / jnp.maximum(w_BxL.sum(-1, keepdims=True), 1.0)
+
+
+def cls_pool(hidden_BxLxD: Array) -> Array:
+  """The first ([CLS]) state of each row, in float32."""
+  return hidden_BxLxD[:, 0].astype(jnp.float32)
+
+
+POOLINGS = ("mean", "cls")
+
+
+def pool(hidden_BxLxD: Array, segment_ids_BxL: Array, pooling: str) -> Array:
+  """BxD float32 embeddings by `pooling` (one of POOLINGS), as sentence-transformers' Pooling module."""
+  if pooling == "cls":
+    return cls_pool(hidden_BxLxD)
+  if pooling == "mean":
+    return mean_pool(hidden_BxLxD, segment_ids_BxL)
+  raise ValueError(f"pooling={pooling!r}: use one of {POOLINGS}")
 
 
 def make_encode_fn(spec: EncoderSpec, all_layers: bool = False) -> Callable[..., Array]:
