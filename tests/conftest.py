@@ -112,7 +112,7 @@ def shared_data() -> pathlib.Path:
   root = os.environ.get(DATA_ENV)
   if not root:
     pytest.skip(f"{DATA_ENV} is not set (make test / .ci/run set it to ../shared/data)")
-  path = pathlib.Path(root)
+  path = pathlib.Path(root).resolve()  # Absolute: `make`'s default is relative, and tests link to it from tmp_path.
   if not (path / "SOURCES.md").is_file():
     pytest.fail(f"{DATA_ENV}={root} is set but holds no shared data (no SOURCES.md there)")
   return path

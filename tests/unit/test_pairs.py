@@ -1,7 +1,6 @@
 """Pair / triplet files for the contrastive stage: JSONL, Parquet, TSV, SNLI triplets, and each bad input's line."""
 
 import json
-import os
 import pathlib
 
 import pyarrow as pa
@@ -122,13 +121,10 @@ def test_senteval_nli_misaligned(tmp_path):
     pairs.read_senteval_nli(tmp_path, "test")
 
 
-def test_real_snli_triplets():
+def test_real_snli_triplets(shared_data):
   """The shared SNLI dev split (SentEval layout) as triplets."""
-  if not os.environ.get("CROSSBERT_DATA"):
-    pytest.skip("CROSSBERT_DATA is unset")
-  folder = pathlib.Path(os.environ["CROSSBERT_DATA"]) / "senteval/downstream/SNLI"
-  if not (folder / "s1.dev").exists():
-    pytest.skip(f"{folder} holds no SNLI dev split")
+  folder = shared_data / "senteval/downstream/SNLI"
+  assert (folder / "s1.dev").exists(), f"{folder} holds no SNLI dev split"
   rows = pairs.read_senteval_nli(folder, "dev")
   assert len(rows) == 9842
   triplets = pairs.nli_triplets(rows)
