@@ -196,6 +196,7 @@ def _texts(m, seq_len=12, seed=0):
                             np.arange(seq_len)[None], 0).astype(np.int32)}
 
 
+@pytest.mark.integration  # Compiles a tiny encoder's two scans: 7-13 s each.
 @pytest.mark.parametrize("chunk", [4, 5, 24], ids=["divides", "padded", "one_chunk"])
 def test_grad_cache_equals_the_plain_gradient(chunk):
   """A real (tiny) encoder, mean pooling, 8 anchors + 8 positives + 8 hard negatives (24 texts): GradCache's
@@ -225,6 +226,7 @@ def test_grad_cache_equals_the_plain_gradient(chunk):
 
 
 @needs_8_devices
+@pytest.mark.integration  # Compiles a tiny encoder's two scans: 7-13 s each.
 def test_grad_cache_on_a_sharded_batch():
   """The 24 texts' rows over 8 devices (mesh data=8), chunks of 8 (one row per device each): GradCache's loss and
   gradients equal the plain loss's on one device."""
@@ -248,6 +250,7 @@ def test_grad_cache_on_a_sharded_batch():
   _assert_grads_close(g8, g1)
 
 
+@pytest.mark.integration  # Compiles a tiny encoder's two scans: 7-13 s each.
 def test_grad_cache_passes_each_chunk_the_same_key_twice():
   """With a key, both passes give chunk i fold_in(key, i): a dropout-style embed_fn still gets the exact
   gradient of the embeddings it produced (checked against the gradient through embed_chunked's own layout)."""

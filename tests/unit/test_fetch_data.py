@@ -163,6 +163,7 @@ def test_bad_flags_are_one_line(tmp_path, capsys, argv, message):
   assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
 
 
+@pytest.mark.integration  # Imports datasets and huggingface_hub and waits on their offline failure: ~20 s.
 def test_the_hub_offline_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
   """The real Hub loader (datasets.load_dataset at the pinned revision) with the Hub switched off."""
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")

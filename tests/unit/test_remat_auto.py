@@ -39,6 +39,7 @@ def totals(mesh) -> dict[str, int]:
   return out
 
 
+@pytest.mark.integration  # Compiles the step at three remat levels: 30-50 s in all.
 @pytest.mark.parametrize("expect", ["none", "dots", "full", "over"])
 def test_auto_chooses_the_least_recompute_that_fits(mesh, totals, expect, capsys):
   """A declared budget just above each candidate's size picks it; below every one, full and says so."""
@@ -61,6 +62,7 @@ def test_no_budget_known_chooses_none(mesh, capsys):
   assert "no memory size known for cpu" in capsys.readouterr().out
 
 
+@pytest.mark.integration  # Compiles the step at three remat levels: 30-50 s in all.
 def test_compile_reports_the_choice():
   """`compile` (its 8 fake devices here) reports the remat auto chose and the candidates it compiled."""
   c = config_lib.from_dict(_plan(1.0).to_dict())
