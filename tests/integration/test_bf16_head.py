@@ -10,24 +10,14 @@ import pytest
 from crossbert_jax.training import objectives
 from crossbert_jax.training.objectives import bf16_head
 from tests.helpers import run_module
+from tests.unit.test_chunked_loss import B, Q, _one_pass
+from tests.unit.test_chunked_loss import _inputs as _chunked_inputs
 
-B, Q, D, V = 2, 37, 32, 96
+D, V = 32, 96
 
 
 def _inputs(dtype=jnp.float32):
-  kx, kw, kb, kt = jax.random.split(jax.random.key(0), 4)
-  x = jax.random.normal(kx, (B, Q, D)).astype(dtype)
-  w = jax.random.normal(kw, (D, V)) * 0.3
-  b = jax.random.normal(kb, (V,)) * 0.1
-  targets = jax.random.randint(kt, (B, Q), 0, V)
-  weights = jnp.arange(Q)[None, :] < jnp.asarray([[30], [Q]])  # Row 0 has 7 padding slots.
-  return x, w, b, targets, weights
-
-
-def _one_pass(x, w, b, targets, weights):
-  """The reference: the whole B x Q x V float32 logits, then the token losses."""
-  logits = jnp.einsum("bqd,dv->bqv", x.astype(jnp.float32), w) + b[None, None]
-  return objectives._token_losses(logits, targets, weights)
+  return _chunked_inputs(dtype, D, V)
 
 
 def _value_and_grads(loss, x, w, b):

@@ -11,12 +11,13 @@ from crossbert_jax.training import objectives
 B, Q, D, V = 2, 37, 16, 64
 
 
-def _inputs(dtype=jnp.float32):
+def _inputs(dtype=jnp.float32, d: int = D, v: int = V):
+  """B x Q hidden states of width d, a d x v head and targets below v (shared with test_bf16_head)."""
   kx, kw, kb, kt = jax.random.split(jax.random.key(0), 4)
-  x = jax.random.normal(kx, (B, Q, D)).astype(dtype)
-  w = jax.random.normal(kw, (D, V)) * 0.3
-  b = jax.random.normal(kb, (V,)) * 0.1
-  targets = jax.random.randint(kt, (B, Q), 0, V)
+  x = jax.random.normal(kx, (B, Q, d)).astype(dtype)
+  w = jax.random.normal(kw, (d, v)) * 0.3
+  b = jax.random.normal(kb, (v,)) * 0.1
+  targets = jax.random.randint(kt, (B, Q), 0, v)
   weights = jnp.arange(Q)[None, :] < jnp.asarray([[30], [Q]])  # Row 0 has 7 padding slots.
   return x, w, b, targets, weights
 
