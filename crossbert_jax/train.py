@@ -13,6 +13,7 @@ import time
 _STARTED = time.time()  # Before the imports: goodput counts them as start-up (run/goodput.py).
 
 import sys  # noqa: E402
+from typing import Callable  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np
@@ -76,6 +77,12 @@ def standard_hooks(c) -> list[hooks_lib.Hook]:
 
 @exit_on_user_error
 def main(argv):
+  train_main(argv)
+
+
+def train_main(argv, check: Callable[[plan_lib.RunPlan], None] = lambda c: None) -> None:
+  """The command's body (this command's and `crossbert_jax.contrast`'s, which passes `check`: its refusal of
+  another objective's config)."""
   no_positional(argv, "; use --config=..., --workdir=..., --config.key=value")
   require("workdir", advice=": the run directory for checkpoints and metrics")
   xla_flags.set_cpu_flags()  # Before the first JAX computation (jax.distributed included).
@@ -88,6 +95,7 @@ def main(argv):
   compile_cache.enable(_WORKDIR.value, _COMPILATION_CACHE.value)
   # from_hf: the imported model's shape, a fork's through its source's train.init_from.
   c = plan_lib.build(import_config.resolve(fork.with_source_init(config_lib.from_flag(_CONFIG.value))))
+  check(c)
   _check_probe_inputs(c)
   last = run(c, _WORKDIR.value, break_lock=_BREAK_LOCK.value, started=_STARTED, hooks=standard_hooks(c))
   good = f"; {last['goodput_line']}" if "goodput_line" in last else ""

@@ -59,6 +59,18 @@ class EvalSplits(str, enum.Enum):
   ALL = "all"
 
 
+class Pooling(str, enum.Enum):
+  """contrast.pooling: how a text's hidden states become its embedding (the export's Pooling module)."""
+  MEAN = "mean"  # Over the non-pad tokens, CLS and SEP included.
+  CLS = "cls"
+
+
+class Recipe(str, enum.Enum):
+  """contrast.recipe: where the contrastive stage's positives come from."""
+  SIMCSE = "simcse"  # Each text of a corpus against itself under another dropout mask.
+  PAIRS = "pairs"  # (anchor, positive[, negative]) rows of a pair file.
+
+
 def values(choice: type[enum.Enum]) -> list[str]:
   """The strings a key of this choice accepts, in declaration order (for flags and messages)."""
   return [member.value for member in choice]

@@ -56,6 +56,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if c.objective not in objectives.names():
     raise config_error("objective", f"{c.objective!r} is not one of {objectives.names()}")
   _validate_model(c.model)
+  if not 0.0 <= c.model.dropout < 1.0:
+    raise config_error("model.dropout", f"must be in [0, 1), got {c.model.dropout}")
+  if c.model.dropout and not objectives.get(c.objective).uses_dropout:
+    raise config_error("model.dropout", f"objective={c.objective} draws no dropout; leave it 0 (it applies to "
+                       "objective=contrast)")
   _validate_masking(c, objectives.get(c.objective))
   _validate_data(c.data)
   _validate_train(c.train)

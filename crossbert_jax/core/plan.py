@@ -66,7 +66,7 @@ class Settings(sections.Section):
   eval: sections.Eval
   metrics: sections.Metrics
   profile: sections.Profile
-  extra: tuple[tuple[str, Extra], ...] = ()  # Sections an objective adds, by name.
+  extra: tuple[tuple[str, Any], ...] = ()  # Sections an objective adds, by name.
 
   def __getattr__(self, name: str) -> Any:  # Only called for names that are not fields: the extra sections.
     for key, section in self.__dict__.get("extra", ()):
@@ -129,7 +129,10 @@ def settings_of(values: dict[str, Any]) -> Settings:
   """Typed settings from a config's `to_dict()` (every schema key present)."""
   typed = {cls.NAME: sections.from_dict(cls, values[cls.NAME]) for cls in sections.SECTIONS}
   known = {"objective", *typed}
-  extra = tuple((k, Extra(k, v)) for k, v in values.items() if k not in known)
+  extra = tuple(
+      (k, sections.from_dict(sections.OBJECTIVE_SECTIONS[k], v) if k in sections.OBJECTIVE_SECTIONS else Extra(k, v))
+      for k, v in values.items()
+      if k not in known)
   return Settings(objective=values["objective"], extra=extra, **typed)
 
 

@@ -96,6 +96,9 @@ class Model(Section):
   remat: str = "none"
   memory_budget_gib: float = 0.0  # remat=auto's budget per device; 0: the device's memory.
   dtype: str = "float32"  # Compute dtype: "float32" | "bfloat16". Params stay float32.
+  # Dropout on the embeddings' output and each block's attention and MLP branch, drawn only where the
+  # objective passes a dropout key (objective=contrast: SimCSE's noise); 0: none, the step unchanged.
+  dropout: float = 0.0
 
   @classmethod
   def for_variant(cls, variant: str) -> "Model":
@@ -298,9 +301,32 @@ class Profile(Section):
   hosts: str = "0"  # Processes that trace: comma-separated indices, or "all".
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Contrast(Section):
+  """The contrastive stage (objective=contrast only; docs/embedding.md): its source, recipe and loss."""
+
+  NAME: ClassVar[str] = "contrast"
+  # The encoder it starts from: a run's workdir (its newest checkpoint's encoder) or an `export import`
+  # folder; the run's model shape and (when data.tokenizer is empty) tokenizer are the source's.
+  init_from: str = ""
+  recipe: str = "pairs"  # "pairs": (anchor, positive[, negative]) rows of data.path; "simcse": a corpus.
+  columns: str = ""  # Pair-file columns "anchor,positive[,negative]"; "": found by name (data/pairs.py).
+  hard_negatives: bool = False  # pairs: the file's negative column as one hard negative per anchor.
+  temperature: float = 0.05  # > 0; the initial value when learn_temperature.
+  learn_temperature: bool = False  # A trained log-temperature param (floored at 1e-3).
+  symmetric: bool = False  # Also positives -> anchors, the two losses averaged.
+  pooling: str = "mean"  # "mean" | "cls": the embedding, and the exported Pooling module.
+  # GradCache: embed the step's texts this many rows at a time without activations, then backprop by
+  # chunk (training/objectives/contrastive_cache.py); 0: one plain pass.
+  chunk_size: int = 0
+
+
 # The schema's sections in the config's order (an objective may add its own after them).
 SECTIONS: tuple[type[Section],
                 ...] = (Model, Reconstructor, Mlm, Masking, Data, Train, Checkpoint, Mesh, Eval, Metrics, Profile)
+
+# Sections an objective adds in its `configure` (core/objectives.py), typed by name in the plan.
+OBJECTIVE_SECTIONS: dict[str, type[Section]] = {Contrast.NAME: Contrast}
 
 
 def from_dict(cls: type[Section], values: dict[str, Any]) -> Section:

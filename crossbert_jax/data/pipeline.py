@@ -190,6 +190,14 @@ def _shard(source: sources.DocumentSource, data_cfg: sections.Data, seed: int, p
   return _Order(source, data_cfg, seed, process_index, process_count).dataset()
 
 
+def ordered(source: Any, data_cfg: sections.Data, *, seed: int, process_index: int = 0,
+            process_count: int = 1) -> grain.MapDataset:
+  """One epoch of `source` (a sequence with `per_process`: whether it holds only this process's share) in
+  the pipeline's order: shuffled anew each epoch (data.shuffle_seed, `seed`), this process's stride."""
+  check_process(process_index, process_count)
+  return _shard(source, data_cfg, seed, process_index, process_count)
+
+
 def packing_bins(batch_size: int) -> int:
   """Rows packed at once for a per-process batch size (training/resume.py compares these)."""
   return max(batch_size, MIN_PACKING_BINS)

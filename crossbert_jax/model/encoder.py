@@ -4,6 +4,8 @@ embeddings (tok_embeddings -> norm) -> N blocks -> final_norm. Block i:
   x = x + attn(attn_norm(x))   (layer 0 has no attn_norm, as ModernBERT)
   x = x + mlp(mlp_norm(x))
 Attention is global for layers with i % global_every == 0, else local (+-local_window // 2).
+With `dropout` > 0 and a "dropout" rng (the contrastive stage), dropout follows the embeddings' norm and
+each block's attention and MLP branches (as BERT's hidden dropout); without the rng it is off.
 
 The encoder can run on a gathered subset of tokens (`keep_idx_BxT`): each kept token keeps its
 original position id for RoPE and its segment id, so CrossBERT's encoder sees only the visible
@@ -45,6 +47,7 @@ class EncoderSpec:
   attention_block_q: int = 512
   attention_block_kv: int = 512
   attention_chunked_min_len: int = 1024
+  dropout: float = 0.0
 
   @classmethod
   def from_config(cls, model_cfg: sections.Model) -> "EncoderSpec":
@@ -65,6 +68,14 @@ class EncoderSpec:
 
   def is_global(self, layer: int) -> bool:
     return layer % self.global_every == 0
+
+
+def dropout(module: nn.Module, x: Array, rate: float) -> Array:
+  """`x` under dropout at `rate` when the apply passed a "dropout" rng (training); else, and at rate 0, `x`
+  itself (no op in the program: a model without dropout lowers as before)."""
+  if rate <= 0.0:
+    return x
+  return nn.Dropout(rate, deterministic=not module.has_rng("dropout"))(x)
 
 
 def _remat(block_cls, spec: EncoderSpec, static_argnums=()):
@@ -90,9 +101,9 @@ class EncoderBlock(nn.Module):
     h = x_BxTxD if self.first else layers.layer_norm(s.norm_eps, dt, "attn_norm")(x_BxTxD)
     h = layers.SelfAttention(s.num_heads, s.init_std, out_std, dt, s.attention_spec,
                              name="attn")(h, cos_sin, seg_BxT, pos_BxT, window, is_global)
-    x_BxTxD = x_BxTxD + h
+    x_BxTxD = x_BxTxD + dropout(self, h, s.dropout)
     h = layers.layer_norm(s.norm_eps, dt, "mlp_norm")(x_BxTxD)
-    h = layers.GeGLU(s.mlp_dim, s.init_std, out_std, dt, name="mlp")(h)
+    h = dropout(self, layers.GeGLU(s.mlp_dim, s.init_std, out_std, dt, name="mlp")(h), s.dropout)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD + h, ("batch", "length", "embed"))
     return x_BxTxD
 
@@ -137,7 +148,7 @@ class Embeddings(nn.Module):
     if keep_idx_BxT is not None:
       x_BxLxD = jnp.take_along_axis(x_BxLxD, keep_idx_BxT[:, :, None], axis=1)
     x_BxTxD = nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
-    return layers.layer_norm(s.norm_eps, s.compute_dtype, "norm")(x_BxTxD)
+    return dropout(self, layers.layer_norm(s.norm_eps, s.compute_dtype, "norm")(x_BxTxD), s.dropout)
 
 
 class Encoder(nn.Module):
@@ -173,7 +184,8 @@ class Encoder(nn.Module):
     outputs.append(x_BxTxD)
     if s.scan_layers:
       flags = jnp.array([s.is_global(i) for i in range(1, s.num_layers)])
-      scan = nn.scan(_ScanBody, variable_axes={"params": 0}, split_rngs={"params": True},
+      rngs = {"params": True, "dropout": True} if s.dropout > 0 else {"params": True}  # A mask per layer.
+      scan = nn.scan(_ScanBody, variable_axes={"params": 0}, split_rngs=rngs,
                      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=s.num_layers - 1,
                      metadata_params={nn.PARTITION_NAME: "layers"})
       x_BxTxD, ys = scan(s, return_all_layers, name="layers")(x_BxTxD, flags, *args)

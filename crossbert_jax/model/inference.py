@@ -7,53 +7,15 @@ states over the non-pad tokens, CLS and SEP included (`pooling_mode_mean_tokens`
 Shape letters: B batch, L length, D embed, N layers + 1.
 """
 
-from typing import Callable, Sequence
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from crossbert_jax.data import tokenizer as tokenizer_lib
-from crossbert_jax.data.special_ids import SENTENCEPIECE
+from crossbert_jax.data.text_rows import pad_batch, tokenize  # noqa: F401 - re-exported (tokenise, pad).
 from crossbert_jax.model.encoder import Encoder, EncoderSpec
 
 Array = jax.Array
-
-
-def tokenize(tok: tokenizer_lib.AnyTokenizer, texts: Sequence[str], pairs: Sequence[str] | None = None,
-             max_length: int = 512) -> list[list[int]]:
-  """Token ids with specials, truncated to max_length (a pair trims the longer side first)."""
-  firsts = tok.encode_batch(list(texts))
-  seconds = tok.encode_batch(list(pairs)) if pairs is not None else None
-  cls, sep = tok.special_ids.cls, tok.special_ids.sep
-  out = []
-  for i, a in enumerate(firsts):
-    if seconds is None:
-      out.append([cls] + a[:max_length - 2] + [sep])
-      continue
-    b = seconds[i]
-    budget = max_length - 3
-    while len(a) + len(b) > budget:
-      if len(a) >= len(b):
-        a = a[:-1]
-      else:
-        b = b[:-1]
-    out.append([cls] + a + [sep] + b + [sep])
-  return out
-
-
-def pad_batch(seqs: Sequence[Sequence[int]], length: int, pad_id: int = SENTENCEPIECE.pad) -> dict[str, np.ndarray]:
-  """int32 tokens / segment_ids (1 real, 0 pad) / positions, each [len(seqs), length]."""
-  b = len(seqs)
-  tokens = np.full((b, length), pad_id, np.int32)
-  segment_ids = np.zeros((b, length), np.int32)
-  positions = np.zeros((b, length), np.int32)
-  for i, s in enumerate(seqs):
-    n = min(len(s), length)
-    tokens[i, :n] = s[:n]
-    segment_ids[i, :n] = 1
-    positions[i, :n] = np.arange(n)
-  return {"tokens": tokens, "segment_ids": segment_ids, "positions": positions}
 
 
 def mean_pool(hidden_BxLxD: Array, segment_ids_BxL: Array) -> Array:

@@ -42,6 +42,9 @@ def reshard(workdir: str | epath.Path, step: int, old: int | None, saved: dict[s
   if now.data.mixture:  # Its sources' shares move at different rates: no epoch to drain exactly.
     raise UserError(f"{where}, but a data.mixture stream cannot be re-sharded onto another process count: "
                     f"resume on {old} process(es)")
+  if now.spec.feed:  # Not packed rows: its state is one index per process, with no epoch to drain.
+    return (f"warning: {where}: objective={now.objective}'s input stream is not re-sharded, so it starts over from "
+            "its first batch (resume on the same process count to continue it exactly)"), None
   workers = (saved["data"]["worker_count"], now.data.worker_count)
   if any(workers):
     return (f"warning: {where}, with data.worker_count {workers[0]} -> {workers[1]}: a multiprocess iterator "

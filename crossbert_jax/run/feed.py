@@ -7,8 +7,11 @@ returns this process's rows of the current phase's batch: `reads_per_step` reads
 `read_batch / process_count` rows, concatenated. `get_state` / `set_state` are the current
 stream's iterator position: what a checkpoint of a step in this phase saves and restores.
 `check_streams` opens every stream of a run with phases and reads its first batch before step 1.
+An objective with an input stream of its own (`ObjectiveSpec.feed`, the contrastive stage's) gets it
+from `make_iterator` instead of the packed rows.
 """
 
+import importlib
 from typing import Any
 
 import numpy as np
@@ -29,9 +32,9 @@ class PhaseFeed:
     """Makes `phase` current (building its stream's iterator unless already reading it); the iterator."""
     if self.phase is None or self.phase.stream != phase.stream:
       self.close()
-      self.iterator = pipeline.make_iterator(phase.config.data, self._tok,
-                                             batch_size=phase.read_batch // self._process_count, seed=self._seed,
-                                             process_index=self._process_index, process_count=self._process_count)
+      self.iterator = make_iterator(phase.config, self._tok, batch_size=phase.read_batch // self._process_count,
+                                    seed=self._seed, process_index=self._process_index,
+                                    process_count=self._process_count)
     self.phase = phase
     return self.iterator
 
@@ -54,12 +57,24 @@ class PhaseFeed:
     self.iterator = None
 
 
+def make_iterator(c: Any, tok: tokenizer_lib.Tokenizer, *, batch_size: int, seed: int, process_index: int,
+                  process_count: int) -> Any:
+  """The checkpointable iterator of this process's batches for config `c` (a phase's): packed rows
+  (data/pipeline.py), or the objective's own stream (its spec's `feed`, "module:function")."""
+  kwargs = dict(batch_size=batch_size, seed=seed, process_index=process_index, process_count=process_count)
+  if not c.spec.feed:
+    return pipeline.make_iterator(c.data, tok, **kwargs)
+  module, function = c.spec.feed.split(":")
+  return getattr(importlib.import_module(module), function)(c, tok, **kwargs)
+
+
 def check_streams(phases: list[phases_lib.Phase], tok: tokenizer_lib.Tokenizer, *, seed: int, process_index: int,
                   process_count: int) -> None:
   """Opens the data stream of every phase that starts one and reads its first batch: unusable data
   (an empty or non-UTF-8 file, shards of another tokenizer) is refused now, naming its phase, not
-  when the phase starts. Nothing for a run of one phase (its stream is read at its first step)."""
-  if len(phases) < 2:
+  when the phase starts. A run of one phase reads its stream at its first step, unless its objective
+  has a stream of its own (a pair file missing a column is then refused before the workdir is made)."""
+  if len(phases) < 2 and not phases[0].config.spec.feed:
     return
 
   def check(phase: phases_lib.Phase) -> None:
@@ -71,4 +86,7 @@ def check_streams(phases: list[phases_lib.Phase], tok: tokenizer_lib.Tokenizer, 
     finally:
       feed.close()
 
-  phases_lib.check_each(phases, check)
+  if len(phases) < 2:
+    check(phases[0])
+  else:
+    phases_lib.check_each(phases, check)

@@ -89,6 +89,7 @@ class TrainProgram:
     self.tx = optimizer.make_optimizer(c.train)
     self.schedule = optimizer.learning_rate_schedule(c.train)
     self.loss_fn = objectives.make_loss_fn(c, replacement_vocab, specials)
+    self.grad_fn = objectives.make_grad_fn(c, replacement_vocab, specials)
     self.abstract = jax.eval_shape(lambda k: create_state(c, self.tx, k), jax.random.key(0))
     replicated = NamedSharding(mesh, PartitionSpec())
     params = param_shardings(c, mesh, self.rules)
@@ -110,7 +111,7 @@ class TrainProgram:
     With `with_grads`, ((loss_sum, stats), summed grads): micro-batches are a scan whose carry
     holds the grads, so only one micro-batch's activations are live at a time.
     """
-    fn = jax.value_and_grad(self.loss_fn, has_aux=True) if with_grads else self.loss_fn
+    fn = self.grad_fn if with_grads else self.loss_fn
     step_key = jax.random.fold_in(jax.random.fold_in(self._base_key, 1), step)
     micro = lambda i, mb: fn(params, mb, jax.random.fold_in(step_key, i))
     accum = self.config.train.grad_accum
@@ -139,6 +140,8 @@ class TrainProgram:
         "num_targets": stats.num_targets,
         "grad_norm": optax.tree.norm(grads),
         "learning_rate": self.schedule(state.step),}
+    # An objective's further summed statistics (the contrastive stage's cosines), as means per target.
+    metrics.update({k: v / denom for k, v in stats._asdict().items() if k not in ("num_targets", "num_correct")})
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   def _loss_check(self, state: TrainState, batch: Batch) -> Array:
@@ -171,8 +174,9 @@ class TrainProgram:
   def shaped_inputs(self) -> tuple[TrainState, Batch]:
     """(state, batch) as sharded ShapeDtypeStructs of the step's arguments: nothing is allocated."""
     state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), self.abstract, self.shardings)
-    shape = (self.config.train.batch_size, self.config.data.seq_len)
-    batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self.batch_sharding) for k in BATCH_KEYS}
+    batch = {
+        k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self.batch_sharding)
+        for k, shape in objectives.batch_shapes(self.config).items()}
     return state, batch
 
   def lower(self, state: Any = None, batch: Any = None) -> jax.stages.Lowered:

@@ -24,7 +24,9 @@ from crossbert_jax.training.objectives.losses import (  # noqa: F401 - the share
 LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, Any]]
 
 # Built-in objectives: name -> the module that registers its training half.
-_BUILTIN = {"crossbert": "crossbert_jax.training.objectives.crossbert", "mlm": "crossbert_jax.training.objectives.mlm"}
+_BUILTIN = {
+    "crossbert": "crossbert_jax.training.objectives.crossbert", "mlm": "crossbert_jax.training.objectives.mlm",
+    "contrast": "crossbert_jax.training.objectives.contrast"}
 _REGISTRY: dict[str, "Objective"] = {}
 
 
@@ -85,6 +87,26 @@ def make_loss_fn(c: plan_lib.Settings, replacement_vocab: int | None = None,
   """
   objective = get(c.objective)
   return objective.make_loss_fn(c, objective.build_model(c), replacement_vocab, specials)
+
+
+def make_grad_fn(c: plan_lib.Settings, replacement_vocab: int | None = None,
+                 specials: SpecialIds = SENTENCEPIECE) -> Callable:
+  """(params, batch, key) -> ((summed loss, stats), grads) for `c.objective`: jax.value_and_grad of its loss,
+  or its own `make_grad_fn` (optional; the contrastive stage's GradCache)."""
+  objective = get(c.objective)
+  model = objective.build_model(c)
+  if hasattr(objective, "make_grad_fn"):
+    return objective.make_grad_fn(c, model, replacement_vocab, specials)
+  return jax.value_and_grad(objective.make_loss_fn(c, model, replacement_vocab, specials), has_aux=True)
+
+
+def batch_shapes(c: plan_lib.Settings) -> dict[str, tuple[int, ...]]:
+  """The global batch's int32 arrays and shapes: packed rows (tokens, segment_ids, positions: B x L), or
+  the objective's own `batch_shapes` (optional; an objective with its own input stream, spec.feed)."""
+  objective = get(c.objective)
+  if hasattr(objective, "batch_shapes"):
+    return objective.batch_shapes(c)
+  return {k: (c.train.batch_size, c.data.seq_len) for k in ("tokens", "segment_ids", "positions")}
 
 
 def init_params(c: plan_lib.Settings, key: jax.Array, batch_size: int = 1) -> Any:

@@ -15,15 +15,13 @@ negative (a finite -1e9 logit rather than -inf: no inf arithmetic, e.g. -inf * 0
 Shape letters: B batch, N hard negatives per anchor, C candidates (B + B*N), D width.
 """
 
-import math
-import numbers
 from typing import NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from crossbert_jax.core.errors import config_error
+from crossbert_jax.core.objectives import check_temperature  # noqa: F401 - re-exported (config validation's check).
 
 Array = jax.Array
 # The logit of a masked candidate: exp(MASKED - max) is exactly 0 in float32 for any |cosine / t| < 1e8.
@@ -36,16 +34,6 @@ class ContrastiveMetrics(NamedTuple):
   accuracy: Array  # The anchor's own positive is the top-scored candidate.
   positive_cosine: Array  # cos(anchor, own positive).
   negative_cosine: Array  # cos(anchor, candidate) over the unmasked negatives.
-
-
-def check_temperature(temperature: float, key: str = "contrast.temperature") -> float:
-  """`temperature` if it is a finite number > 0; else the one-line error naming config `key`."""
-  if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) \
-      or temperature <= 0:
-    raise config_error(
-        key, f"must be a number > 0 (got {temperature!r}); typical values are 0.01 to 0.1, "
-        "e.g. 0.05 (SimCSE) or 0.02")
-  return float(temperature)
 
 
 def init_log_temperature(temperature: float) -> Array:

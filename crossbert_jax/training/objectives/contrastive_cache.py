@@ -73,16 +73,23 @@ def embed_chunked(embed_fn: EmbedFn, params: Any, inputs: Any, chunk_size: int, 
 
 
 def cached_value_and_grad(embed_fn: EmbedFn, loss_of_embeddings: LossOfEmbeddings, params: Any, inputs: Any,
-                          chunk_size: int, key: Array | None = None) -> tuple[tuple[Array, Any], Any]:
+                          chunk_size: int, key: Array | None = None, *,
+                          loss_reads_params: bool = False) -> tuple[tuple[Array, Any], Any]:
   """((loss, aux), d loss / d params) of loss_of_embeddings(embed(params, inputs)), GradCache's way.
 
   inputs: a pytree of arrays with a leading row axis M (e.g. tokens, positions and segment ids of the
   anchors, positives and negatives stacked); chunk_size: rows embedded at once (its activations are
   the only ones live). The same result as jax.value_and_grad over one embed_fn call on all rows,
   except that with a `key` each chunk gets fold_in(key, chunk index) rather than one key for all.
+  loss_reads_params: the loss is loss_of_embeddings(embeddings, params) (e.g. a learnable temperature);
+  its direct gradient w.r.t. the params is added to the encoder's.
   """
   emb_MxD = embed_chunked(embed_fn, params, inputs, chunk_size, key)
-  (loss, aux), g_MxD = jax.value_and_grad(loss_of_embeddings, has_aux=True)(emb_MxD)
+  if loss_reads_params:
+    (loss, aux), (g_MxD, direct) = jax.value_and_grad(loss_of_embeddings, argnums=(0, 1), has_aux=True)(emb_MxD, params)
+  else:
+    (loss, aux), g_MxD = jax.value_and_grad(loss_of_embeddings, has_aux=True)(emb_MxD)
+    direct = None
   chunks, n, _ = _chunked(inputs, chunk_size)
   cotangents = _rechunked(g_MxD.astype(emb_MxD.dtype), n)
 
@@ -91,6 +98,6 @@ def cached_value_and_grad(embed_fn: EmbedFn, loss_of_embeddings: LossOfEmbedding
     _, vjp = jax.vjp(lambda p: embed_fn(p, chunk, _chunk_key(key, i)), params)
     return jax.tree.map(jnp.add, grads, vjp(g_cxD)[0]), None
 
-  zeros = jax.tree.map(jnp.zeros_like, params)
+  zeros = jax.tree.map(jnp.zeros_like, params) if direct is None else direct
   grads, _ = jax.lax.scan(body, zeros, (jnp.arange(n), chunks, cotangents))
   return (loss, aux), grads
