@@ -6,35 +6,36 @@ r"""Turn a pretrained encoder into a sentence-embedding model: the contrastive s
 contrast.init_from: a pretraining run's workdir (its encoder; the reconstructor or MLM head is
 dropped) or an `export import` folder of a ModernBERT; the model's shape and (unless data.tokenizer
 is given) the tokenizer are the source's. data.path: pair files for recipe=pairs (.jsonl / .parquet
-/ .tsv), any pretraining input for recipe=simcse. A run like any other: the train command's flags,
-trainer, checkpoints, exact resume, SIGTERM (exit 75) and metrics (objective=contrast,
-training/objectives/contrast.py); `export`, `evaluate` and `mteb_eval` read its workdir.
-Exit status 0, 2 or 75 (crossbert_jax.core.errors). Manual: docs/embedding.md.
+/ .tsv), any pretraining input for recipe=simcse. A run like any other: the train command's flags
+(run/command.py), trainer, checkpoints, exact resume, SIGTERM (exit 75), metrics and probes
+(objective=contrast, training/objectives/contrast.py); `export`, `evaluate` and `mteb_eval` read its
+workdir. Exit status 0, 2 or 75 (crossbert_jax.core.errors). Manual: docs/embedding.md.
 """
 
-import importlib
+import time
 
-from absl import app
+_STARTED = time.time()  # Before the imports: goodput counts them as start-up (run/goodput.py).
 
-from crossbert_jax import train as train_command  # Its flags are this command's.
-from crossbert_jax.core import plan as plan_lib
-from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit
+from absl import app  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
+from crossbert_jax.core import objectives  # noqa: E402
+from crossbert_jax.core.errors import UserError, exit_on_user_error, parse_flags_or_exit  # noqa: E402
+from crossbert_jax.evaluation import runner  # noqa: E402
+from crossbert_jax.run import command, hooks as hooks_lib  # noqa: E402
 
-def _check(c: plan_lib.RunPlan) -> None:
-  if c.objective != "contrast":
-    raise UserError(f"--config is an objective={c.objective} config: this command runs the contrastive stage, "
-                    "e.g. --config=configs/contrast.py:tiny_pairs (pretrain with python -m crossbert_jax.train)")
-
-
-def _define_flags() -> None:
-  """Defines the flags afresh (tests/helpers.py run_main drops every command's flags before a call)."""
-  importlib.reload(train_command)
+FLAGS = command.define_flags(
+    config_flags.DEFINE_config_file("config", None, "Config file and variant, e.g. configs/contrast.py:tiny_pairs."))
 
 
 @exit_on_user_error
 def main(argv):
-  train_command.train_main(argv, check=_check)
+  c = command.plan_of(FLAGS, argv)
+  if c.spec is not objectives.CONTRAST:
+    raise UserError(f"--config is an objective={c.objective} config: this command runs the contrastive stage, "
+                    "e.g. --config=configs/contrast.py:tiny_pairs (pretrain with python -m crossbert_jax.train)")
+  command.agreed(lambda: runner.check_probe_inputs(c), "the probe tasks (config eval.*)")
+  command.run_and_report(c, FLAGS, _STARTED, [hooks_lib.Hook("probes", c.eval.every_steps, runner.probe_hook)])
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ def _models(f, options: embedder_lib.Options) -> list[tuple[str, embedder_lib.Em
   for kind, source in sources:
     if kind == "workdir":
       emb, label = run_models.jax_model(source, load.load_for_evaluation(source, f.step, f.tokenizer), options,
-                                        f.progress)
+                                        f.progress, pooling_given=f["pooling"].present)
       cache_dir = (f.cache_dir or run_cache_dir(source)) if f.cache else None
     else:
       emb = embedder_lib.HFEmbedder(source, options, f.progress)

@@ -5,6 +5,7 @@ The checkpoint is read by the commands (`run/load.load_for_evaluation`: run/ is 
 imports no checkpoint code) and handed here as `loaded` = (config, params, tokenizer, step).
 """
 
+import dataclasses
 from typing import Any
 
 from etils import epath
@@ -21,10 +22,14 @@ def label(workdir: str, step: int) -> str:
   return f"{epath.Path(columns.absolute(workdir)).name}@{step}"
 
 
-def jax_model(workdir: str, loaded: tuple[Any, Any, Any, int], options: embedder_lib.Options,
-              progress: bool = True) -> tuple[embedder_lib.JaxEmbedder, str]:
-  """(embedder, label) for a training run's checkpoint, `loaded` from it."""
+def jax_model(workdir: str, loaded: tuple[Any, Any, Any, int], options: embedder_lib.Options, progress: bool = True,
+              pooling_given: bool = False) -> tuple[embedder_lib.JaxEmbedder, str]:
+  """(embedder, label) for a training run's checkpoint, `loaded` from it. A contrastive run is pooled as it
+  was trained (contrast.pooling, as its export's Pooling module) unless the command's --pooling was given
+  (`pooling_given`)."""
   config, params, tok, step = loaded
+  if "contrast" in config.keys() and not pooling_given:
+    options = dataclasses.replace(options, pooling=config.contrast.pooling)
   spec = EncoderSpec.from_config(config.model)
   identity = f"{columns.absolute(workdir)}@{step}"
   return embedder_lib.JaxEmbedder(spec, params["encoder"], tok, options, identity, progress), label(workdir, step)

@@ -91,7 +91,7 @@ def write_hf(out: epath.Path, config: plan_lib.Settings, params: Any, tok: token
   (out / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
   hf_files.write_json(out / "config.json", hf_files.hf_config(config, tok.special_ids))
   hf_files.write_tokenizer(out, tok, config.data.seq_len)
-  hf_files.sentence_transformers_files(out, spec.embed_dim, config.data.seq_len)
+  hf_files.sentence_transformers_files(out, spec.embed_dim, config.data.seq_len, *hf_files.sentence_embedding(config))
   info = info or {"step": None, "tokens_seen": None, "loss": None, "results": None}
   (out / "README.md").write_text(hf_files.model_card(config, info, info.get("verify"), _tokenizer_kind(tok)))
 
@@ -143,13 +143,17 @@ def verify(folder: epath.Path, config: plan_lib.Settings, params: Any, tok: toke
     if not logit_diff <= TOLERANCE:
       raise UserError(f"verify: ModernBertForMaskedLM logits differ from JAX by {logit_diff:.2e} (> {TOLERANCE:g})")
 
-  ours_BxD = np.asarray(inference.mean_pool(ours_BxLxD, batch["segment_ids"]))
+  pooling, normalize = hf_files.sentence_embedding(config)
+  ours_BxD = np.asarray(inference.pool(ours_BxLxD, batch["segment_ids"], pooling))
+  if normalize:
+    ours_BxD = ours_BxD / np.maximum(np.linalg.norm(ours_BxD, axis=-1, keepdims=True), 1e-12)
   st = SentenceTransformer(str(folder), device="cpu")
   st_BxD = st.encode(list(sentences), batch_size=len(sentences), convert_to_numpy=True)
   st_diff = float(np.abs(st_BxD - ours_BxD).max())
   result["sentence_max_abs_diff"] = st_diff
   if not st_diff <= TOLERANCE:
-    raise UserError(f"verify: SentenceTransformer.encode differs from the JAX mean-pooled embedding "
+    what = f"{pooling}-pooled{', normalised' if normalize else ''}"
+    raise UserError(f"verify: SentenceTransformer.encode differs from the JAX {what} embedding "
                     f"by {st_diff:.2e} (> {TOLERANCE:g})")
   return result
 

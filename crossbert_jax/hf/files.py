@@ -80,16 +80,31 @@ def write_tokenizer(out: epath.Path, tok: tokenizer_lib.AnyTokenizer, seq_len: i
   write_json(out / "special_tokens_map.json", roles)
 
 
-def sentence_transformers_files(out: epath.Path, embed_dim: int, seq_len: int) -> None:
+def sentence_embedding(config: plan_lib.Settings) -> tuple[str, bool]:
+  """(pooling, normalised) of the run's sentence embedding: a contrastive run's contrast.pooling with a
+  Normalize module (its loss compares unit vectors); any other run's mean, unnormalised."""
+  if "contrast" in config.keys():
+    return config.contrast.pooling, True
+  return "mean", False
+
+
+def sentence_transformers_files(out: epath.Path, embed_dim: int, seq_len: int, pooling: str = "mean",
+                                normalize: bool = False) -> None:
+  """modules.json and its modules: Transformer, Pooling (`pooling`: mean | cls), and with `normalize` a
+  Normalize module (unit-length embeddings)."""
   # The classic module names load in sentence-transformers 2.x to 6.x.
-  write_json(out / "modules.json",
-             [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}, {
-                 "idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])
+  modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+  if normalize:
+    modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (out / "2_Normalize").mkdir(parents=True, exist_ok=True)
+  write_json(out / "modules.json", modules)
   write_json(
       out / "1_Pooling" / "config.json", {
-          "word_embedding_dimension": embed_dim, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
-          "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
-          "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": False, "include_prompt": True})
+          "word_embedding_dimension": embed_dim, "pooling_mode_cls_token": pooling == "cls",
+          "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False,
+          "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+          "pooling_mode_lasttoken": False, "include_prompt": True})
   write_json(out / "sentence_bert_config.json", {"max_seq_length": seq_len, "do_lower_case": False})
   write_json(out / "config_sentence_transformers.json",
              {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
