@@ -122,7 +122,11 @@ def _replaced(s: Settings, values: dict[str, Any]) -> Settings:
   for key, value in values.items():
     section, name = key.split(".")
     by_section.setdefault(section, {})[name] = value
-  return dataclasses.replace(s, **{k: dataclasses.replace(getattr(s, k), **v) for k, v in by_section.items()})
+  own = {k for k, _ in s.extra}  # An objective's sections (typed ones; Extra mappings are not replaced).
+  extra = tuple(
+      (k, dataclasses.replace(section, **by_section[k]) if k in by_section else section) for k, section in s.extra)
+  return dataclasses.replace(
+      s, extra=extra, **{k: dataclasses.replace(getattr(s, k), **v) for k, v in by_section.items() if k not in own})
 
 
 def settings_of(values: dict[str, Any]) -> Settings:
