@@ -11,7 +11,6 @@ negative); `read_senteval_nli` reads SentEval's SNLI layout (s1.SPLIT, s2.SPLIT,
 import csv
 import dataclasses
 import io
-import json
 import math
 import zlib
 from typing import Any, Iterable, Sequence
@@ -20,6 +19,7 @@ import numpy as np
 from etils import epath
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import readers
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".tsv": "tsv"}
 # (anchor, positive, negative or None): the column names tried in order when none are given.
@@ -47,13 +47,7 @@ def _format(path: epath.Path) -> str:
 
 def _rows_jsonl(path: epath.Path) -> tuple[list[str], list[tuple[str, dict]]]:
   rows, keys = [], []
-  for lineno, line in enumerate(_text(path).splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise UserError(f"{path}:{lineno}: not JSON ({e.msg}); write one JSON object per line") from None
+  for lineno, record in readers.json_lines(_text(path), path):
     if not isinstance(record, dict):
       raise UserError(f"{path}:{lineno}: a JSON {type(record).__name__}, not an object; write one object per line")
     keys = keys or list(record)

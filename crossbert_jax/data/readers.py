@@ -72,19 +72,25 @@ def _field(record: Any, field: str, where: str) -> str:
   return value
 
 
-def read_jsonl(path: epath.Path, text_field: str, part: splits.Part | None = None) -> list[str]:
-  """Documents of a JSON-lines file (or `part` of it): the `text_field` of each object."""
-  raw, where = _read(path, part, "line")
-  text = _decode(raw, where)
-  docs = []
+def json_lines(text: str, where: Any) -> list[tuple[int, Any]]:
+  """(line number, value) of each non-blank line of JSON-lines `text`; a bad line is one UserError naming
+  `where`:LINE (the JSON-lines reader of documents and of pair files, data/pairs.py)."""
+  out = []
   for lineno, line in enumerate(text.splitlines(), 1):
     if not line.strip():
       continue
     try:
-      record = json.loads(line)
+      out.append((lineno, json.loads(line)))
     except json.JSONDecodeError as e:
       raise UserError(f"{where}:{lineno}: not JSON ({e.msg}); write one JSON object per line") from None
-    docs.append(_field(record, text_field, f"{where}:{lineno}").strip())
+  return out
+
+
+def read_jsonl(path: epath.Path, text_field: str, part: splits.Part | None = None) -> list[str]:
+  """Documents of a JSON-lines file (or `part` of it): the `text_field` of each object."""
+  raw, where = _read(path, part, "line")
+  text = _decode(raw, where)
+  docs = [_field(record, text_field, f"{where}:{lineno}").strip() for lineno, record in json_lines(text, where)]
   docs = [d for d in docs if d]
   if not docs and (part is None or part.count == 1):
     raise no_documents(path)

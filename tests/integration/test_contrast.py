@@ -85,8 +85,8 @@ def test_warm_start_takes_the_source_encoder_and_cached_grads_match(tiny_run, sn
 
   batch = jax.tree.map(jax.numpy.asarray, next(contrast_feed.make_iterator(c, tok, batch_size=16, seed=0)))
   key = jax.random.key(0)
-  plain = objectives.make_grad_fn(c)(state.params, batch, key)
-  cached = objectives.make_grad_fn(plan_lib.with_keys(c, {"contrast.chunk_size": 8}))(state.params, batch, key)
+  plain = jax.jit(objectives.make_grad_fn(c))(state.params, batch, key)
+  cached = jax.jit(objectives.make_grad_fn(plan_lib.with_keys(c, {"contrast.chunk_size": 8})))(state.params, batch, key)
   np.testing.assert_allclose(cached[0][0], plain[0][0], rtol=1e-6)
   for g, h in zip(jax.tree.leaves(cached[1]), jax.tree.leaves(plain[1])):
     np.testing.assert_allclose(g, h, atol=1e-5 * float(np.abs(h).max()) + 1e-12)
