@@ -90,13 +90,21 @@ def case_config(base: plan_lib.Settings | config_lib.ConfigDict, edit: Callable[
 
 
 def random_batch(c: plan_lib.Settings, seed: int = 0) -> dict[str, np.ndarray]:
-  """Random token ids in [5, vocab), one full segment per row, positions 0..L-1."""
-  b, seq_len = c.train.batch_size, c.data.seq_len
+  """Random token ids in [5, vocab), one full segment per row (text), positions 0..L-1, in the objective's batch
+  shapes (`objectives.batch_shapes`: B x L packed rows, or the contrastive stage's B x T x L texts and
+  B x T distinct text ids)."""
   rng = np.random.default_rng(seed)
-  return {
-      "tokens": rng.integers(5, c.model.vocab_size, (b, seq_len)).astype(np.int32),
-      "segment_ids": np.ones((b, seq_len), np.int32),
-      "positions": np.tile(np.arange(seq_len, dtype=np.int32), (b, 1)),}
+  out = {}
+  for key, shape in objectives.batch_shapes(c).items():
+    if key == "tokens":
+      out[key] = rng.integers(5, c.model.vocab_size, shape).astype(np.int32)
+    elif key == "segment_ids":
+      out[key] = np.ones(shape, np.int32)
+    elif key == "positions":
+      out[key] = np.broadcast_to(np.arange(shape[-1], dtype=np.int32), shape).copy()
+    else:  # Per-text ids: all distinct (no duplicate to mask).
+      out[key] = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+  return out
 
 
 TRACED_STEPS = 3

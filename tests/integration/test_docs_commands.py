@@ -28,6 +28,7 @@ SKIP = {
     ("docs/accelerator.md", "pip download"): "downloads wheels from PyPI",
     ("docs/benchmarks.md", "configs/crossbert.py:small"): "a timing of `small`: minutes per case, meant for idle cores",
     ("docs/benchmarks.md", "bench --data"): "a 2-minute timing of the input pipeline, meant for idle cores",
+    ("docs/benchmarks.md", "tools/contrast_bench.py"): "a timing of `small`'s contrastive step: minutes, for idle cores",
     ("docs/data.md", "--input=PATH"): "a placeholder: your text files",
     ("docs/data.md", "gs://BUCKET"): "a placeholder bucket on Google Cloud Storage",
     ("docs/evaluation.md", "--generic_train=sts_train.tsv"): "your own task files (sts_train.tsv, sts_test.tsv)",
@@ -55,7 +56,8 @@ SMALLER = {
     "crossbert_jax.train": [
         "--config.train.steps=12", "--config.train.warmup_steps=2", "--config.metrics.progress_bar=False"],
     "crossbert_jax.evaluate": ["--max_examples=60", "--retrieval_max_docs=100", "--noprogress"],
-    "crossbert_jax.pooler": ["--steps=5", "--batch_size=8"],}
+    "crossbert_jax.pooler": ["--steps=5", "--batch_size=8"],
+    "crossbert_jax.contrast": ["--config.train.steps=12", "--config.metrics.progress_bar=False"],}
 # A traced window must stay inside the run: a command that sets one trains past it (tiny: 300 steps).
 TRACED_STEPS = ["--config.train.steps=160", "--config.train.warmup_steps=2", "--config.metrics.progress_bar=False"]
 
