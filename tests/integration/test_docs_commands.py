@@ -107,6 +107,8 @@ def defined_flags(module: str) -> set[str] | None:
   if path.suffix != ".py" or not path.is_file():
     return None
   text = path.read_text(encoding="utf-8")
+  if "command.define_flags(" in text:  # The training commands' shared flags (run/command.py).
+    text += (ROOT / "crossbert_jax/run/command.py").read_text(encoding="utf-8")
   names = set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", text)) | set(re.findall(r"add_argument\(\s*\"--(\w+)\"", text))
   names |= {f"no{n}" for n in names}
   if "config_flags" in text or "config_lib.define" in text or "DEFINE_config" in text:
