@@ -142,12 +142,13 @@ CROSSBERT = ObjectiveSpec(name="crossbert", config_file="configs/crossbert.py", 
 MLM = ObjectiveSpec(name="mlm", config_file="configs/bert.py", sections=("mlm",), exports_mlm_head=True,
                     card_title="flat BERT baseline (MLM head included as ModernBertForMaskedLM)",
                     configure=_configure_mlm, validate=_validate_mlm)
-CONTRAST = ObjectiveSpec(name="contrast", config_file="configs/contrast.py", sections=("contrast",),
-                         exports_mlm_head=False, card_title="sentence embedding model (contrastive stage)",
-                         configure=_configure_contrast, validate=_validate_contrast,
-                         card_training=lambda c: f", then a contrastive stage ({c.contrast.recipe})",
-                         feed="crossbert_jax.data.contrast_feed:make_iterator", init_from_key="contrast.init_from",
-                         uses_dropout=True)
+CONTRAST = ObjectiveSpec(
+    name="contrast", config_file="configs/contrast.py", sections=("contrast",), exports_mlm_head=False,
+    card_title="sentence embedding model (contrastive stage)", configure=_configure_contrast,
+    validate=_validate_contrast, card_training=lambda c:
+    (f": {c.contrast.recipe} from {c.contrast.init_from}, temperature "
+     f"{c.contrast.temperature}, {c.contrast.pooling} pooling, normalised"),
+    feed="crossbert_jax.data.contrast_feed:make_iterator", init_from_key="contrast.init_from", uses_dropout=True)
 _SPECS: dict[str, ObjectiveSpec] = {spec.name: spec for spec in (CROSSBERT, MLM, CONTRAST)}
 
 

@@ -211,7 +211,9 @@ def model_card(config: plan_lib.Settings, info: dict, verify: dict | None,
       "",
       "## Training",
       "",
-      f"- Objective: `{config.objective}`, masking ratio {config.masking.ratio}" + objective.card_training(config),
+      # An objective with its own input stream (the contrastive stage) masks nothing.
+      f"- Objective: `{config.objective}`" + ("" if objective.feed else f", masking ratio {config.masking.ratio}") +
+      objective.card_training(config),
       f"- Data: {_data(config.data)} (tokenizer: {tokenizer_kind}, {m.vocab_size} pieces)",
       f"- Steps: {info['step']}; batch {config.train.batch_size} x {config.data.seq_len}; tokens seen: {tokens}",]
   if info["loss"] is not None:
