@@ -37,14 +37,14 @@ def _contrast(command, workdir, source, data, *flags, variant="tiny_pairs"):
 
 def test_pairs_resume_exactly_export_and_evaluate(command, tiny_run, snli, shared_data, tmp_path):
   """4 steps straight equal 2 steps, stop, resume to 4 (params bitwise); the export loads in
-  sentence-transformers with the run's pooling + Normalize; evaluate scores the run."""
+  sentence-transformers with the run's pooling (CLS here) + Normalize; evaluate scores the run."""
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-  proc = _contrast(command, straight, tiny_run, snli, "--config.train.steps=4", "--config.checkpoint.every_steps=2")
+  steps = ["--config.train.steps=4", "--config.checkpoint.every_steps=2", "--config.contrast.pooling=cls"]
+  proc = _contrast(command, straight, tiny_run, snli, *steps)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.splitlines()[-1].startswith("done: step 4, loss ")
   for stop in ("--config.train.stop_at_step=2", "--config.train.stop_at_step=0"):
-    proc = _contrast(command, resumed, tiny_run, snli, "--config.train.steps=4", "--config.checkpoint.every_steps=2",
-                     stop)
+    proc = _contrast(command, resumed, tiny_run, snli, *steps, stop)
     assert proc.returncode == 0, proc.stderr[-2000:]
   assert "contrast: resuming from step 2" in proc.stdout
   a, b = load.load_run(straight)[1], load.load_run(resumed)[1]
@@ -60,7 +60,8 @@ def test_pairs_resume_exactly_export_and_evaluate(command, tiny_run, snli, share
   assert proc.returncode == 0 and "verified" in proc.stdout, proc.stderr[-2000:]
   modules = [m["type"].rsplit(".", 1)[1] for m in json.loads((out / "modules.json").read_text())]
   assert modules == ["Transformer", "Pooling", "Normalize"]
-  assert json.loads((out / "1_Pooling/config.json").read_text())["pooling_mode_mean_tokens"]
+  pooling = json.loads((out / "1_Pooling/config.json").read_text())
+  assert pooling["pooling_mode_cls_token"] and not pooling["pooling_mode_mean_tokens"]
 
   proc = command("crossbert_jax.evaluate", f"--workdir={straight}", f"--data_dir={shared_data}", "--tasks=stsb",
                  "--max_examples=200", "--nocache", "--noprogress")
