@@ -300,3 +300,27 @@ def test_a_fork_of_a_from_hf_run_trains_on_from_the_sources_step(imported, tmp_p
         assert rows[step][key] == resumed[step][key], (name, step, key)
     saved = json.loads((tmp_path / name / "config.json").read_text())
     assert saved["train"]["init_from"] == str(imp) and saved["model"]["vocab_size"] == 640
+
+
+def test_contrastive_stage_from_an_import(imported, tmp_path):
+  """contrast.init_from=IMPORT: the run takes the import's shape and tokenizer and trains a few
+  steps of supervised pairs (objective=contrast, docs/embedding.md)."""
+  from crossbert_jax.run import load
+
+  _, imp = imported
+  data = tmp_path / "pairs.jsonl"
+  data.write_text("".join(
+      json.dumps({"anchor": t, "positive": t.upper()}) + "\n" for t in corpus.builtin_documents()[:16]))
+  workdir = tmp_path / "emb"
+  proc = run_command("crossbert_jax.contrast", "--config=configs/contrast.py:tiny_pairs", f"--workdir={workdir}",
+                     f"--config.contrast.init_from={imp}", f"--config.data.path={data}",
+                     "--config.contrast.hard_negatives=False", "--config.train.batch_size=8", "--config.train.steps=2",
+                     "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  saved = json.loads((workdir / "config.json").read_text())
+  imported_model = json.loads((imp / "config.json").read_text())["model"]
+  assert {k: saved["model"][k] for k in ("vocab_size", "embed_dim", "num_layers", "global_every")
+         } == {k: imported_model[k] for k in ("vocab_size", "embed_dim", "num_layers", "global_every")}
+  assert saved["data"]["tokenizer"] == str(imp) and saved["train"]["init_from"] == str(imp)
+  config, params, step = load.load_run(workdir)
+  assert step == 2 and set(params) == {"encoder"} and config.objective == "contrast"
