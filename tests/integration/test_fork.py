@@ -25,7 +25,8 @@ WSD = [
 def _train(workdir, *overrides, env=None, check=True):
   """The train command: in this process (`run_command`), or in a subprocess when `env` is given (the GCS
   emulator's address, which a storage client reads when it is made)."""
-  args = ["--config=configs/crossbert.py:tiny", f"--workdir={workdir}", "--config.metrics.progress_bar=False", *overrides]
+  args = [
+      "--config=configs/crossbert.py:tiny", f"--workdir={workdir}", "--config.metrics.progress_bar=False", *overrides]
   if env is not None:
     return run_module(["crossbert_jax.train", *args], env=env, check=check)
   proc = run_command("crossbert_jax.train", *args)

@@ -123,8 +123,7 @@ def test_an_address_that_answers_but_is_not_ray_is_one_quick_line(tmp_path):
 
 
 def test_a_bad_ray_address_from_the_environment_is_named_as_such(tmp_path):
-  proc = _sweep(tmp_path, _spec_file(tmp_path), "--executor=ray", env={"RAY_ADDRESS": "127.0.0.1:1"},
-                in_process=False)
+  proc = _sweep(tmp_path, _spec_file(tmp_path), "--executor=ray", env={"RAY_ADDRESS": "127.0.0.1:1"}, in_process=False)
   _one_line_refusal(
       proc, "error: RAY_ADDRESS=127.0.0.1:1 (from the environment; --ray_address overrides it): "
       "no Ray cluster answers there")
