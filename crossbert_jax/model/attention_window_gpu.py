@@ -81,8 +81,8 @@ def _fwd_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, *, s
     return acc, m_next, correction * l_prev + jnp.sum(p, axis=-1)
 
   lo, hi = block_range(i, block_q, block_kv, k_ref.shape[0] // block_kv, half)
-  init = (jnp.zeros((block_q, kp), jnp.float32), jnp.full((block_q,), _NEG, jnp.float32),
-          jnp.zeros((block_q,), jnp.float32))
+  init = (jnp.zeros((block_q, kp), jnp.float32), jnp.full((block_q,), _NEG,
+                                                          jnp.float32), jnp.zeros((block_q,), jnp.float32))
   acc, m, l = lax.fori_loop(lo, hi, body, init)
   has_key = l > 0.0
   l_safe = jnp.where(has_key, l, 1.0)
@@ -98,8 +98,8 @@ def _probs_and_ds(q, k, v, do, lse, delta, allowed, scale):
   return p, ds
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, scale,
-                half, block_q, head_dim):
+def _dkv_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, scale, half,
+                block_q, head_dim):
   block_kv, kp = k_ref.shape
   j = pl.program_id(0)
   head_mask = (jnp.arange(kp) < head_dim)[None, :]
@@ -123,8 +123,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, do_ref, lse_ref, del
   plgpu.store(dv_ref, dv.astype(dv_ref.dtype), mask=head_mask)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, do_ref, lse_ref, delta_ref, dq_ref, *, scale, half,
-               block_kv, head_dim):
+def _dq_kernel(q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, do_ref, lse_ref, delta_ref, dq_ref, *, scale, half, block_kv,
+               head_dim):
   block_q, kp = q_ref.shape
   i = pl.program_id(0)
   head_mask = (jnp.arange(kp) < head_dim)[None, :]
@@ -171,12 +171,14 @@ def _forward(q, k, v, q_seg, kv_seg, half, blocks, interpret):
   s, kp = k.shape[1], pl.next_power_of_2(kd)
   bq, bkv = min(blocks.q, t), min(blocks.kv, s)
   kernel = functools.partial(_fwd_kernel, scale=kd ** -0.5, half=half, block_kv=bkv, head_dim=kd)
-  return pl.pallas_call(
-      kernel, grid=(t // bq, b, h),
-      in_specs=[_tile(bq, kp), _whole(s, kp), _whole(s, kp), _seg(bq, True), _seg(s, False)],
-      out_specs=[_tile(bq, kp), _row(bq, True)],
-      out_shape=[q, jax.ShapeDtypeStruct((b, h, t), jnp.float32)],
-      compiler_params=_params(kd), interpret=interpret, name="window_mha_forward")(q, k, v, q_seg, kv_seg)
+  return pl.pallas_call(kernel, grid=(t // bq, b, h),
+                        in_specs=[_tile(bq, kp),
+                                  _whole(s, kp),
+                                  _whole(s, kp),
+                                  _seg(bq, True),
+                                  _seg(s, False)], out_specs=[_tile(bq, kp), _row(bq, True)],
+                        out_shape=[q, jax.ShapeDtypeStruct((b, h, t), jnp.float32)], compiler_params=_params(kd),
+                        interpret=interpret, name="window_mha_forward")(q, k, v, q_seg, kv_seg)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
@@ -199,17 +201,27 @@ def _attention_bwd(half, blocks, interpret, residuals, do):
   args = (q, k, v, q_seg, kv_seg, do, lse, delta)
   common = dict(scale=kd ** -0.5, half=half, head_dim=kd)
   dk, dv = pl.pallas_call(
-      functools.partial(_dkv_kernel, block_q=bq, **common), grid=(s // bkv, b, h),
-      in_specs=[_whole(t, kp), _tile(bkv, kp), _tile(bkv, kp), _seg(t, False), _seg(bkv, True), _whole(t, kp),
-                _row(t, False), _row(t, False)],
-      out_specs=[_tile(bkv, kp), _tile(bkv, kp)], out_shape=[k, v], compiler_params=_params(kd),
+      functools.partial(_dkv_kernel, block_q=bq, **common), grid=(s // bkv, b, h), in_specs=[
+          _whole(t, kp),
+          _tile(bkv, kp),
+          _tile(bkv, kp),
+          _seg(t, False),
+          _seg(bkv, True),
+          _whole(t, kp),
+          _row(t, False),
+          _row(t, False)], out_specs=[_tile(bkv, kp), _tile(bkv, kp)], out_shape=[k, v], compiler_params=_params(kd),
       interpret=interpret, name="window_mha_backward_dkv")(*args)
   dq = pl.pallas_call(
-      functools.partial(_dq_kernel, block_kv=bkv, **common), grid=(t // bq, b, h),
-      in_specs=[_tile(bq, kp), _whole(s, kp), _whole(s, kp), _seg(bq, True), _seg(s, False), _tile(bq, kp),
-                _row(bq, True), _row(bq, True)],
-      out_specs=_tile(bq, kp), out_shape=jax.ShapeDtypeStruct(q.shape, jnp.float32), compiler_params=_params(kd),
-      interpret=interpret, name="window_mha_backward_dq")(*args)
+      functools.partial(_dq_kernel, block_kv=bkv, **common), grid=(t // bq, b, h), in_specs=[
+          _tile(bq, kp),
+          _whole(s, kp),
+          _whole(s, kp),
+          _seg(bq, True),
+          _seg(s, False),
+          _tile(bq, kp),
+          _row(bq, True),
+          _row(bq, True)], out_specs=_tile(bq, kp), out_shape=jax.ShapeDtypeStruct(q.shape, jnp.float32),
+      compiler_params=_params(kd), interpret=interpret, name="window_mha_backward_dq")(*args)
   return dq.astype(q.dtype), dk, dv, None, None
 
 
