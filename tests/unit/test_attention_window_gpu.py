@@ -8,12 +8,16 @@ outside the window (NaNs there would reach the output). `test_attention.py` chec
 through `attention.attention` with the other backends.
 """
 
+import functools
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from crossbert_jax.model import attention as attn
+from crossbert_jax.model import attention_kernels
 from crossbert_jax.model import attention_window_gpu as wgpu
 
 H, K = 2, 16
@@ -64,9 +68,11 @@ def _grads(fn, q, k, v, dout):
   return (out,) + vjp(dout)
 
 
-@pytest.mark.parametrize("window", [None, 8], ids=["global", "local"])
-def test_cross_attention_with_window_matches_dense(window):
-  """T=48 queries, S=64 keys, distinct segment arrays; query segment 3 has no key, pads on both sides."""
+def test_cross_attention_with_window_matches_dense():
+  """T=48 queries, S=64 keys, distinct segment arrays, window 8; query segment 3 has no key, pads on both sides.
+
+  (Without a window the kernel runs `test_attention.py`'s cross-attention case.)"""
+  window = 8
   q_seg = jnp.asarray([[1] * 20 + [3] * 6 + [2] * 14 + [0] * 8, [1] * 30 + [2] * 10 + [0] * 8], jnp.int32)
   kv_seg = jnp.asarray([[1] * 30 + [2] * 30 + [0] * 4, [1] * 40 + [2] * 24], jnp.int32)
   pos_q, pos_k = jnp.broadcast_to(jnp.arange(48), (2, 48)), jnp.broadcast_to(jnp.arange(64), (2, 64))
@@ -97,3 +103,20 @@ def test_kernels_never_read_blocks_outside_the_window(t, s):
   near_q, near_k = ~far_q[0, :, 0, 0], ~far_k[0, :, 0, 0]
   for name, c, d, near in zip(("output", "dq", "dk", "dv"), clean, dirty, (near_q, near_q, near_k, near_k)):
     np.testing.assert_array_equal(d[:, near], c[:, near], err_msg=f"{name}: a block outside the window was read")
+
+
+@pytest.mark.parametrize("window, t, s", [(128, 1000, 1000), (None, 154, 512)], ids=["local", "cross"])
+def test_gpu_flash_lowers_to_triton_for_a_gpu(window, t, s):
+  """gpu_flash's gradient lowered for CUDA from this CPU host: the Pallas Triton lowering (power-of-2
+  tiles, supported primitives) takes the three kernels at the model's head size, bf16, odd lengths."""
+  q = jax.ShapeDtypeStruct((2, t, 12, 64), jnp.bfloat16)
+  kv = jax.ShapeDtypeStruct((2, s, 12, 64), jnp.bfloat16)
+  q_seg, kv_seg = jax.ShapeDtypeStruct((2, t), jnp.int32), jax.ShapeDtypeStruct((2, s), jnp.int32)
+  fn = functools.partial(attention_kernels.gpu_flash_attention, window=window, shared_segments=window is not None,
+                         block_q=512, block_kv=512, interpret=False)
+  loss = lambda q, k, v, qs, ks: jnp.sum(fn(q, k, v, qs, ks, qs, ks).astype(jnp.float32))
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+  text = grad.trace(q, kv, kv, q_seg, kv_seg).lower(lowering_platforms=("cuda",)).as_text()
+  assert re.findall(r'name = "(window_mha_\w+)"',
+                    text) == ["window_mha_forward", "window_mha_backward_dkv", "window_mha_backward_dq"]
+  assert text.count("xla.gpu.triton") == 3
