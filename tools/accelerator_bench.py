@@ -38,7 +38,9 @@ def _save_trace(trace_dir: pathlib.Path, out: pathlib.Path, name: str) -> dict[s
 MB = {"model.global_every": 3, "model.local_window": 128}
 LEVERS = {"model.remat": "auto", "model.head_dtype": "bfloat16"}
 # (case, benchmark.CASES entry, config keys over `base`'s, traced). `base` as is: remat full, float32
-# head, attention auto (gpu_flash on a GPU; local layers fall back to chunked there).
+# head, attention auto (gpu_flash on a GPU: its window kernel runs the local layers where positions follow
+# indices, BERT's packed rows, and the reconstructor's cross-attention; CrossBERT's gathered encoder
+# tokens take the chunked fallback on local layers).
 BENCH_CASES = (
     ("bert_r0.15", "bert_r0.15", {}, True),  # All global: run1-run5's rows.
     ("cb_r0.5_k1", "cb_r0.5_k1", {}, True),

@@ -9,9 +9,11 @@ Steps, each recorded (passed or not, seconds, figures) and none stopping the oth
              torch.compile'd.
   versions   Python, jax, jaxlib, flax, optax, orbax, grain; the devices.
   attention  every attention backend (xla, chunked, gpu_flash; splash on a TPU) against dense,
-             forward and gradients, on the default device.
+             forward and gradients, on the default device; gpu_flash also on a local window and on
+             cross-attention (its window kernel).
   attention_speed  forward + backward time of each backend in bf16 at the bench's shape, and of
-             cuDNN's fused attention on a GPU (the reference).
+             cuDNN's fused attention on a GPU (the reference); chunked and gpu_flash on a local
+             layer (window 128) too.
   bench      the real bf16 train step of `base` at L=1024, one case per row of BENCH_CASES: BERT r=0.15
              and CrossBERT r=0.5 K=1 with all layers global and with ModernBERT's pattern (global
              every 3rd layer, window 128), each lever alone and all together (step time, tokens/s,
@@ -90,20 +92,33 @@ def attention(dry_run: bool) -> dict[str, Any]:
   on_cpu = jax.default_backend() == "cpu"
   backends = ["chunked", "gpu_flash"] + (["splash"] if jax.default_backend() == "tpu" else [])
 
-  def run(backend: str):
+  # gpu_flash's window kernel: a local layer (ModernBERT's window by index) and cross-attention (half as
+  # many queries as keys, their own segment array).
+  window = 32 if dry_run else 128
+  pos = jnp.broadcast_to(jnp.arange(length), seg.shape)
+  cases = {backend: (backend, {}) for backend in backends}
+  cases["gpu_flash_local"] = ("gpu_flash", {"window": window, "q_pos_BxT": pos})
+  cases["gpu_flash_cross"] = ("gpu_flash", {"kv_seg_BxS": seg, "cross": True})
+
+  def run(backend: str, kw: dict):
     spec = attention_lib.AttentionSpec(backend=backend, block_q=block, block_kv=block, interpret=on_cpu and
                                        backend in ("gpu_flash", "splash"))
-    loss = lambda q, kk, v: jnp.sum(jnp.sin(attention_lib.attention(q, kk, v, seg, spec=spec)))  # noqa: E731
-    out = jax.jit(lambda q, kk, v: attention_lib.attention(q, kk, v, seg, spec=spec))(q, kk, v)
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, kk, v)
+    kw = dict(kw)
+    q_seg, query = (seg[:, ::2], lambda q: q[:, ::2]) if kw.pop("cross", False) else (seg, lambda q: q)
+    fn = lambda q, kk, v: attention_lib.attention(query(q), kk, v, q_seg, spec=spec, **kw)  # noqa: E731
+    out = jax.jit(fn)(q, kk, v)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(fn(*a))), argnums=(0, 1, 2)))(q, kk, v)
     return out, grads
 
-  dense_out, dense_grads = run("xla")
-  rows = {}
-  for backend in backends:
+  rows, dense = {}, {}
+  for name, (backend, kw) in cases.items():
+    mask = name if kw else "global"  # One dense reference per mask.
+    if mask not in dense:
+      dense[mask] = run("xla", kw)
+    dense_out, dense_grads = dense[mask]
     t0 = time.perf_counter()
-    out, grads = run(backend)
-    rows[backend] = {
+    out, grads = run(backend, kw)
+    rows[name] = {
         "forward_max_abs_diff": float(jnp.max(jnp.abs(out - dense_out))),
         "grad_max_abs_diff": max(float(jnp.max(jnp.abs(g - d))) for g, d in zip(grads, dense_grads)),
         "seconds": time.perf_counter() - t0}
@@ -138,6 +153,13 @@ def attention_speed(dry_run: bool) -> dict[str, Any]:
     mask = (seg[:, None, :, None] == seg[:, None, None, :])
     fns["cudnn (reference)"] = lambda q, kk, v: jax.nn.dot_product_attention(q, kk, v, mask=mask, implementation="cudnn"
                                                                             )
+  # gpu_flash on a local layer (window 128 by index, the bench's ModernBERT pattern): its block-skipping
+  # kernel should take about (window + 64) / L of a global layer's time; chunked's local layer beside it.
+  window, pos = (32 if dry_run else 128), jnp.broadcast_to(jnp.arange(length), seg.shape)
+  for backend in ("chunked", "gpu_flash"):
+    spec = attention_lib.AttentionSpec(backend=backend, interpret=on_cpu and backend == "gpu_flash")
+    fns[f"{backend} local {window}"] = functools.partial(attention_lib.attention, q_seg_BxT=seg, spec=spec,
+                                                         q_pos_BxT=pos, window=window)
   flops_step = 3 * 4 * b * heads * length * length * k
   rows = {}
   for name, fn in fns.items():
@@ -150,6 +172,7 @@ def attention_speed(dry_run: bool) -> dict[str, Any]:
         jax.block_until_ready(step(q, kk, v))
         times.append(time.perf_counter() - t0)
       ms = 1e3 * sorted(times)[len(times) // 2]
+      # A local row's TFLOP/s count a global layer's FLOPs: its speed-up over that layer, not its work rate.
       rows[name] = {"median_ms": ms, "tflops": flops_step / ms / 1e9}
     except Exception as e:  # noqa: BLE001 - a backend this machine cannot run is recorded, not fatal.
       rows[name] = {"error": f"{type(e).__name__}: {e}"[:300]}

@@ -9,8 +9,10 @@ How `attention.mask` maps onto each:
   when, in every segment, position - index is one constant (packed documents on the full
   sequence); that is checked on device and the chunked kernel runs otherwise (the gathered
   visible tokens of CrossBERT's encoder).
-- the Pallas GPU kernel takes one segment-id array for queries and keys and has no window: cross-
-  attention and windows run the chunked kernel instead, with one warning line.
+- gpu_flash: global self-attention runs JAX's stock Pallas GPU kernel (one segment-id array; pad
+  queries match pad keys there and are zeroed); cross-attention and local windows run
+  `attention_window_gpu` (query and key segment ids, a window by index that skips the blocks
+  outside it), the window with the same position check and chunked fallback as splash.
 Shape letters: B batch, T queries, S keys, H heads, K head dim.
 """
 
@@ -134,15 +136,18 @@ def _round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
+def _gpu_block(block: int, n: int, cap: int) -> int:
+  """A Triton tile along a length of n: a power of 2 in [16, cap], at most `block`, no bigger than n needs."""
+  return max(16, min(1 << (max(block, 1).bit_length() - 1), cap, 1 << max(n - 1, 1).bit_length()))
+
+
 def gpu_flash_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: Array, kv_seg_BxS: Array,
                         q_pos_BxT: Array | None, kv_pos_BxS: Array | None, *, window: int | None, shared_segments: bool,
                         block_q: int, block_kv: int, interpret: bool) -> Array:
-  """`attention.dense` semantics through the Pallas GPU flash kernel (self-attention, no window)."""
+  """`attention.dense` semantics through the Pallas GPU flash kernels."""
   if window is not None or not shared_segments:
-    warn_once(f"gpu_flash has no {'local window' if window is not None else 'cross-attention'} "
-              "mask (one segment-id array, no window); running the chunked kernel there")
-    return attention_chunked.chunked_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT,
-                                               kv_pos_BxS, window=window, block_kv=block_kv)
+    return _gpu_window_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS,
+                                 window=window, block_q=block_q, block_kv=block_kv, interpret=interpret)
   from jax.experimental.pallas.ops.gpu import attention as gpu_attention
   b, t, h, k = q_BxTxHxK.shape
   # The Triton kernel's tiles: up to 128 rows, at least 16; the length is padded to a multiple.
@@ -158,3 +163,30 @@ def gpu_flash_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_
   out_BxTxHxK = _sharded(fn, ("batch", None, "heads", None), pad(q_BxTxHxK), pad(k_BxSxHxK), pad(v_BxSxHxK), seg,
                          seg)[:, :t]
   return out_BxTxHxK * (q_seg_BxT > 0)[:, :, None, None].astype(out_BxTxHxK.dtype)
+
+
+def _gpu_window_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS, *, window,
+                          block_q, block_kv, interpret):
+  """Cross-attention and local windows through `attention_window_gpu` (window by index, checked)."""
+  from crossbert_jax.model import attention_window_gpu
+  t, s = q_BxTxHxK.shape[1], k_BxSxHxK.shape[1]
+  # Tiles of up to 128 (64 under a window: a query block then visits (window + 64) / S of the keys).
+  cap = 128 if window is None else 64
+  bq, bkv = _gpu_block(block_q, t, cap), _gpu_block(block_kv, s, cap)
+  blocks = attention_window_gpu.Blocks(q=bq, kv=bkv, q_bwd=min(bq, 32), kv_bwd=min(bkv, 32))
+  tp, sp = _round_up(t, bq), _round_up(s, bkv)
+  q, kk, v = _pad_to(q_BxTxHxK, tp, 0), _pad_to(k_BxSxHxK, sp, 0), _pad_to(v_BxSxHxK, sp, 0)
+  # Pad queries have segment 0, pad keys -1: no query sees a pad key, and a keyless query outputs 0.
+  q_seg = _pad_to(q_seg_BxT, tp, 0)
+  kv_seg = _pad_to(jnp.where(kv_seg_BxS > 0, kv_seg_BxS, -1), sp, -1)
+
+  def run(win):
+    fn = functools.partial(attention_window_gpu.flash_attention, window=win, blocks=blocks, interpret=interpret)
+    return _sharded(fn, ("batch", None, "heads", None), q, kk, v, q_seg, kv_seg)[:, :t]
+
+  if window is None:
+    return run(None)
+  fallback = lambda: attention_chunked.chunked_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS,
+                                                         q_pos_BxT, kv_pos_BxS, window=window, block_kv=block_kv)
+  exact = positions_follow_indices(q_seg_BxT, q_pos_BxT, kv_seg_BxS, kv_pos_BxS)
+  return jax.lax.cond(exact, lambda: run(window), fallback)

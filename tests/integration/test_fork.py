@@ -1,7 +1,8 @@
 """Forked runs (`train.fork_from`) and WSD decay branches: a branch equals a straight WSD run bitwise,
 the source run is only read (local disk and gs://), and a fork resumes from its own checkpoints.
 
-Every run is a subprocess on one CPU device through the real CLI, as the sweep launches them.
+The train command runs in this process (`run_command`: its flags and main, the tests' 8 fake CPU
+devices); the gs:// case in a subprocess.
 """
 
 import hashlib
@@ -13,7 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from crossbert_jax.run import metrics
-from tests.helpers import run_module
+from tests.helpers import run_command, run_module
 from tests.integration.test_pod_gcs import BUCKET, GS, gcs  # noqa: F401 - the module-scoped GCS emulator fixture.
 
 WSD = [
@@ -22,9 +23,15 @@ WSD = [
 
 
 def _train(workdir, *overrides, env=None, check=True):
-  return run_module([
-      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-      "--config.metrics.progress_bar=False", *overrides], env=env, check=check)
+  """The train command: in this process (`run_command`), or in a subprocess when `env` is given (the GCS
+  emulator's address, which a storage client reads when it is made)."""
+  args = [
+      "--config=configs/crossbert.py:tiny", f"--workdir={workdir}", "--config.metrics.progress_bar=False", *overrides]
+  if env is not None:
+    return run_module(["crossbert_jax.train", *args], env=env, check=check)
+  proc = run_command("crossbert_jax.train", *args)
+  assert not check or proc.returncode == 0, proc.stderr[-3000:]
+  return proc
 
 
 def _snapshot(root: pathlib.Path) -> dict[str, tuple]:

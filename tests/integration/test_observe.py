@@ -21,7 +21,7 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.run import goodput, metrics, profile, trace_summary, wandb_logger
-from tests.helpers import ROOT, cpu_env, run_module
+from tests.helpers import ROOT, cpu_env, run_command, run_module
 
 
 def wandb_history(workdir) -> tuple[dict[str, str], list[dict]]:
@@ -109,9 +109,8 @@ def test_bad_profile_window_is_one_line(key, value, says):
 
 
 def test_bad_profile_window_exits_2_before_training(tmp_path):
-  proc = run_module([
-      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'w'}",
-      "--config.profile.start_step=299"], check=False)
+  proc = run_command("crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'w'}",
+                     "--config.profile.start_step=299")
   assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: config profile.start_step")
   assert not (tmp_path / "w").exists()
 

@@ -23,7 +23,7 @@ from crossbert_jax.core.errors import UserError
 from crossbert_jax.hf import files as hf_files
 from crossbert_jax.run import load, metrics, resume
 from crossbert_jax.training import optimizer
-from tests.helpers import ROOT, run_module
+from tests.helpers import ROOT, run_command, run_module
 
 
 def _tiny(phases=(), **overrides) -> ml_collections.ConfigDict:
@@ -248,10 +248,9 @@ def test_resume_at_phase_boundaries_is_bitwise_and_rows_carry_the_phase(tmp_path
 
 
 def test_a_bad_phase_on_the_command_line_is_one_error_line(tmp_path, spm_model):
-  proc = run_module([
-      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'w'}",
-      f"--config.data.tokenizer={spm_model}", "--config.train.phases=({'steps': 300, "
-      "'model.embed_dim': 128},)"], check=False)
+  proc = run_command("crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'w'}",
+                     f"--config.data.tokenizer={spm_model}", "--config.train.phases=({'steps': 300, "
+                     "'model.embed_dim': 128},)")
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   assert len(lines) == 1 and lines[0].startswith("error: config train.phases[0] sets 'model.embed_dim'"), lines
@@ -259,10 +258,9 @@ def test_a_bad_phase_on_the_command_line_is_one_error_line(tmp_path, spm_model):
 
 def test_a_later_phase_whose_data_is_missing_is_refused_before_the_first_step(tmp_path, spm_model):
   workdir = tmp_path / "w"
-  proc = run_module([
-      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-      f"--config.data.tokenizer={spm_model}", "--config.train.steps=4",
-      f"--config.train.phases=({{'steps': 2}}, {{'data.path': '{tmp_path / 'missing.txt'}'}})"], check=False)
+  proc = run_command("crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+                     f"--config.data.tokenizer={spm_model}", "--config.train.steps=4",
+                     f"--config.train.phases=({{'steps': 2}}, {{'data.path': '{tmp_path / 'missing.txt'}'}})")
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   assert len(lines) == 1 and "missing.txt' does not exist" in lines[0] and "(in phase 1 (steps 3-4" in lines[0], lines

@@ -1,8 +1,10 @@
 """Reliability of training runs: resume checks, finite checkpoints, damaged checkpoints,
 workdir locks, exit codes, orphaned data workers, full and read-only disks.
 
-Training runs are subprocesses on one CPU device through the real CLI (tests/integration/test_train.py's
-helper). One base run (4 steps, a checkpoint every step) is shared: tests copy its workdir.
+Training runs are the train command in this process (tests/integration/test_train.py's `_train`), or a
+subprocess (`_start`) where the process is the point: a second trainer beside a live one, SIGTERM, the data
+workers of a killed trainer, a full disk. One base run (4 steps, a checkpoint every step) is shared: tests
+copy its workdir.
 """
 
 import json
@@ -23,7 +25,7 @@ from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.data import workers as workers_lib
 from crossbert_jax.run import lock as lock_lib
 from crossbert_jax.run import metrics
-from tests.integration.test_train import _losses, _train
+from tests.integration.test_train import _losses, _start, _train
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -218,7 +220,7 @@ def test_second_trainer_is_refused_and_sigterm_exits_resumable(tmp_path, spm_mod
   args = [
       f"--config.data.tokenizer={spm_model}", "--config.train.steps=100000", "--config.checkpoint.every_steps=100000",
       "--config.metrics.tensorboard=False"]
-  first = _train(tmp_path, *args, wait=False)
+  first = _start(tmp_path, *args)
   try:
     _wait_for_first_metrics(first, tmp_path)
     second = _train(tmp_path, *args, check=False)
@@ -235,8 +237,8 @@ def test_second_trainer_is_refused_and_sigterm_exits_resumable(tmp_path, spm_mod
 
 
 def test_data_workers_exit_when_the_trainer_is_killed(tmp_path, spm_model):
-  proc = _train(tmp_path, f"--config.data.tokenizer={spm_model}", "--config.train.steps=100000",
-                "--config.data.worker_count=2", "--config.metrics.tensorboard=False", wait=False)
+  proc = _start(tmp_path, f"--config.data.tokenizer={spm_model}", "--config.train.steps=100000",
+                "--config.data.worker_count=2", "--config.metrics.tensorboard=False")
   try:
     _wait_for_first_metrics(proc, tmp_path)
     workers = workers_lib.child_pids(proc.pid)

@@ -13,7 +13,7 @@ from crossbert_jax.scaling import placement
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling import spec as spec_lib
 from tests import ray_cluster
-from tests.helpers import run_module
+from tests.helpers import run_command, run_module
 from tests.integration.test_sweep_wsd import WSD_SPEC
 
 TWO_SIZES = WSD_SPEC.replace("FLOPS", "[2e9]").replace(
@@ -107,10 +107,12 @@ def test_attempts_record_keeps_the_local_fields_and_marks_an_interrupted_attempt
   assert [a["attempt"] for a in saved["attempts"]] == [1, 2, 3] and saved["wall_s"] == total >= 10.0
 
 
-def _sweep(tmp_path, *args, spec=None):
-  return run_module([
-      "crossbert_jax.sweep", f"--spec={spec or _spec_file(tmp_path)}", f"--root={tmp_path / 'r'}", *args], check=False,
-                    timeout=300)
+def _sweep(tmp_path, *args, spec=None, in_process=True):
+  """The sweep command in this process (`run_command`), or in a subprocess where it talks to Ray."""
+  args = [f"--spec={spec or _spec_file(tmp_path)}", f"--root={tmp_path / 'r'}", *args]
+  if in_process:
+    return run_command("crossbert_jax.sweep", *args)
+  return run_module(["crossbert_jax.sweep", *args], check=False, timeout=300)
 
 
 def test_bad_executor_inputs_are_one_line_and_start_nothing(tmp_path):
@@ -121,7 +123,7 @@ def test_bad_executor_inputs_are_one_line_and_start_nothing(tmp_path):
                                "--ray_address=127.0.0.1:1"], None, "--ray_address=127.0.0.1:1: no Ray cluster answers"),
                              (["--executor=ray", "--dry_run"], _spec_file(tmp_path, "hosts=3",
                                                                           name="three.py"), "3 hosts do not divide")):
-    proc = _sweep(tmp_path, *args, spec=spec)
+    proc = _sweep(tmp_path, *args, spec=spec, in_process="--ray_address=127.0.0.1:1" not in args)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith("error: ") and needle in proc.stderr, proc.stderr
     assert not (tmp_path / "r").exists()

@@ -17,7 +17,7 @@ from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling import slurm_executor
 from tests import ray_cluster
-from tests.helpers import ROOT, run_module
+from tests.helpers import ROOT, run_command, run_module
 from tests.integration.test_sweep_executors import _places, _spec_file
 
 
@@ -28,9 +28,14 @@ def _one_line_refusal(proc, needle: str) -> str:
   return err
 
 
-def _sweep(tmp_path, spec: str, *args: str, env: dict | None = None):
-  return run_module(["crossbert_jax.sweep", f"--spec={spec}", f"--root={tmp_path / 'r'}", *args], check=False,
-                    timeout=300, env={**ray_cluster.ENV, "PYTHONPATH": str(ROOT), **(env or {})})
+def _sweep(tmp_path, spec: str, *args: str, env: dict | None = None, in_process: bool = True):
+  """The sweep command in this process (`run_command`), or in a subprocess where it talks to Ray (a Ray client
+  connection stays in the process that makes it)."""
+  args = [f"--spec={spec}", f"--root={tmp_path / 'r'}", *args]
+  if in_process:
+    return run_command("crossbert_jax.sweep", *args, env=env)
+  return run_module(["crossbert_jax.sweep", *args], check=False, timeout=300,
+                    env={**ray_cluster.ENV, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 def test_a_failed_squeue_stops_the_reattach_and_submits_nothing(tmp_path, monkeypatch):
@@ -109,7 +114,7 @@ def test_an_address_that_answers_but_is_not_ray_is_one_quick_line(tmp_path):
   address = f"127.0.0.1:{server.server_address[1]}"
   try:
     t0 = time.time()
-    proc = _sweep(tmp_path, _spec_file(tmp_path), "--executor=ray", f"--ray_address={address}")
+    proc = _sweep(tmp_path, _spec_file(tmp_path), "--executor=ray", f"--ray_address={address}", in_process=False)
     took = time.time() - t0
   finally:
     server.shutdown()
@@ -118,7 +123,7 @@ def test_an_address_that_answers_but_is_not_ray_is_one_quick_line(tmp_path):
 
 
 def test_a_bad_ray_address_from_the_environment_is_named_as_such(tmp_path):
-  proc = _sweep(tmp_path, _spec_file(tmp_path), "--executor=ray", env={"RAY_ADDRESS": "127.0.0.1:1"})
+  proc = _sweep(tmp_path, _spec_file(tmp_path), "--executor=ray", env={"RAY_ADDRESS": "127.0.0.1:1"}, in_process=False)
   _one_line_refusal(
       proc, "error: RAY_ADDRESS=127.0.0.1:1 (from the environment; --ray_address overrides it): "
       "no Ray cluster answers there")

@@ -1,6 +1,8 @@
-"""End-to-end training through the real CLI: learning, exact resume, SIGTERM, divergence.
+"""End-to-end training through the train command: learning, exact resume, SIGTERM, divergence.
 
-Every run is a subprocess on one CPU device (XLA_FLAGS cleared), as a user would launch it.
+The command runs in this process (its flags and main, `run_command`: the tests' 8 fake CPU devices),
+except where the process boundary is the point: SIGTERM to a running trainer. The command's
+subprocess smoke test is the session's `tiny_run` (tests/conftest.py).
 """
 
 import json
@@ -15,13 +17,23 @@ import pytest
 
 from crossbert_jax.data import tokenizer
 from crossbert_jax.run import metrics
-from tests.helpers import run_module
+from tests.helpers import run_command, run_module
 
 
-def _train(workdir, *overrides, config="configs/crossbert.py:tiny", check=True, wait=True):
-  return run_module([
-      "crossbert_jax.train", f"--config={config}", f"--workdir={workdir}", "--config.metrics.progress_bar=False",
-      *overrides], check=check, wait=wait)
+def _args(workdir, overrides, config) -> list[str]:
+  return [f"--config={config}", f"--workdir={workdir}", "--config.metrics.progress_bar=False", *overrides]
+
+
+def _train(workdir, *overrides, config="configs/crossbert.py:tiny", check=True):
+  """The train command in this process: its CompletedProcess (exit status, stdout, stderr)."""
+  proc = run_command("crossbert_jax.train", *_args(workdir, overrides, config))
+  assert not check or proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
+def _start(workdir, *overrides, config="configs/crossbert.py:tiny"):
+  """The train command in a subprocess, running: a Popen to signal."""
+  return run_module(["crossbert_jax.train", *_args(workdir, overrides, config)], wait=False)
 
 
 def _losses(workdir) -> dict[int, float]:
@@ -34,7 +46,9 @@ def _final_params(workdir, step):
 
 
 def test_resume_is_exact(tmp_path, spm_model):
-  """6 steps straight == 3 steps, stop, 3 more in a new process: losses and final params bitwise."""
+  """6 steps straight == 3 steps, stop, 3 more from the checkpoint (a fresh Trainer): losses and final params bitwise.
+
+  Across processes and kill -9s: tests/slow/test_fault_inject.py."""
   common = [
       f"--config.data.tokenizer={spm_model}", "--config.train.steps=6", "--config.train.warmup_steps=2",
       "--config.checkpoint.every_steps=100"]
@@ -128,7 +142,7 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, spm_model):
 def test_sigterm_saves_and_resumes(tmp_path, spm_model):
   args = [
       f"--config.data.tokenizer={spm_model}", "--config.train.steps=100000", "--config.checkpoint.every_steps=100000"]
-  proc = _train(tmp_path, *args, wait=False)
+  proc = _start(tmp_path, *args)
   jsonl = tmp_path / "metrics.jsonl"
   deadline = time.time() + 300
   while time.time() < deadline and (not jsonl.exists() or len(jsonl.read_text().splitlines()) < 3):

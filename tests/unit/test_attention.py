@@ -84,7 +84,7 @@ def test_self_attention_matches_dense(backend, window):
   assert float(jnp.max(jnp.abs(got[2][seg == 0]))) == 0.0, "pad keys must get no gradient"
 
 
-@pytest.mark.parametrize("backend", ["chunked", "splash"])
+@pytest.mark.parametrize("backend", ["chunked", "splash", "gpu_flash"])
 def test_local_window_on_gathered_positions_matches_dense(backend):
   """Visible tokens keep their original positions: the window is by position, not index."""
   seg, pos = _self_case(gathered=True)
@@ -111,6 +111,19 @@ def test_cross_attention_matches_dense(backend):
   want, got = jax.jit(lambda *a: (_run(ref, *a), _run(fn, *a)))(q, k, v, dout)
   _check(got, want, f"{backend} cross-attention")
   assert float(jnp.max(jnp.abs(got[0][0, 14:]))) == 0.0, "keyless and pad queries must output zeros"
+
+
+def test_gpu_flash_runs_windows_and_cross_attention_on_its_window_kernel():
+  """Local layers and cross-attention trace the Pallas window kernel (the window behind the position check)."""
+  seg, pos = _self_case(gathered=False)
+  q, k, v, _ = _qkv(40, 40)
+  spec = _spec("gpu_flash")
+  local = jax.make_jaxpr(lambda q, k, v: attn.attention(q, k, v, seg, spec=spec, q_pos_BxT=pos, window=8))(q, k, v)
+  cross = jax.make_jaxpr(lambda q, k, v: attn.attention(q, k, v, seg, seg[::-1], spec=spec))(q, k, v)
+  glob = jax.make_jaxpr(lambda q, k, v: attn.attention(q, k, v, seg, spec=spec))(q, k, v)
+  assert "window_mha_forward" in str(local) and "cond" in str(local)
+  assert "window_mha_forward" in str(cross) and "cond" not in str(cross)
+  assert "window_mha_forward" not in str(glob) and "mha_forward" in str(glob), "global: the stock kernel"
 
 
 def test_scanned_layer_flag_selects_the_window():
@@ -162,8 +175,9 @@ def test_has_key_and_position_check():
   assert not bool(attention_kernels.positions_follow_indices(seg2, pos2, seg2, pos2))
 
 
-def test_splash_sharded_over_batch_and_heads_matches_dense():
-  """Under the train step's mesh and logical rules, splash runs in shard_map (batch x heads)."""
+@pytest.mark.parametrize("backend, window", [("splash", None), ("gpu_flash", 8)])
+def test_kernel_sharded_over_batch_and_heads_matches_dense(backend, window):
+  """Under the train step's mesh and logical rules, the Pallas kernels run in shard_map (batch x heads)."""
   import ml_collections
   from jax.sharding import NamedSharding, PartitionSpec
   from crossbert_jax.training import sharding
@@ -172,14 +186,14 @@ def test_splash_sharded_over_batch_and_heads_matches_dense():
   seg, pos = _self_case(gathered=False)
   seg, pos = jnp.concatenate([seg, seg[::-1]]), jnp.concatenate([pos, pos[::-1]])  # B=4.
   q, k, v, dout = (jnp.concatenate([a, a * 0.5]) for a in _qkv(40, 40, seed=4))
-  ref = lambda q, k, v: attn.dense(q, k, v, attn.mask(seg, seg))
-  fn = lambda q, k, v: attn.attention(q, k, v, seg, spec=_spec("splash"))
+  ref = lambda q, k, v: attn.dense(q, k, v, attn.mask(seg, seg, pos, pos, window))
+  fn = lambda q, k, v: attn.attention(q, k, v, seg, spec=_spec(backend), q_pos_BxT=pos, window=window)
   put = lambda a: jax.device_put(a, NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, "tensor")))
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     step = jax.jit(lambda *a: (_run(ref, *a), _run(fn, *a)))
-    assert "shard_map" in str(jax.make_jaxpr(fn)(q, k, v)), "splash must run under shard_map on a mesh"
+    assert "shard_map" in str(jax.make_jaxpr(fn)(q, k, v)), f"{backend} must run under shard_map on a mesh"
     want, got = step(*(put(a) for a in (q, k, v, dout)))
-  _check(got, want, "splash sharded over a 2x2x2 mesh")
+  _check(got, want, f"{backend} sharded over a 2x2x2 mesh")
 
 
 @pytest.mark.parametrize("objective", [pytest.param("crossbert", marks=pytest.mark.slow), "mlm"])
