@@ -74,7 +74,7 @@ def _with_objective_source(c: config_lib.ConfigDict) -> config_lib.ConfigDict:
     return c
   section, name = key.split(".")
   source = c[section][name]
-  if not source or c.train.init_from:  # Empty: its validation says so; train.init_from given: it must agree.
+  if not source or c.train.init_from not in ("", source):  # Empty, or another train.init_from: validation says so.
     return c
   out = c.copy_and_resolve_references()
   with out.unlocked():
