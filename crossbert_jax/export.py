@@ -1,6 +1,7 @@
 r"""Export a run to a Hugging Face folder, or import one.
 
   python -m crossbert_jax.export --workdir=RUN [--step=N] --output=DIR [--verify] [--force]
+  python -m crossbert_jax.export --workdir=FINETUNED_TRIAL --output=DIR [--verify]  # A sequence classifier.
   python -m crossbert_jax.export import --hf=DIR --output=PARAMS_DIR [--scan_layers] [--force]
 
 Library: crossbert_jax.hf.convert. Manual: docs/export.md.
@@ -16,6 +17,7 @@ from etils import epath
 
 from crossbert_jax.core import objectives, outputs
 from crossbert_jax.core.errors import exit_on_user_error, parse_flags_or_exit, require, unexpected_arguments
+from crossbert_jax.finetuning import export as ft_export
 from crossbert_jax.hf import files as hf_files
 from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, export, import_hf
 from crossbert_jax.run import load, metrics
@@ -26,6 +28,8 @@ _SEE_USAGE = " (see the usage in `python -m crossbert_jax.export --help`)"
 def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "", do_verify: bool = False,
                force: bool = False) -> dict | None:
   """Exports a training run's checkpoint (latest, or `step`) to the HF folder `output`."""
+  if ft_export.is_trial(workdir):  # A fine-tuned trial: a ModernBertForSequenceClassification folder.
+    return ft_export.export_trial(workdir, output, do_verify, force)
   outputs.check_output_dir(output, force, inputs={"--workdir": workdir})  # Before the slow restore.
   config, params, step = load.load_run(workdir, step)
   tok = load.run_tokenizer(workdir, config, step, tokenizer)
@@ -74,7 +78,8 @@ def main(argv: Sequence[str]) -> None:
     result = export_run(f.workdir, f.output, f.step, f.tokenizer, f.verify, f.force)
     print(f"exported {f.workdir} -> {f.output}")
     if result:
-      print(" ".join(f"{k}={v:.2e}" for k, v in result.items()) + f" (tolerance {TOLERANCE:g}): verified")
+      tolerance = ft_export.TOLERANCE if ft_export.is_trial(f.workdir) else TOLERANCE
+      print(" ".join(f"{k}={v:.2e}" for k, v in result.items()) + f" (tolerance {tolerance:g}): verified")
   sys.stdout.flush()
 
 

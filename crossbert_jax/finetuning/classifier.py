@@ -69,3 +69,11 @@ class Classifier(nn.Module):
                         jnp.float32)
     logits_BxC = jnp.einsum("bd,dc->bc", x_BxD, kernel_DxC.astype(x_BxD.dtype), preferred_element_type=jnp.float32)
     return logits_BxC + bias_C[None, :]
+
+
+def abstract_params(encoder_spec: EncoderSpec, head: HeadSpec) -> dict:
+  """The classifier's params as shapes and dtypes (nothing allocated)."""
+  model = SequenceClassifier(encoder_spec, head)
+  ones = jnp.ones((1, 8), jnp.int32)
+  return nn.unbox(jax.eval_shape(lambda k: model.init(k, ones, jnp.zeros_like(ones), ones)["params"],
+                                 jax.random.key(0)))

@@ -11,7 +11,6 @@ import dataclasses
 import json
 from typing import Any, Callable
 
-import jax
 from etils import epath
 
 from crossbert_jax.core import outputs
@@ -20,7 +19,8 @@ from crossbert_jax.evaluation import glue, glue_data
 from crossbert_jax.evaluation import tasks as eval_tasks
 from crossbert_jax.finetuning import batches as batches_lib
 from crossbert_jax.finetuning import recipe, sources, table as table_lib, trial as trial_lib
-from crossbert_jax.finetuning.classifier import HeadSpec, SequenceClassifier
+from crossbert_jax.finetuning import classifier
+from crossbert_jax.finetuning.classifier import HeadSpec
 
 SETTINGS_FILE = "finetune_settings.json"
 
@@ -112,16 +112,6 @@ def check_output_dir(opts: Options, inputs: list[tuple[str, str]]) -> epath.Path
   return out
 
 
-def abstract_params(spec, head: HeadSpec) -> Any:
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  model = SequenceClassifier(spec, head)
-  ones = jnp.ones((1, 8), jnp.int32)
-  return nn.unbox(jax.eval_shape(lambda k: model.init(k, ones, jnp.zeros_like(ones), ones)["params"],
-                                 jax.random.key(0)))
-
-
 def finished(folder: epath.Path) -> list[dict[str, Any]]:
   """The results of the finished trials under a task's folder, by trial name."""
   if not folder.exists():
@@ -148,7 +138,7 @@ def _start(src: sources.Source, name: str, tasks_dir: epath.Path, opts: Options,
                     "finished trial: run --task=mnli first (or --task=all)")
   point, trials = table_lib.best_point(done)
   best = tasks_dir / "mnli" / recipe.Trial(**trials[0]["trial"]).name
-  params = trial_lib.read_params(best, abstract_params(src.spec, HeadSpec(3, opts.pooling)))
+  params = trial_lib.read_params(best, classifier.abstract_params(src.spec, HeadSpec(3, opts.pooling)))
   return f"mnli {point} seed {trials[0]['trial']['seed']}", {"encoder": params["encoder"], "head": params["head"]}
 
 
