@@ -69,8 +69,8 @@ def main(argv: Sequence[str]) -> None:
   grid = recipe.parse_grid(f.learning_rates, f.epochs, f.weight_decays, f.seeds)
   opts = driver.Options(f.output_dir, f.data_dir, f.batch_size, f.max_length, f.max_steps, f.pooling, f.from_mnli)
   driver.check_output_dir(opts, [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf])
-  srcs = [sources.from_workdir(w, f.tokenizer) for w in f.workdir] + [sources.from_hf(h) for h in f.hf]
   tasks, skipped, mnli = driver.load_tasks(names, named, f.data_dir, print)
+  srcs = [sources.from_workdir(w, f.tokenizer) for w in f.workdir] + [sources.from_hf(h) for h in f.hf]
   try:
     result = driver.run(srcs, tasks, skipped, grid, opts, mnli)
   except trial_lib.Stopped as e:

@@ -85,8 +85,11 @@ def hf_config(spec: EncoderSpec, head: HeadSpec, task: str, seq_len: int, specia
 
 
 def our_logits(spec: EncoderSpec, head: HeadSpec, params: dict, batch: dict[str, np.ndarray]) -> np.ndarray:
-  return np.asarray(SequenceClassifier(spec, head).apply({"params": params}, batch["tokens"], batch["positions"],
-                                                        batch["segment_ids"]))
+  """Our float32 logits BxC of a padded batch (jitted: eager flax runs op by op)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  apply = jax.jit(SequenceClassifier(spec, head).apply)
+  return np.asarray(apply({"params": params}, batch["tokens"], batch["positions"], batch["segment_ids"]))
 
 
 def verify(folder: epath.Path, spec: EncoderSpec, head: HeadSpec, params: dict, tok, seq_len: int) -> dict:

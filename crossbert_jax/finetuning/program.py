@@ -103,7 +103,10 @@ class Program:
     """The trial's first state: the head and classifier drawn from `seed`, then the subtrees of `start`
     ({"encoder"[, "head"[, "classifier"]]}: numpy or arrays) put in their place, sharded."""
     init = jax.jit(lambda k: nn.unbox(self._init_boxed(k)), out_shardings=self.shardings.params)
-    params = dict(self._in_context(init, jax.random.key(seed)))
+    key = jax.random.key(seed)
+    # As run/load.init_params: XLA:CPU's backend optimisations cost seconds on an init and change nothing needed.
+    options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else {}
+    params = dict(self._in_context(lambda: init.lower(key).compile(compiler_options=options)(key)))
     for name, tree in start.items():
       params[name] = jax.device_put(jax.tree.map(np.asarray, tree), self.shardings.params[name])
     opt = jax.jit(self.tx.init, out_shardings=self.shardings.opt_state)

@@ -103,7 +103,7 @@ class Checkpoints:
 def read_params(folder: epath.Path, abstract: Any) -> Any:
   """The final params of a finished trial (host numpy)."""
   manager = ocp.CheckpointManager(str(folder.absolute() / CHECKPOINTS), item_names=("params", "opt"),
-                                  options=ocp.CheckpointManagerOptions(read_only=True))
+                                  options=ocp.CheckpointManagerOptions(create=False))
   try:
     step = manager.latest_step()
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=_one_device()), abstract)
