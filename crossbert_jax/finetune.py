@@ -33,8 +33,9 @@ def _define_flags() -> None:
   flags.DEFINE_multi_string("workdir", [], "A pretraining run to fine-tune (repeatable: one column each).")
   flags.DEFINE_multi_string("hf", [], "A ModernBERT folder to fine-tune (repeatable).")
   flags.DEFINE_string("output_dir", None, "Where the trials and glue_finetuned.{json,md} go (resumable).")
-  flags.DEFINE_string("data_dir", "", "A local copy of nyu-mll/glue (<config>/<split>-*.parquet) or the shared "
-                      "data root; default: the Hub or its datasets cache.")
+  flags.DEFINE_string(
+      "data_dir", "", "A local copy of nyu-mll/glue (<config>/<split>-*.parquet) or the shared "
+      "data root; default: the Hub or its datasets cache.")
   flags.DEFINE_string("tokenizer", "", "--workdir: the run's tokenizer where it is now (default: its data.tokenizer).")
   flags.DEFINE_string("learning_rates", ",".join(f"{v:g}" for v in _R.LEARNING_RATES), "Grid: peak learning rates.")
   flags.DEFINE_string("epochs", ",".join(map(str, _R.EPOCHS)), "Grid: epochs.")
@@ -43,8 +44,9 @@ def _define_flags() -> None:
   flags.DEFINE_integer("batch_size", _R.BATCH_SIZE, "Rows per step (the recipe: 64).")
   flags.DEFINE_integer("max_length", _R.MAX_LENGTH, "Tokens per row at most, pairs included (the recipe: 256).")
   flags.DEFINE_integer("max_steps", 0, "Steps per trial at most (0: all its epochs); for smoke runs.")
-  flags.DEFINE_bool("from_mnli", True, "RTE, MRPC and STS-B start from the best MNLI trial (the recipe); "
-                    "--nofrom_mnli: from the pretrained encoder.")
+  flags.DEFINE_bool(
+      "from_mnli", True, "RTE, MRPC and STS-B start from the best MNLI trial (the recipe); "
+      "--nofrom_mnli: from the pretrained encoder.")
   flags.DEFINE_enum("pooling", "mean", list(classifier.POOLINGS), "classifier_pooling: mean or the [CLS] state.")
 
 

@@ -77,12 +77,12 @@ def trainer_run(folder: pathlib.Path, data: trial_lib.TaskData, steps: list[list
     def get_train_dataloader(self):
       return torch.utils.data.DataLoader(list(range(len(data.train))), batch_sampler=steps, collate_fn=collate)
 
-  args = transformers.TrainingArguments(
-      output_dir=str(work), per_device_train_batch_size=max(map(len, steps)), learning_rate=learning_rate,
-      max_steps=len(steps), weight_decay=weight_decay, adam_beta1=recipe.BETAS[0], adam_beta2=recipe.BETAS[1],
-      adam_epsilon=recipe.EPS, lr_scheduler_type="linear", warmup_steps=recipe.WARMUP_FRACTION, max_grad_norm=0.0,
-      logging_steps=1, seed=seed, report_to=[], save_strategy="no", use_cpu=True, optim="adamw_torch",
-      disable_tqdm=True)
+  args = transformers.TrainingArguments(output_dir=str(work), per_device_train_batch_size=max(map(len, steps)),
+                                        learning_rate=learning_rate, max_steps=len(steps), weight_decay=weight_decay,
+                                        adam_beta1=recipe.BETAS[0], adam_beta2=recipe.BETAS[1], adam_epsilon=recipe.EPS,
+                                        lr_scheduler_type="linear", warmup_steps=recipe.WARMUP_FRACTION,
+                                        max_grad_norm=0.0, logging_steps=1, seed=seed, report_to=[], save_strategy="no",
+                                        use_cpu=True, optim="adamw_torch", disable_tqdm=True)
   trainer = OurBatches(model=model, args=args, train_dataset=list(range(len(data.train))))
   trainer.train()
   losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -116,9 +116,15 @@ def ours_run(folder: pathlib.Path, task, trial: recipe.Trial, out: pathlib.Path,
   src = sources.from_hf(str(folder))
   data = driver.encode(task, src.tokenizer, max_length)
   start = {k: src.params[k] for k in ("encoder", "head", "classifier")}
-  info = trial_lib.trial_info(trial, src.spec, trial_lib.HeadSpec(trial_lib.num_labels(task.name), "mean"),
-                              start="hf", source=driver._source_info(src),  # pylint: disable=protected-access
-                              batch_size=batch_size, max_length=max_length, max_steps=max_steps)
+  info = trial_lib.trial_info(
+      trial,
+      src.spec,
+      trial_lib.HeadSpec(trial_lib.num_labels(task.name), "mean"),
+      start="hf",
+      source=driver._source_info(src),  # pylint: disable=protected-access
+      batch_size=batch_size,
+      max_length=max_length,
+      max_steps=max_steps)
   result = trial_lib.run(out, info, data, start, log=lambda _: None)
   rows = [json.loads(l) for l in (out / trial_lib.METRICS_FILE).read_text().splitlines()]
   return [r["loss"] for r in rows if "loss" in r], result["dev"]
@@ -152,8 +158,9 @@ def main() -> None:
     steps = epoch_batches(len(data.train), a.batch_size, seed, a.epochs)
     hf_loss, hf_dev = trainer_run(folder, data, steps, a.learning_rate, a.weight_decay, seed, out / f"hf-seed{seed}")
     t2 = time.perf_counter()
-    report["seeds"][seed] = {"ours": {"loss": ours_loss, "dev": ours_dev, "seconds": t1 - t0},
-                             "trainer": {"loss": hf_loss, "dev": hf_dev, "seconds": t2 - t1}}
+    report["seeds"][seed] = {
+        "ours": {"loss": ours_loss, "dev": ours_dev, "seconds": t1 - t0},
+        "trainer": {"loss": hf_loss, "dev": hf_dev, "seconds": t2 - t1}}
     first = " ".join(f"{o:.5f}/{h:.5f}" for o, h in zip(ours_loss[:5], hf_loss[:5]))
     print(f"seed {seed}: first losses ours/Trainer {first}; dev ours {ours_dev} Trainer {hf_dev}", flush=True)
   (out / "peer.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -72,7 +72,8 @@ def batch(data: Encoded, rows: np.ndarray, batch_size: int, lengths: tuple[int, 
   return out
 
 
-def train_batch(data: Encoded, step: int, batch_size: int, seed: int, lengths: tuple[int, ...]) -> dict[str, np.ndarray]:
+def train_batch(data: Encoded, step: int, batch_size: int, seed: int, lengths: tuple[int,
+                                                                                     ...]) -> dict[str, np.ndarray]:
   """Batch `step` (0-based, counted over epochs) of a run."""
   per_epoch = steps_per_epoch(len(data), batch_size)
   epoch, i = divmod(step, per_epoch)

@@ -41,7 +41,7 @@ class SequenceClassifier(nn.Module):
     pooled_BxD = inference.pool(hidden_BxLxD, segment_ids_BxL, h.pooling).astype(s.compute_dtype)
     pooled_BxD = nn.with_logical_constraint(pooled_BxD, ("batch", "embed"))
     x_BxD = ClassifierHead(s, name="head")(pooled_BxD)
-    return Classifier(h.num_labels, s.embed_dim**-0.5, name="classifier")(x_BxD)
+    return Classifier(h.num_labels, s.embed_dim ** -0.5, name="classifier")(x_BxD)
 
 
 class ClassifierHead(nn.Module):

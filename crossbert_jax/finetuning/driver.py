@@ -37,8 +37,9 @@ class Options:
   from_mnli: bool = True  # RTE, MRPC and STS-B start from the best MNLI trial (when MNLI has data).
 
   def settings(self) -> dict[str, Any]:
-    return {"batch_size": self.batch_size, "max_length": self.max_length, "max_steps": self.max_steps,
-            "pooling": self.pooling}
+    return {
+        "batch_size": self.batch_size, "max_length": self.max_length, "max_steps": self.max_steps,
+        "pooling": self.pooling}
 
 
 def parse_tasks(text: str) -> tuple[list[str], bool]:
@@ -116,8 +117,10 @@ def finished(folder: epath.Path) -> list[dict[str, Any]]:
   """The results of the finished trials under a task's folder, by trial name."""
   if not folder.exists():
     return []
-  return [json.loads((d / trial_lib.RESULT_FILE).read_text()) for d in sorted(folder.iterdir())
-          if (d / trial_lib.RESULT_FILE).exists()]
+  return [
+      json.loads((d / trial_lib.RESULT_FILE).read_text())
+      for d in sorted(folder.iterdir())
+      if (d / trial_lib.RESULT_FILE).exists()]
 
 
 def _start(src: sources.Source, name: str, tasks_dir: epath.Path, opts: Options, mnli_ok: bool,
@@ -151,8 +154,9 @@ def run(srcs: list[sources.Source], tasks: dict[str, eval_tasks.Task], skipped: 
   order = sorted(tasks, key=lambda t: (t != "mnli", list(glue.TASKS).index(t)))
   results: dict[str, dict[str, list]] = {s.label: {} for s in srcs}
   starts: dict[str, dict[str, str]] = {s.label: {} for s in srcs}
-  frozen = {s.label: table_lib.frozen_scores(epath.Path(s.path) / "glue_table.json" if s.kind == "workdir" else None)
-            for s in srcs}
+  frozen = {
+      s.label: table_lib.frozen_scores(epath.Path(s.path) / "glue_table.json" if s.kind == "workdir" else None)
+      for s in srcs}
   table = None
   for src in srcs:
     tasks_dir = out / "trials" / src.key
@@ -175,5 +179,6 @@ def run(srcs: list[sources.Source], tasks: dict[str, eval_tasks.Task], skipped: 
 
 
 def _source_info(src: sources.Source) -> dict[str, Any]:
-  return {"kind": src.kind, "path": src.path, "identity": src.identity, "label": src.label,
-          "tokenizer": src.tokenizer_path, "seq_len": src.seq_len}
+  return {
+      "kind": src.kind, "path": src.path, "identity": src.identity, "label": src.label, "tokenizer": src.tokenizer_path,
+      "seq_len": src.seq_len}

@@ -29,10 +29,11 @@ from crossbert_jax.model import inference
 from crossbert_jax.model.encoder import EncoderSpec
 
 TOLERANCE = 1e-5
-LABELS = {"cola": ("unacceptable", "acceptable"), "sst2": ("negative", "positive"),
-          "mrpc": ("not_equivalent", "equivalent"), "qqp": ("not_duplicate", "duplicate"),
-          "mnli": ("entailment", "neutral", "contradiction"), "qnli": ("entailment", "not_entailment"),
-          "rte": ("entailment", "not_entailment"), "stsb": ("score",)}  # nyu-mll/glue's ClassLabel names.
+LABELS = {
+    "cola": ("unacceptable", "acceptable"), "sst2": ("negative", "positive"), "mrpc": ("not_equivalent", "equivalent"),
+    "qqp": ("not_duplicate", "duplicate"), "mnli": ("entailment", "neutral", "contradiction"),
+    "qnli": ("entailment", "not_entailment"), "rte": ("entailment", "not_entailment"), "stsb":
+        ("score",)}  # nyu-mll/glue's ClassLabel names.
 VERIFY_PAIRS = (
     ("The cat sat on the mat.", "A cat is sitting on a mat."),
     ("It was the best of times, it was the worst of times, it was the age of wisdom.", "Times were mixed."),
@@ -127,9 +128,9 @@ def export_trial(workdir: str, output: str, do_verify: bool = False, force: bool
     hf_files.write_tokenizer(tmp, tok, seq_len)
     dev = json.loads((epath.Path(workdir) / trial_lib.RESULT_FILE).read_text())["dev"]
     scores = ", ".join(f"{glue.ROW_TITLES[r]} {100 * glue.row_score(m):.1f}" for r, m in dev.items())
-    (tmp / "README.md").write_text(
-        f"# {glue.ROW_TITLES.get(task, task)} classifier\n\nFine-tuned with `python -m crossbert_jax.finetune` "
-        f"from {info['source']['identity']} ({info['start']}): {info['trial']}. Dev: {scores}.\n")
+    (tmp / "README.md"
+    ).write_text(f"# {glue.ROW_TITLES.get(task, task)} classifier\n\nFine-tuned with `python -m crossbert_jax.finetune` "
+                 f"from {info['source']['identity']} ({info['start']}): {info['trial']}. Dev: {scores}.\n")
     if do_verify:
       result = verify(tmp, spec, head, params, tok, min(seq_len, batches_lib.buckets(info["max_length"])[-1]))
   return result

@@ -86,7 +86,10 @@ def parse_grid(learning_rates: str, epochs: str, weight_decays: str, seeds: str)
 def trials(task: str, grid: Grid) -> list[Trial]:
   """Every trial of a task, in a fixed order (points, then seeds)."""
   return [
-      Trial(task, lr, ep, wd, seed) for lr in grid.learning_rates for ep in grid.epochs for wd in grid.weight_decays
+      Trial(task, lr, ep, wd, seed)
+      for lr in grid.learning_rates
+      for ep in grid.epochs
+      for wd in grid.weight_decays
       for seed in grid.seeds]
 
 

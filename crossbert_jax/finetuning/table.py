@@ -59,8 +59,7 @@ def summary(results: dict[str, dict[str, list[dict[str, Any]]]], starts: dict[st
   per_row: dict[str, dict[str, float]] = {c: {} for c in results}
   for name, task in glue.TASKS.items():
     for row, _ in task.rows:
-      entry = {"title": glue.ROW_TITLES[row], "metrics": list(task.metrics), "skipped": skipped.get(name),
-               "scores": {}}
+      entry = {"title": glue.ROW_TITLES[row], "metrics": list(task.metrics), "skipped": skipped.get(name), "scores": {}}
       for column, by_task in results.items():
         if not by_task.get(name):
           continue
@@ -83,8 +82,8 @@ def summary(results: dict[str, dict[str, list[dict[str, Any]]]], starts: dict[st
         "mean_of_rows_run": None if part is None else round(100 * part, 4),
         "frozen_of_rows_run": round(float(np.mean(frozen_part)), 4) if len(frozen_part) == n and n else None}
   return {
-      "benchmark": "glue-finetuned", "settings": settings, "columns": list(results), "rows": rows,
-      "average": average, "skipped": skipped}
+      "benchmark": "glue-finetuned", "settings": settings, "columns": list(results), "rows": rows, "average": average,
+      "skipped": skipped}
 
 
 def _cell(score: dict[str, Any] | None) -> str:

@@ -80,20 +80,21 @@ class Checkpoints:
   def save(self, state: TrainState) -> None:
     step = int(state.step)
     if self.manager.latest_step() != step:
-      self.manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(state.params),
-                                                      opt=ocp.args.StandardSave({"step": state.step,
-                                                                                 "opt_state": state.opt_state})))
+      self.manager.save(
+          step, args=ocp.args.Composite(params=ocp.args.StandardSave(state.params),
+                                        opt=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state})))
       self.manager.wait_until_finished()
 
   def restore(self, step: int, program: program_lib.Program) -> TrainState:
-    target = lambda tree, shardings: jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
+    target = lambda tree, shardings: jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree,
+                                                  shardings)
     abstract = jax.eval_shape(lambda: program.tx.init(program.abstract_params))
     s = program.shardings
-    got = self.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(target(program.abstract_params, s.params)),
-        opt=ocp.args.StandardRestore(target({"step": jax.ShapeDtypeStruct((), np.int32), "opt_state": abstract},
-                                            {"step": s.step, "opt_state": s.opt_state}))))
+    got = self.manager.restore(
+        step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(target(program.abstract_params, s.params)), opt=ocp.args.StandardRestore(
+                target({"step": jax.ShapeDtypeStruct((), np.int32), "opt_state": abstract},
+                       {"step": s.step, "opt_state": s.opt_state}))))
     return TrainState(step=got.opt["step"], params=got.params, opt_state=got.opt["opt_state"])
 
   def close(self) -> None:
@@ -134,7 +135,7 @@ def run(folder: epath.Path, info: dict[str, Any], data: TaskData, start: dict[st
   folder.mkdir(parents=True, exist_ok=True)
   (folder / TRIAL_FILE).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
   t = info["trial"]
-  batch_size, lengths = info["batch_size"], batches_lib.buckets(info["max_length"])
+  batch_size = info["batch_size"]
   per_epoch = batches_lib.steps_per_epoch(len(data.train), batch_size)
   total = total_steps(info, len(data.train))
   spec = EncoderSpec(**info["encoder"])
@@ -149,8 +150,7 @@ def run(folder: epath.Path, info: dict[str, Any], data: TaskData, start: dict[st
     (folder / METRICS_FILE).write_text("".join(l + "\n" for l in lines))
     log(f"{folder.name}: {'resuming at step ' + str(step) if step else 'starting'} ({total} steps, "
         f"{per_epoch} per epoch)")
-    state = _train(folder, program, ckpt, state, data, info, total, per_epoch)
-    dev = evaluate(program, state.params, data, lengths, batch_size)
+    dev = _train(folder, program, ckpt, state, data, info, total, per_epoch)
   finally:
     ckpt.close()
   result = {"trial": t, "task": data.name, "steps": total, "dev": dev}
@@ -159,11 +159,12 @@ def run(folder: epath.Path, info: dict[str, Any], data: TaskData, start: dict[st
 
 
 def _train(folder: epath.Path, program: program_lib.Program, ckpt: Checkpoints, state: TrainState, data: TaskData,
-           info: dict[str, Any], total: int, per_epoch: int) -> TrainState:
-  """The steps left; a checkpoint and the dev scores at each epoch's end; Stopped on a signal."""
+           info: dict[str, Any], total: int, per_epoch: int) -> dict[str, dict[str, float]]:
+  """The steps left; a checkpoint and the dev scores at each epoch's end (and the last step); Stopped on a
+  signal. Returns the last dev scores (of the final params)."""
   t, batch_size, lengths = info["trial"], info["batch_size"], batches_lib.buckets(info["max_length"])
   with preemption.StopRequest() as stop, (folder / METRICS_FILE).open("a") as out:
-    pending, start = None, time.perf_counter()
+    pending, start, dev = None, time.perf_counter(), None
     for step in range(int(state.step), total):
       batch = batches_lib.train_batch(data.train, step, batch_size, t["seed"], lengths)
       state, metrics = program.step(state, batch)
@@ -182,7 +183,9 @@ def _train(folder: epath.Path, program: program_lib.Program, ckpt: Checkpoints, 
         out.flush()
         ckpt.save(state)
         raise Stopped(f"{folder.name}: stopped by {stop.signal_name} at step {step + 1}; checkpoint saved")
-  return state
+  if int(state.step) == total and dev is None:  # Restored at the very end (killed after the last save).
+    dev = evaluate(program, state.params, data, lengths, batch_size)
+  return dev
 
 
 def _write(out, row: dict[str, Any] | None) -> None:

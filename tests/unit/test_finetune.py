@@ -10,8 +10,7 @@ from crossbert_jax.evaluation import glue
 from crossbert_jax.finetuning import batches, classifier, export, program, recipe, table
 from crossbert_jax.model.encoder import EncoderSpec
 
-SPEC = EncoderSpec(vocab_size=97, embed_dim=32, num_heads=4, num_layers=3, mlp_dim=48, global_every=2,
-                   local_window=8)
+SPEC = EncoderSpec(vocab_size=97, embed_dim=32, num_heads=4, num_layers=3, mlp_dim=48, global_every=2, local_window=8)
 
 
 def _init(spec: EncoderSpec, head: classifier.HeadSpec, seed: int = 0):
@@ -47,8 +46,8 @@ def test_logits_equal_transformers_sequence_classifier(pooling, num_labels):
 
   head = classifier.HeadSpec(num_labels, pooling)
   params = _random_params(head)
-  config = transformers.ModernBertConfig(**export.hf_config(SPEC, head, "mnli" if num_labels == 3 else "stsb", 64,
-                                                            SENTENCEPIECE))
+  config = transformers.ModernBertConfig(
+      **export.hf_config(SPEC, head, "mnli" if num_labels == 3 else "stsb", 64, SENTENCEPIECE))
   model = transformers.ModernBertForSequenceClassification(config).eval()
   tensors = export.tensors(params, SPEC)
   missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=False)
@@ -75,7 +74,7 @@ def test_init_follows_transformers_init_weights():
   dense, kernel = p["head"]["dense"]["kernel"], p["classifier"]["kernel"]
   # A normal truncated at 2 std has std 0.88 x its scale.
   assert abs(dense.std() / (0.02 / np.sqrt(4) * 0.88) - 1) < 0.05
-  assert abs(kernel.std() / (256**-0.5 * 0.88) - 1) < 0.05
+  assert abs(kernel.std() / (256 ** -0.5 * 0.88) - 1) < 0.05
   assert not np.asarray(p["classifier"]["bias"]).any()
   assert set(p) == {"encoder", "head", "classifier"} and set(p["head"]) == {"dense", "norm"}
 
@@ -158,8 +157,11 @@ def _result(task, lr, seed, score):
 
 def test_table_reports_the_best_point_with_its_seed_spread_and_the_frozen_score():
   # lr 3e-5 has the best mean (0.7) though lr 1e-5 has the best single seed (0.9).
-  rte = [_result("rte", 1e-5, 0, 0.9), _result("rte", 1e-5, 1, 0.3), _result("rte", 3e-5, 0, 0.6),
-         _result("rte", 3e-5, 1, 0.8)]
+  rte = [
+      _result("rte", 1e-5, 0, 0.9),
+      _result("rte", 1e-5, 1, 0.3),
+      _result("rte", 3e-5, 0, 0.6),
+      _result("rte", 3e-5, 1, 0.8)]
   mnli = [_result("mnli", 1e-5, 0, 0.8)]
   t = table.summary({"a": {"rte": rte, "mnli": mnli}}, {"a": {"rte": "mnli lr=1e-05", "mnli": "pretrained"}},
                     {"a": {"rte": 55.0, "mnli-m": 60.0, "mnli-mm": 61.0}}, {"qqp": "no data"}, {"seeds": 2})
