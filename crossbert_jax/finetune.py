@@ -12,12 +12,13 @@ Library: crossbert_jax.finetuning. Manual: docs/evaluation.md#fine-tuned-glue.
 import sys
 from typing import Sequence
 
+import jax
 from absl import app
 from absl import flags
 from absl import logging
 
-from crossbert_jax.core.errors import (EXIT_STOPPED, UserError, error_line, exit_on_user_error, no_positional,
-                                       parse_flags_or_exit, require)
+from crossbert_jax.core.errors import (EXIT_STOPPED, UserError, exit_on_user_error, no_positional, parse_flags_or_exit,
+                                       require)
 from crossbert_jax.evaluation.columns import check_distinct
 from crossbert_jax.finetuning import classifier, driver, recipe, sources, table
 from crossbert_jax.finetuning import trial as trial_lib
@@ -67,16 +68,20 @@ def main(argv: Sequence[str]) -> None:
     raise UserError("nothing to fine-tune: pass --workdir=RUN (a pretraining run) and/or --hf=DIR")
   check_distinct([("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf])
   _check(f)
+  if jax.process_count() > 1:
+    raise UserError(f"finetune runs on one process ({jax.process_count()} here): a trial builds its batch whole; "
+                    "run it on one host (its local devices share the mesh)")
   names, named = driver.parse_tasks(f.task)
   grid = recipe.parse_grid(f.learning_rates, f.epochs, f.weight_decays, f.seeds)
   opts = driver.Options(f.output_dir, f.data_dir, f.batch_size, f.max_length, f.max_steps, f.pooling, f.from_mnli)
   driver.check_output_dir(opts, [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf])
   tasks, skipped, mnli = driver.load_tasks(names, named, f.data_dir, print)
   srcs = [sources.from_workdir(w, f.tokenizer) for w in f.workdir] + [sources.from_hf(h) for h in f.hf]
+  srcs = sources.distinct_labels(srcs)
   try:
     result = driver.run(srcs, tasks, skipped, grid, opts, mnli)
   except trial_lib.Stopped as e:
-    error_line(f"{e}; rerun the same command to resume")
+    print(f"stopped: {e}; rerun the same command to resume (exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
     sys.exit(EXIT_STOPPED)
   print(table.markdown(result), flush=True)
   print(f"wrote {f.output_dir}/{table.NAME}.json and .md", flush=True)

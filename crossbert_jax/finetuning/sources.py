@@ -90,3 +90,12 @@ def _hf_head(folder: epath.Path) -> dict[str, Any]:
   return {
       "head": {"dense": {"kernel": f32(t["head.dense.weight"].T)}, "norm": {"scale": f32(t["head.norm.weight"])}},
       "classifier": {"kernel": f32(t["classifier.weight"].T), "bias": f32(t["classifier.bias"])}}
+
+
+def distinct_labels(srcs: list[Source]) -> list[Source]:
+  """Each source with its own column label: `label (path)` where an earlier one has the same (two runs
+  whose folders share a name)."""
+  out: list[Source] = []
+  for src in srcs:
+    out.append(dataclasses.replace(src, label=columns.column_label(src.label, src.path, [s.label for s in out])))
+  return out
