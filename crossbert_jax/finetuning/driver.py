@@ -135,10 +135,7 @@ def _start(src: sources.Source, name: str, tasks_dir: epath.Path, opts: Options,
     log(f"{name}: MNLI has no data here (skipped), so {name} starts from the pretrained encoder, not from the "
         "MNLI fine-tuned checkpoint as the recipe does")
     return "pretrained", start
-  done = finished(tasks_dir / "mnli")
-  if not done:
-    raise UserError(f"--task={name} starts from the MNLI fine-tuned checkpoint, and {tasks_dir / 'mnli'} has no "
-                    "finished trial: run --task=mnli first (or --task=all)")
+  done = finished(tasks_dir / "mnli")  # MNLI ran first (or `run` checked its trials).
   point, trials = table_lib.best_point(done)
   best = tasks_dir / "mnli" / recipe.Trial(**trials[0]["trial"]).name
   params = trial_lib.read_params(best, classifier.abstract_params(src.spec, HeadSpec(3, opts.pooling)))
@@ -149,6 +146,11 @@ def run(srcs: list[sources.Source], tasks: dict[str, eval_tasks.Task], skipped: 
         opts: Options, mnli: bool, log: Callable[[str], None] = print) -> dict[str, Any]:
   """Every trial of every task for every encoder (finished ones read back); the table, written after each task."""
   out = epath.Path(opts.output_dir)
+  waiting = [t for t in tasks if t in recipe.FROM_MNLI] if mnli and opts.from_mnli and "mnli" not in tasks else []
+  for src in srcs:  # Refused before anything is written.
+    if waiting and not finished(out / "trials" / src.key / "mnli"):
+      raise UserError(f"--task={waiting[0]} starts from the MNLI fine-tuned checkpoint, and {src.label} has no "
+                      f"finished MNLI trial in {out}: run --task=mnli first (or --task=all), or pass --nofrom_mnli")
   out.mkdir(parents=True, exist_ok=True)
   (out / SETTINGS_FILE).write_text(json.dumps(opts.settings()) + "\n")
   order = sorted(tasks, key=lambda t: (t != "mnli", list(glue.TASKS).index(t)))
