@@ -6,9 +6,10 @@ r"""Fine-tuned GLUE: ModernBERT's recipe, trained in JAX, one column per encoder
 Every trial (a task, one point of the --learning_rates x --epochs x --weight_decays grid, a seed) is a folder
 under --output_dir/trials that resumes exactly and is never trained again once finished; the command with its
 grid narrowed to one point runs one trial (for an executor). Writes --output_dir/glue_finetuned.{json,md}.
-Library: crossbert_jax.finetuning. Manual: docs/evaluation.md#fine-tuned-glue.
+Library: crossbert_jax.finetuning. Manual: docs/evaluation.md#fine-tuned-glue-.
 """
 
+import shlex
 import sys
 from typing import Sequence
 
@@ -48,6 +49,9 @@ def _define_flags() -> None:
   flags.DEFINE_bool(
       "from_mnli", True, "RTE, MRPC and STS-B start from the best MNLI trial (the recipe); "
       "--nofrom_mnli: from the pretrained encoder.")
+  flags.DEFINE_bool(
+      "print_trials", False, "Print each trial's own command (one per line, MNLI's first) and exit: "
+      "what an executor dispatches, one trial per device.")
   flags.DEFINE_enum("pooling", "mean", list(classifier.POOLINGS), "classifier_pooling: mean or the [CLS] state.")
 
 
@@ -55,6 +59,18 @@ def _check(f) -> None:
   if f.batch_size < 1 or f.max_length < 8 or f.max_steps < 0:
     raise UserError(f"--batch_size={f.batch_size} --max_length={f.max_length} --max_steps={f.max_steps}: give a "
                     "batch of 1 or more, a length of 8 or more and max_steps >= 0")
+
+
+def _print_trials(f, tasks, grid: recipe.Grid) -> None:
+  """Each trial's argv, MNLI's first (RTE, MRPC and STS-B start from its best trial: dispatch them after)."""
+  common = [f"--workdir={w}" for w in f.workdir] + [f"--hf={h}" for h in f.hf] + [
+      f"--output_dir={f.output_dir}", f"--batch_size={f.batch_size}", f"--max_length={f.max_length}",
+      f"--max_steps={f.max_steps}", f"--pooling={f.pooling}"]
+  common += [f"--{k}={getattr(f, k)}" for k in ("data_dir", "tokenizer") if getattr(f, k)]
+  common += [] if f.from_mnli else ["--nofrom_mnli"]
+  for name in sorted(tasks, key=lambda t: (t != "mnli", list(tasks).index(t))):
+    for t in recipe.trials(name, grid):
+      print(shlex.join(recipe.trial_argv(t, common, sys.executable)), flush=True)
 
 
 @exit_on_user_error
@@ -76,6 +92,9 @@ def main(argv: Sequence[str]) -> None:
   opts = driver.Options(f.output_dir, f.data_dir, f.batch_size, f.max_length, f.max_steps, f.pooling, f.from_mnli)
   driver.check_output_dir(opts, [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf])
   tasks, skipped, mnli = driver.load_tasks(names, named, f.data_dir, print)
+  if f.print_trials:
+    _print_trials(f, tasks, grid)
+    return
   srcs = [sources.from_workdir(w, f.tokenizer) for w in f.workdir] + [sources.from_hf(h) for h in f.hf]
   srcs = sources.distinct_labels(srcs)
   try:
