@@ -158,6 +158,18 @@ def test_first_steps_losses_equal_a_transformers_loop(shared_data, tmp_path):
   assert ours[1] != ours[0]  # The params moved: step 2 ran at a non-zero rate.
 
 
+def test_print_trials_lists_each_trial_as_its_own_command(finetuned, command, tmp_path):
+  out, args, _ = finetuned
+  grid = [a for a in args if not a.startswith(("--learning_rates", "--seeds", "--output_dir"))]
+  proc = command("crossbert_jax.finetune", *grid, "--learning_rates=1e-5,3e-5", "--seeds=0,1",
+                 f"--output_dir={tmp_path / 'o'}", "--print_trials", env=OFFLINE)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  assert len(lines) == 8 and all("-m crossbert_jax.finetune --task=" in l for l in lines)  # 2 tasks x 2 lr x 2 seeds.
+  assert "--task=stsb --learning_rates=1e-05 --epochs=1 --weight_decays=0 --seeds=0" in lines[0]
+  assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("case",
                          ["unknown task", "no grid values", "not a run", "task without data", "labels out of range"])
 def test_bad_input_is_one_line_exit_2_nothing_written(case, tiny_run, shared_data, tmp_path, command):
