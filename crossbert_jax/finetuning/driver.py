@@ -175,7 +175,8 @@ def run(srcs: list[sources.Source], tasks: dict[str, eval_tasks.Task], skipped: 
             ", ".join(f"{row} {100 * glue.row_score(m):.1f}" for row, m in r["dev"].items()))
       results[src.label][name] = finished(tasks_dir / name)
       starts[src.label][name] = start_label
-      table = table_lib.summary(results, starts, frozen, skipped, {**opts.settings(), "seeds": len(grid.seeds)})
+      table = table_lib.summary(results, starts, frozen, skipped, {**opts.settings(), "seeds": len(grid.seeds)},
+                                {t: task.note for t, task in tasks.items()})
       table_lib.write(out, table)
   return table
 

@@ -53,8 +53,10 @@ def frozen_scores(table_path: epath.Path | None) -> dict[str, float]:
 
 
 def summary(results: dict[str, dict[str, list[dict[str, Any]]]], starts: dict[str, dict[str, str]],
-            frozen: dict[str, dict[str, float]], skipped: dict[str, str], settings: dict[str, Any]) -> dict[str, Any]:
-  """results: {column: {task: its trials' results}}; starts: {column: {task: what its trials started from}}."""
+            frozen: dict[str, dict[str, float]], skipped: dict[str, str], settings: dict[str, Any],
+            notes: dict[str, str] | None = None) -> dict[str, Any]:
+  """results: {column: {task: its trials' results}}; starts: {column: {task: what its trials started from}};
+  notes: {task: how its data differs from GLUE's} (the shared MRPC files)."""
   rows: dict[str, Any] = {}
   per_row: dict[str, dict[str, float]] = {c: {} for c in results}
   for name, task in glue.TASKS.items():
@@ -121,6 +123,7 @@ def markdown(table: dict[str, Any]) -> str:
                "their metrics (each in brackets). Frozen: the linear probe of `evaluate --benchmark=glue`.")
   if table["skipped"]:
     lines.append("Skipped: " + "; ".join(f"{t} ({why})" for t, why in table["skipped"].items()) + ".")
+  lines += sorted({f"- {r['title']}: {r['note']}" for r in table["rows"].values() if r.get("note")})
   return "\n".join(lines) + "\n"
 
 
