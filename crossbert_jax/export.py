@@ -17,10 +17,14 @@ from etils import epath
 
 from crossbert_jax.core import objectives, outputs
 from crossbert_jax.core.errors import exit_on_user_error, parse_flags_or_exit, require, unexpected_arguments
-from crossbert_jax.finetuning import export as ft_export
 from crossbert_jax.hf import files as hf_files
 from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, export, import_hf
 from crossbert_jax.run import load, metrics
+
+def _is_trial(workdir: str) -> bool:
+  """A fine-tuned trial's folder (finetuning/trial.py writes trial.json there)."""
+  return (epath.Path(workdir) / "trial.json").exists()
+
 
 _SEE_USAGE = " (see the usage in `python -m crossbert_jax.export --help`)"
 
@@ -28,7 +32,9 @@ _SEE_USAGE = " (see the usage in `python -m crossbert_jax.export --help`)"
 def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "", do_verify: bool = False,
                force: bool = False) -> dict | None:
   """Exports a training run's checkpoint (latest, or `step`) to the HF folder `output`."""
-  if ft_export.is_trial(workdir):  # A fine-tuned trial: a ModernBertForSequenceClassification folder.
+  if _is_trial(workdir):  # A fine-tuned trial: a ModernBertForSequenceClassification folder.
+    from crossbert_jax.finetuning import export as ft_export  # pylint: disable=g-import-not-at-top (training code)
+
     return ft_export.export_trial(workdir, output, do_verify, force)
   outputs.check_output_dir(output, force, inputs={"--workdir": workdir})  # Before the slow restore.
   config, params, step = load.load_run(workdir, step)
@@ -78,7 +84,9 @@ def main(argv: Sequence[str]) -> None:
     result = export_run(f.workdir, f.output, f.step, f.tokenizer, f.verify, f.force)
     print(f"exported {f.workdir} -> {f.output}")
     if result:
-      tolerance = ft_export.TOLERANCE if ft_export.is_trial(f.workdir) else TOLERANCE
+      tolerance = TOLERANCE
+      if _is_trial(f.workdir):  # Imported by export_run already.
+        from crossbert_jax.finetuning.export import TOLERANCE as tolerance  # pylint: disable=g-import-not-at-top
       print(" ".join(f"{k}={v:.2e}" for k, v in result.items()) + f" (tolerance {tolerance:g}): verified")
   sys.stdout.flush()
 
