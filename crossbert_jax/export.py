@@ -21,6 +21,7 @@ from crossbert_jax.hf import files as hf_files
 from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, export, import_hf
 from crossbert_jax.run import load, metrics
 
+
 def _is_trial(workdir: str) -> bool:
   """A fine-tuned trial's folder (finetuning/trial.py writes trial.json there)."""
   return (epath.Path(workdir) / "trial.json").exists()
