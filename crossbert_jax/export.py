@@ -1,6 +1,7 @@
 r"""Export a run to a Hugging Face folder, or import one.
 
   python -m crossbert_jax.export --workdir=RUN [--step=N] --output=DIR [--verify] [--force]
+  python -m crossbert_jax.export --workdir=FINETUNED_TRIAL --output=DIR [--verify]  # A sequence classifier.
   python -m crossbert_jax.export import --hf=DIR --output=PARAMS_DIR [--scan_layers] [--force]
 
 Library: crossbert_jax.hf.convert. Manual: docs/export.md.
@@ -20,12 +21,22 @@ from crossbert_jax.hf import files as hf_files
 from crossbert_jax.hf.convert import PARAMS_FILE, TOLERANCE, export, import_hf
 from crossbert_jax.run import load, metrics
 
+
+def _is_trial(workdir: str) -> bool:
+  """A fine-tuned trial's folder (finetuning/trial.py writes trial.json there)."""
+  return (epath.Path(workdir) / "trial.json").exists()
+
+
 _SEE_USAGE = " (see the usage in `python -m crossbert_jax.export --help`)"
 
 
 def export_run(workdir: str, output: str, step: int | None = None, tokenizer: str = "", do_verify: bool = False,
                force: bool = False) -> dict | None:
   """Exports a training run's checkpoint (latest, or `step`) to the HF folder `output`."""
+  if _is_trial(workdir):  # A fine-tuned trial: a ModernBertForSequenceClassification folder.
+    from crossbert_jax.finetuning import export as ft_export  # pylint: disable=g-import-not-at-top (training code)
+
+    return ft_export.export_trial(workdir, output, do_verify, force)
   outputs.check_output_dir(output, force, inputs={"--workdir": workdir})  # Before the slow restore.
   config, params, step = load.load_run(workdir, step)
   tok = load.run_tokenizer(workdir, config, step, tokenizer)
@@ -74,7 +85,10 @@ def main(argv: Sequence[str]) -> None:
     result = export_run(f.workdir, f.output, f.step, f.tokenizer, f.verify, f.force)
     print(f"exported {f.workdir} -> {f.output}")
     if result:
-      print(" ".join(f"{k}={v:.2e}" for k, v in result.items()) + f" (tolerance {TOLERANCE:g}): verified")
+      tolerance = TOLERANCE
+      if _is_trial(f.workdir):  # Imported by export_run already.
+        from crossbert_jax.finetuning.export import TOLERANCE as tolerance  # pylint: disable=g-import-not-at-top
+      print(" ".join(f"{k}={v:.2e}" for k, v in result.items()) + f" (tolerance {tolerance:g}): verified")
   sys.stdout.flush()
 
 

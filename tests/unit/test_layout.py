@@ -12,7 +12,9 @@ import crossbert_jax
 
 ROOT = pathlib.Path(crossbert_jax.__file__).parent
 # Lowest first. Packages on one rank do not import each other; the top-level modules are commands.
-RANK = {"core": 0, "data": 1, "model": 2, "evaluation": 3, "hf": 3, "training": 4, "perf": 5, "run": 5, "scaling": 6}
+RANK = {
+    "core": 0, "data": 1, "model": 2, "evaluation": 3, "hf": 3, "training": 4, "perf": 5, "run": 5, "scaling": 6,
+    "finetuning": 6}
 TOP = 7
 MAX_LINES = 400
 

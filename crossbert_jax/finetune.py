@@ -1,0 +1,111 @@
+r"""Fine-tuned GLUE: ModernBERT's recipe, trained in JAX, one column per encoder, the frozen score beside it.
+
+  python -m crossbert_jax.finetune --task=rte --workdir=RUN --output_dir=runs/ft --data_dir=../shared/data
+  python -m crossbert_jax.finetune --task=all --hf=answerdotai/ModernBERT-base-folder --output_dir=runs/ft_mb
+
+Every trial (a task, one point of the --learning_rates x --epochs x --weight_decays grid, a seed) is a folder
+under --output_dir/trials that resumes exactly and is never trained again once finished; the command with its
+grid narrowed to one point runs one trial (for an executor). Writes --output_dir/glue_finetuned.{json,md}.
+Library: crossbert_jax.finetuning. Manual: docs/evaluation.md#fine-tuned-glue-.
+"""
+
+import shlex
+import sys
+from typing import Sequence
+
+import jax
+from absl import app
+from absl import flags
+from absl import logging
+
+from crossbert_jax.core.errors import (EXIT_STOPPED, UserError, exit_on_user_error, no_positional, parse_flags_or_exit,
+                                       require)
+from crossbert_jax.evaluation.columns import check_distinct
+from crossbert_jax.finetuning import classifier, driver, recipe, sources, table
+from crossbert_jax.finetuning import trial as trial_lib
+
+_R = recipe
+
+
+def _define_flags() -> None:
+  """Defines the CLI flags (only when run as a program, so importers get no stray flags)."""
+  if "task" in flags.FLAGS:
+    return
+  flags.DEFINE_string("task", None, "GLUE task(s), comma-separated (cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte) or all.")
+  flags.DEFINE_multi_string("workdir", [], "A pretraining run to fine-tune (repeatable: one column each).")
+  flags.DEFINE_multi_string("hf", [], "A ModernBERT folder to fine-tune (repeatable).")
+  flags.DEFINE_string("output_dir", None, "Where the trials and glue_finetuned.{json,md} go (resumable).")
+  flags.DEFINE_string(
+      "data_dir", "", "A local copy of nyu-mll/glue (<config>/<split>-*.parquet) or the shared "
+      "data root; default: the Hub or its datasets cache.")
+  flags.DEFINE_string("tokenizer", "", "--workdir: the run's tokenizer where it is now (default: its data.tokenizer).")
+  flags.DEFINE_string("learning_rates", ",".join(f"{v:g}" for v in _R.LEARNING_RATES), "Grid: peak learning rates.")
+  flags.DEFINE_string("epochs", ",".join(map(str, _R.EPOCHS)), "Grid: epochs.")
+  flags.DEFINE_string("weight_decays", ",".join(f"{v:g}" for v in _R.WEIGHT_DECAYS), "Grid: AdamW weight decays.")
+  flags.DEFINE_string("seeds", ",".join(str(s) for s in range(_R.SEEDS)), "Seeds of every grid point.")
+  flags.DEFINE_integer("batch_size", _R.BATCH_SIZE, "Rows per step (the recipe: 64).")
+  flags.DEFINE_integer("max_length", _R.MAX_LENGTH, "Tokens per row at most, pairs included (the recipe: 256).")
+  flags.DEFINE_integer("max_steps", 0, "Steps per trial at most (0: all its epochs); for smoke runs.")
+  flags.DEFINE_bool(
+      "from_mnli", True, "RTE, MRPC and STS-B start from the best MNLI trial (the recipe); "
+      "--nofrom_mnli: from the pretrained encoder.")
+  flags.DEFINE_bool(
+      "print_trials", False, "Print each trial's own command (one per line, MNLI's first) and exit: "
+      "what an executor dispatches, one trial per device.")
+  flags.DEFINE_enum("pooling", "mean", list(classifier.POOLINGS), "classifier_pooling: mean or the [CLS] state.")
+
+
+def _check(f) -> None:
+  if f.batch_size < 1 or f.max_length < 8 or f.max_steps < 0:
+    raise UserError(f"--batch_size={f.batch_size} --max_length={f.max_length} --max_steps={f.max_steps}: give a "
+                    "batch of 1 or more, a length of 8 or more and max_steps >= 0")
+
+
+def _print_trials(f, tasks, grid: recipe.Grid) -> None:
+  """Each trial's argv, MNLI's first (RTE, MRPC and STS-B start from its best trial: dispatch them after)."""
+  common = [f"--workdir={w}" for w in f.workdir] + [f"--hf={h}" for h in f.hf] + [
+      f"--output_dir={f.output_dir}", f"--batch_size={f.batch_size}", f"--max_length={f.max_length}",
+      f"--max_steps={f.max_steps}", f"--pooling={f.pooling}"]
+  common += [f"--{k}={getattr(f, k)}" for k in ("data_dir", "tokenizer") if getattr(f, k)]
+  common += [] if f.from_mnli else ["--nofrom_mnli"]
+  for name in sorted(tasks, key=lambda t: (t != "mnli", list(tasks).index(t))):
+    for t in recipe.trials(name, grid):
+      print(shlex.join(recipe.trial_argv(t, common, sys.executable)), flush=True)
+
+
+@exit_on_user_error
+def main(argv: Sequence[str]) -> None:
+  """CLI entry point."""
+  no_positional(argv, "; every option is a --flag", joined=True)
+  f = flags.FLAGS
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save and restore at INFO.
+  require("task", "output_dir", advice=" (see `python -m crossbert_jax.finetune --help`)")
+  if not f.workdir and not f.hf:
+    raise UserError("nothing to fine-tune: pass --workdir=RUN (a pretraining run) and/or --hf=DIR")
+  check_distinct([("workdir", w) for w in f.workdir] + [("hf", h) for h in f.hf])
+  _check(f)
+  if jax.process_count() > 1:
+    raise UserError(f"finetune runs on one process ({jax.process_count()} here): a trial builds its batch whole; "
+                    "run it on one host (its local devices share the mesh)")
+  names, named = driver.parse_tasks(f.task)
+  grid = recipe.parse_grid(f.learning_rates, f.epochs, f.weight_decays, f.seeds)
+  opts = driver.Options(f.output_dir, f.data_dir, f.batch_size, f.max_length, f.max_steps, f.pooling, f.from_mnli)
+  driver.check_output_dir(opts, [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf])
+  tasks, skipped, mnli = driver.load_tasks(names, named, f.data_dir, print)
+  if f.print_trials:
+    _print_trials(f, tasks, grid)
+    return
+  srcs = [sources.from_workdir(w, f.tokenizer) for w in f.workdir] + [sources.from_hf(h) for h in f.hf]
+  srcs = sources.distinct_labels(srcs)
+  try:
+    result = driver.run(srcs, tasks, skipped, grid, opts, mnli)
+  except trial_lib.Stopped as e:
+    print(f"stopped: {e}; rerun the same command to resume (exit {EXIT_STOPPED})", file=sys.stderr, flush=True)
+    sys.exit(EXIT_STOPPED)
+  print(table.markdown(result), flush=True)
+  print(f"wrote {f.output_dir}/{table.NAME}.json and .md", flush=True)
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main, flags_parser=parse_flags_or_exit)
