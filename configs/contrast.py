@@ -26,10 +26,9 @@ def _common(variant: str, recipe: str):
   return c
 
 
-def tiny_pairs():
-  """200 steps of 32 (anchor, positive, hard negative) triplets at L = 32, e.g. SNLI's (docs/embedding.md)."""
-  c = _common("tiny", "pairs")
-  c.contrast.hard_negatives = True
+def _tiny(recipe: str):
+  """The CPU size: 200 steps of 32 rows at L = 32."""
+  c = _common("tiny", recipe)
   c.data.seq_len = 32
   c.train.batch_size = 32
   c.train.steps = 200
@@ -40,18 +39,18 @@ def tiny_pairs():
   return c
 
 
+def tiny_pairs():
+  """200 steps of 32 (anchor, positive, hard negative) triplets at L = 32, e.g. SNLI's (docs/embedding.md)."""
+  c = _tiny("pairs")
+  c.contrast.hard_negatives = True
+  return c
+
+
 def tiny_simcse():
   """200 steps of SimCSE on 32 documents per step of data.path (the built-in corpus by default), L = 32."""
-  c = _common("tiny", "simcse")
+  c = _tiny("simcse")
   c.model.dropout = 0.1
   c.data.text_unit = "line"
-  c.data.seq_len = 32
-  c.train.batch_size = 32
-  c.train.steps = 200
-  c.train.warmup_steps = 20
-  c.train.learning_rate = 3e-4
-  c.checkpoint.every_steps = 100
-  c.metrics.log_every = 10
   return c
 
 
