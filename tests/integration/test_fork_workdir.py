@@ -163,7 +163,7 @@ def test_a_source_step_removed_while_it_is_read(tmp_path, source, spm_model):
       if not removed:  # Called just before Orbax reads the step's items.
         shutil.rmtree(src / "checkpoints" / str(step))
         removed.append(step)
-      return feed.enter(phases_lib.phase_at(phases_lib.expand(c), step))
+      return feed.enter(phases_lib.phase_at(list(plan_lib.build(c).phases), step))  # The plan's typed phases.
 
     return iterator_of, removed
 
