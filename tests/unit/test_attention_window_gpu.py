@@ -19,6 +19,7 @@ import pytest
 from crossbert_jax.model import attention as attn
 from crossbert_jax.model import attention_kernels
 from crossbert_jax.model import attention_window_gpu as wgpu
+from tests.unit.test_attention import _qkv, _run  # Inputs and <out, dout>'s gradients, as there.
 
 H, K = 2, 16
 SMALL = wgpu.Blocks(q=16, kv=16, q_bwd=16, kv_bwd=16)
@@ -57,17 +58,6 @@ def test_local_layer_visits_about_window_plus_block_over_length():
   assert abs(_visited(32, 32, 32, 32, 64).mean() - (128 + 32) / 1024) < 0.01
 
 
-def _inputs(t, s, seed=0):
-  kq, kk, kv, kd = jax.random.split(jax.random.key(seed), 4)
-  return (jax.random.normal(kq, (2, t, H, K)), jax.random.normal(kk, (2, s, H, K)), jax.random.normal(kv, (2, s, H, K)),
-          jax.random.normal(kd, (2, t, H, K)))
-
-
-def _grads(fn, q, k, v, dout):
-  out, vjp = jax.vjp(fn, q, k, v)
-  return (out,) + vjp(dout)
-
-
 def test_cross_attention_with_window_matches_dense():
   """T=48 queries, S=64 keys, distinct segment arrays, window 8; query segment 3 has no key, pads on both sides.
 
@@ -76,12 +66,12 @@ def test_cross_attention_with_window_matches_dense():
   q_seg = jnp.asarray([[1] * 20 + [3] * 6 + [2] * 14 + [0] * 8, [1] * 30 + [2] * 10 + [0] * 8], jnp.int32)
   kv_seg = jnp.asarray([[1] * 30 + [2] * 30 + [0] * 4, [1] * 40 + [2] * 24], jnp.int32)
   pos_q, pos_k = jnp.broadcast_to(jnp.arange(48), (2, 48)), jnp.broadcast_to(jnp.arange(64), (2, 64))
-  q, k, v, dout = _inputs(48, 64)
+  q, k, v, dout = _qkv(48, 64)
   ref = lambda q, k, v: attn.dense(q, k, v, attn.mask(q_seg, kv_seg, pos_q, pos_k, window))
   # Pad keys get an id no query has (as attention_kernels does).
   fn = lambda q, k, v: wgpu.flash_attention(q, k, v, q_seg, jnp.where(kv_seg > 0, kv_seg, -1), window=window, blocks=
                                             SMALL, interpret=True)
-  want, got = jax.jit(lambda *a: (_grads(ref, *a), _grads(fn, *a)))(q, k, v, dout)
+  want, got = jax.jit(lambda *a: (_run(ref, *a), _run(fn, *a)))(q, k, v, dout)
   for name, g, w in zip(("output", "dq", "dk", "dv"), got, want):
     np.testing.assert_allclose(g, w, atol=2e-5 * max(1.0, float(jnp.max(jnp.abs(w)))), err_msg=name)
   keyless = (q_seg == 0) | (q_seg == 3)
@@ -92,13 +82,13 @@ def test_cross_attention_with_window_matches_dense():
 @pytest.mark.parametrize("t, s", [(16, 128), (128, 16)], ids=["forward-dq", "dkv"])
 def test_kernels_never_read_blocks_outside_the_window(t, s):
   """NaNs in the blocks no visited block range holds: any read of them would reach the results."""
-  q, k, v, dout = _inputs(t, s, seed=1)
+  q, k, v, dout = _qkv(t, s, seed=1)
   seg_q, seg_k = jnp.ones((2, t), jnp.int32), jnp.ones((2, s), jnp.int32)
   # Window 8 (half 4): the first 16 rows or columns see indices < 20, blocks 0 and 1 of 16.
   far_q, far_k = jnp.arange(t)[None, :, None, None] >= 32, jnp.arange(s)[None, :, None, None] >= 32
   poison = lambda x, far: jnp.where(far, jnp.nan, x)
   fn = lambda q, k, v: wgpu.flash_attention(q, k, v, seg_q, seg_k, window=8, blocks=SMALL, interpret=True)
-  run = jax.jit(lambda *a: _grads(fn, *a))
+  run = jax.jit(lambda *a: _run(fn, *a))
   clean, dirty = run(q, k, v, dout), run(poison(q, far_q), poison(k, far_k), poison(v, far_k), poison(dout, far_q))
   near_q, near_k = ~far_q[0, :, 0, 0], ~far_k[0, :, 0, 0]
   for name, c, d, near in zip(("output", "dq", "dk", "dv"), clean, dirty, (near_q, near_q, near_k, near_k)):
