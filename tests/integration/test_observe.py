@@ -241,6 +241,12 @@ def test_a_fork_is_a_new_wandb_run_in_its_sources_group(tmp_path, monkeypatch):
   assert sink is not None and len(warnings) == 1 and warnings[0].startswith("W&B: offline run ")  # And `wandb sync`.
   sink.log(5, {"loss": 1.5})
   sink.close()
+  # run.finish() only *informs* wandb's service that the run ended (a publish, not a request): the
+  # service closes the run's .wandb file later. In a process that lives on (this pytest session) the
+  # file is complete only once the service has shut down, which teardown waits for (CI read it
+  # empty under load; a command's process tears down at exit).
+  import wandb  # pylint: disable=g-import-not-at-top
+  wandb.teardown()
   record = json.loads((fork_dir / wandb_logger.RUN_FILE).read_text())
   assert record["group"] == "src12345" and record["id"] != "src12345"
   ids, rows = wandb_history(fork_dir)
