@@ -15,6 +15,7 @@ step's row; read metrics only through it.
 import datetime
 import json
 import math
+import sys
 import time
 from typing import Any, Mapping
 
@@ -48,6 +49,23 @@ def _to_json_value(value: Any) -> int | float | None:
   return out if math.isfinite(out) else None
 
 
+
+def _import_tensorboardx():
+  """tensorboardX, imported lazily (it pulls in protobuf, which disabled processes never need) and
+  without torch: its writer module imports torch only to accept torch tensors, which we never log,
+  and that import is 2-3 s of every training process's start-up where torch is installed (it is,
+  for the exports' checks against transformers). A process that has already imported torch keeps it.
+  """
+  blocked = "torch" not in sys.modules
+  if blocked:
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX catches.
+  try:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+  finally:
+    if blocked and sys.modules.get("torch", 0) is None:
+      del sys.modules["torch"]
+  return tensorboardX
+
 class MetricsLogger:
   """Appends metrics to workdir/metrics.jsonl, TensorBoard and a progress bar (process 0 only)."""
   def __init__(self, workdir: str, *, total_steps: int, start_step: int, enabled: bool, tensorboard: bool,
@@ -71,8 +89,7 @@ class MetricsLogger:
     else:
       self._file = _open_for_append(workdir / METRICS_FILE)
     if tensorboard:
-      # Imported lazily: tensorboardX pulls in protobuf, which disabled processes never need.
-      import tensorboardX  # pylint: disable=g-import-not-at-top
+      tensorboardX = _import_tensorboardx()
       # tensorboardX writes gs:// itself (google-cloud-storage, whole-file uploads on flush).
       self._writer = tensorboardX.SummaryWriter(str(workdir / TENSORBOARD_DIR),
                                                 flush_secs=REMOTE_FLUSH_SECONDS if remote else 30)

@@ -1,5 +1,7 @@
 """MetricsLogger writes metrics.jsonl (appending across restarts) and TensorBoard, on process 0 only."""
 
+import sys
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -31,6 +33,16 @@ def test_jsonl_roundtrip_and_append(tmp_path):
   assert rows[2]["tokens_seen"] == 192 and isinstance(rows[2]["tokens_seen"], int)
   # Non-finite values are JSON null, keeping the file strict JSON.
   assert rows[3] == {"step": 4, "train/loss": None, "lr": None}
+  assert list((tmp_path / "tensorboard").glob("events.out.tfevents*"))
+
+
+def test_tensorboard_writes_without_importing_torch(tmp_path, monkeypatch):
+  """torch's import is 2-3 s of a training process's start-up, and tensorboardX imports it when it can."""
+  for name in [n for n in sys.modules if n.split(".")[0] in ("torch", "tensorboardX")]:
+    monkeypatch.delitem(sys.modules, name)  # Put back after the test.
+  with _logger(tmp_path) as logger:
+    logger.log(1, {"loss": 2.0})
+  assert "torch" not in sys.modules
   assert list((tmp_path / "tensorboard").glob("events.out.tfevents*"))
 
 
