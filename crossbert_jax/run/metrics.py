@@ -49,7 +49,6 @@ def _to_json_value(value: Any) -> int | float | None:
   return out if math.isfinite(out) else None
 
 
-
 def _import_tensorboardx():
   """tensorboardX, imported lazily (it pulls in protobuf, which disabled processes never need) and
   without torch: its writer module imports torch only to accept torch tensors, which we never log,
@@ -65,6 +64,7 @@ def _import_tensorboardx():
     if blocked and sys.modules.get("torch", 0) is None:
       del sys.modules["torch"]
   return tensorboardX
+
 
 class MetricsLogger:
   """Appends metrics to workdir/metrics.jsonl, TensorBoard and a progress bar (process 0 only)."""
