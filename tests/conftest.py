@@ -9,8 +9,11 @@ that starts a process or trains fails by name (`_GuardedPopen`, `_guard_training
 
 import os
 
-# Must happen before jax is imported anywhere: 8 fake CPU devices for the sharding tests.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tests.helpers import TEST_XLA_FLAGS  # noqa: E402  (imports no JAX)
+
+# Must happen before jax is imported anywhere: 8 fake CPU devices for the sharding tests, and the suite's
+# XLA:CPU code generation (helpers.TEST_XLA_FLAGS).
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {TEST_XLA_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the whole session (this process and every command the tests
 # start, through run/compile_cache.py): the tiny models' init and steps compile once, not per trainer.

@@ -14,12 +14,13 @@ import sys
 import tempfile
 import time
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, TEST_XLA_FLAGS
 
 # A test cluster and its drivers: CPU JAX with one device per process, no RAY_ADDRESS from outside,
 # no token authentication (a local ray.init would otherwise write ~/.ray/auth_token, which the
 # next `ray start` and driver on this machine pick up).
-ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled"}
+ENV = {
+    **os.environ, "XLA_FLAGS": TEST_XLA_FLAGS, "JAX_PLATFORMS": "cpu", "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled"}
 
 
 def short_temp_dir() -> str:

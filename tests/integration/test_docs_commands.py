@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from tests.helpers import TEST_XLA_FLAGS
 from tests.integration.test_readme_tour import tour_commands
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -167,7 +168,7 @@ def _clone(tmp_path, shared_data) -> tuple[pathlib.Path, dict[str, str]]:
   (tmp_path / "shared").mkdir()
   (tmp_path / "shared" / "data").symlink_to(shared_data)
   env = {
-      **os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+      **os.environ, "XLA_FLAGS": TEST_XLA_FLAGS, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
       "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
   return clone, env
 

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from tests.helpers import TEST_XLA_FLAGS
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Appended to the README's command of each module: the same path through the code, less work.
@@ -80,7 +82,7 @@ def test_readme_tour_runs_as_written(tmp_path, shared_data):
   (tmp_path / "shared").mkdir()
   (tmp_path / "shared" / "data").symlink_to(shared_data)  # ../shared/data, as beside a clone here.
   env = {
-      **os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+      **os.environ, "XLA_FLAGS": TEST_XLA_FLAGS, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
       "HF_DATASETS_OFFLINE": "1"}
   for command in tour_commands((ROOT / "README.md").read_text()):
     argv = shlex.split(command)

@@ -17,6 +17,7 @@ import pytest
 from crossbert_jax.core.errors import EXIT_STOPPED
 from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.run import metrics
+from tests.helpers import TEST_XLA_FLAGS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -27,7 +28,7 @@ def _start(workdir, spm, *extra) -> list[subprocess.Popen]:
     port = s.getsockname()[1]
   env = {
       **os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-      "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+      "XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {TEST_XLA_FLAGS}"}
   return [
       subprocess.Popen([
           sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",

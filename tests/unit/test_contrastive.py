@@ -155,7 +155,9 @@ def test_sharded_batch_gives_the_global_batch_loss(data, fsdp):
     hlo = jitted.lower(*args).compile().as_text()
   assert "all-gather" in hlo
   np.testing.assert_allclose(float(loss8), float(loss1), rtol=1e-6)
-  np.testing.assert_allclose(np.asarray(m8), np.asarray(m1), rtol=1e-6)
+  # The metrics are means of cosines in [-1, 1] (the negatives' near 0): summed in another order over the
+  # shards they differ by a fraction of float32's ulp at 1 (4.7e-9 measured at -O0), so absolutely.
+  np.testing.assert_allclose(np.asarray(m8), np.asarray(m1), rtol=1e-6, atol=1e-7)
   _assert_grads_close(g8, g1)
 
 
