@@ -13,6 +13,11 @@ on the deterministic keys. Runs on CPU (JAX_PLATFORMS=cpu, one device).
 
 kills right after the given steps are logged (here around a phase boundary); `--override`
 (repeatable) passes config flags to both runs.
+
+  python tools/fault_inject.py --command=contrast --init_from=runs/cb --kills=5
+
+does the same to the contrastive stage (configs/contrast.py:tiny_simcse on the built-in corpus, dropout on)
+started from the pretraining run (or `export import` folder) `--init_from`.
 """
 
 import argparse
@@ -33,16 +38,27 @@ sys.path.insert(0, str(ROOT))
 DETERMINISTIC = ("loss", "accuracy", "grad_norm", "learning_rate", "num_targets", "tokens_seen")
 
 
-def _cmd(workdir: pathlib.Path, tokenizer: pathlib.Path, steps: int, overrides: list[str]) -> list[str]:
+def _cmd(workdir: pathlib.Path, source: str, steps: int, overrides: list[str]) -> list[str]:
+  """The command under test: tiny pretraining with the tokenizer `source`, or the contrastive stage (SimCSE)
+  started from the run or import `source`."""
+  if source.endswith(".model"):
+    head = ["crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--config.data.tokenizer={source}"]
+  else:
+    head = [
+        "crossbert_jax.contrast", "--config=configs/contrast.py:tiny_simcse", f"--config.contrast.init_from={source}",
+        "--config.data.path=builtin", "--config.train.batch_size=8"]
   return [
-      sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-      f"--config.data.tokenizer={tokenizer}", f"--config.train.steps={steps}", "--config.train.warmup_steps=5",
-      "--config.checkpoint.every_steps=2", "--config.checkpoint.keep=3", "--config.metrics.log_every=1",
-      "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False", *overrides]
+      sys.executable, "-m", *head, f"--workdir={workdir}", f"--config.train.steps={steps}",
+      "--config.train.warmup_steps=5", "--config.checkpoint.every_steps=2", "--config.checkpoint.keep=3",
+      "--config.metrics.log_every=1", "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
+      *overrides]
 
 
-def _env() -> dict[str, str]:
-  return {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+def one_cpu_env() -> dict[str, str]:
+  """One CPU device; the caller's other XLA flags are kept (a fake device count is dropped)."""
+  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                   if not f.startswith("--xla_force_host_platform_device_count"))
+  return {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
 
 
 def _rows(workdir: pathlib.Path) -> int:
@@ -80,6 +96,10 @@ def _saving(workdir: pathlib.Path) -> bool:
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--command", choices=("train", "contrast"), default="train",
+                      help="The command killed: tiny pretraining, or the contrastive stage (needs --init_from).")
+  parser.add_argument("--init_from", default="",
+                      help="--command=contrast: the pretraining run or import it starts from.")
   parser.add_argument("--kills", type=int, default=50)
   parser.add_argument("--steps", type=int, default=0, help="Train steps (0: 6 per kill + 10).")
   parser.add_argument("--workdir", default="runs/fault_inject")
@@ -89,6 +109,15 @@ def main() -> int:
                       "(instead of --kills random kills).")
   parser.add_argument("--override", action="append", default=[], help="A config flag for both runs (repeatable).")
   args = parser.parse_args()
+  if args.command == "contrast":  # Refused before anything is deleted or started.
+    if not (pathlib.Path(args.init_from) / "config.json").is_file():
+      print(
+          f"fault_inject: --init_from={args.init_from!r} is not a pretraining run or import (no config.json); "
+          "pass the workdir of a finished `train` run", file=sys.stderr)
+      return 2
+  elif args.init_from:
+    print("fault_inject: --init_from is for --command=contrast; drop it or add --command=contrast", file=sys.stderr)
+    return 2
   kill_after = [int(s) for s in args.kill_after.split(",") if s]
   if kill_after:
     args.kills = len(kill_after)
@@ -97,13 +126,16 @@ def main() -> int:
   root = pathlib.Path(args.workdir).resolve()
   shutil.rmtree(root, ignore_errors=True)
   root.mkdir(parents=True)
-  from crossbert_jax.data import corpus, tokenizer
-  spm = root / "spm.model"
-  tokenizer.train_tokenizer(corpus.builtin_documents()[:3000], 512, spm)
+  if args.command == "contrast":
+    source = str(pathlib.Path(args.init_from).resolve())
+  else:
+    from crossbert_jax.data import corpus, tokenizer
+    source = str(root / "spm.model")
+    tokenizer.train_tokenizer(corpus.builtin_documents()[:3000], 512, source)
 
   t0 = time.time()
-  ref = subprocess.run(_cmd(root / "reference", spm, steps, args.override), cwd=ROOT, env=_env(), capture_output=True,
-                       text=True)
+  ref = subprocess.run(_cmd(root / "reference", source, steps, args.override), cwd=ROOT, env=one_cpu_env(),
+                       capture_output=True, text=True)
   if ref.returncode != 0:
     print(f"fault_inject: the reference run failed ({ref.returncode}):\n{ref.stderr[-3000:]}")
     return 1
@@ -112,8 +144,8 @@ def main() -> int:
   while kills < args.kills:
     target = _rows(faulted) + rng.randint(1, 5)
     done = (lambda: _last_step(faulted) >= kill_after[kills]) if kill_after else (lambda: _rows(faulted) >= target)
-    proc = subprocess.Popen(_cmd(faulted, spm, steps, args.override), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_cmd(faulted, source, steps, args.override), cwd=ROOT, env=one_cpu_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     while proc.poll() is None and not done():
       time.sleep(0.05)
     if proc.poll() is None:
@@ -133,7 +165,8 @@ def main() -> int:
     kill_steps.append(max(_last_rows(faulted), default=0))
     print(f"kill {kills}/{args.kills}: after step {kill_steps[-1]}{' (during a checkpoint write)' if saving else ''}",
           flush=True)
-  final = subprocess.run(_cmd(faulted, spm, steps, args.override), cwd=ROOT, env=_env(), capture_output=True, text=True)
+  final = subprocess.run(_cmd(faulted, source, steps, args.override), cwd=ROOT, env=one_cpu_env(), capture_output=True,
+                         text=True)
   if final.returncode != 0:
     print(f"fault_inject: the last resume failed ({final.returncode}):\n{final.stderr[-3000:]}")
     return 1

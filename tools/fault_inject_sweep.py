@@ -23,6 +23,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tools.fault_inject import one_cpu_env  # noqa: E402  (one CPU device, the caller's other XLA flags)
 
 # FLOPS: the size's budget (a number, or a list with WSD); WSD: the spec's wsd value (None: no branches).
 SPEC = '''
@@ -43,10 +44,6 @@ def get_spec():
 '''
 
 
-def _env() -> dict[str, str]:
-  return {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-
-
 def train_tokenizer(root: pathlib.Path, existing: str = "") -> None:
   """The sweep's tokenizer (ROOT/tokenizer/spm.model), trained as the sweep would train it (or a copy
   of `existing`, a 512-piece model of the built-in corpus)."""
@@ -56,7 +53,7 @@ def train_tokenizer(root: pathlib.Path, existing: str = "") -> None:
     shutil.copyfile(existing, runner.tokenizer_path(root))
     return
   cmd = runner.tokenizer_command({"data_path": "builtin", "tokenizer_vocab_size": 512}, root, sys.executable)
-  subprocess.run(cmd, cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=300)
+  subprocess.run(cmd, cwd=ROOT, env=one_cpu_env(), check=True, capture_output=True, timeout=300)
 
 
 def processes_under(root: pathlib.Path) -> list[int]:
@@ -100,7 +97,7 @@ def wait_for_training(root: pathlib.Path, proc: subprocess.Popen, timeout: float
 
 def _sweep(spec: pathlib.Path, root: pathlib.Path) -> subprocess.Popen:
   return subprocess.Popen([sys.executable, "-m", "crossbert_jax.sweep", f"--spec={spec}", f"--root={root}"], cwd=ROOT,
-                          env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          env=one_cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def run(kills: int, root: pathlib.Path, seed: int, max_delay: float, flops: float, tokenizer: str = "") -> None:

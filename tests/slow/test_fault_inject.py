@@ -16,3 +16,13 @@ def test_random_kills_resume_bitwise(tmp_path):
                         capture_output=True, text=True, timeout=1200)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert "fault_inject: passed: 3 kills" in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.mark.slow  # Two runs of several trainer processes each.
+def test_random_kills_of_a_contrastive_run_resume_bitwise(tmp_path, tiny_run):
+  """SimCSE (dropout on, so its random stream must resume too) from the session's tiny pretraining run."""
+  proc = subprocess.run([
+      sys.executable, "tools/fault_inject.py", "--command=contrast", f"--init_from={tiny_run}", "--kills=2",
+      "--steps=16", f"--workdir={tmp_path / 'fi'}"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "fault_inject: passed: 2 kills" in proc.stdout, proc.stdout[-3000:]
