@@ -2,7 +2,8 @@
 
 A trial's folder holds trial.json (what it is: task, grid point, seed, its start, the encoder's spec), its
 Orbax checkpoints (checkpoints/STEP/{params,opt}: the params item alone is what export and an MNLI start
-read), metrics.jsonl (the train loss per step, the dev scores per epoch) and, when finished, result.json:
+read), metrics.jsonl (the train loss per step, the dev scores per epoch; the same curves in tensorboard/) and,
+when finished, result.json:
 a trial with a result is never trained again. A checkpoint is saved at every epoch's end and on SIGTERM /
 SIGINT (then `Stopped`: the command exits 75, rerun to resume). The batches are a function of the step
 (finetuning/batches.py), so a resumed trial trains exactly as an uninterrupted one, bit for bit.
@@ -24,6 +25,7 @@ from crossbert_jax.finetuning import program as program_lib
 from crossbert_jax.finetuning import recipe
 from crossbert_jax.finetuning.classifier import HeadSpec
 from crossbert_jax.model.encoder import EncoderSpec
+from crossbert_jax.run import metrics as metrics_lib
 from crossbert_jax.run import preemption
 from crossbert_jax.training.program import TrainState
 
@@ -163,23 +165,23 @@ def _train(folder: epath.Path, program: program_lib.Program, ckpt: Checkpoints, 
   """The steps left; a checkpoint and the dev scores at each epoch's end (and the last step); Stopped on a
   signal. Returns the last dev scores (of the final params)."""
   t, batch_size, lengths = info["trial"], info["batch_size"], batches_lib.buckets(info["max_length"])
-  with preemption.StopRequest() as stop, (folder / METRICS_FILE).open("a") as out:
+  with preemption.StopRequest() as stop, _Curves(folder) as out:
     pending, start, dev = None, time.perf_counter(), None
     for step in range(int(state.step), total):
       batch = batches_lib.train_batch(data.train, step, batch_size, t["seed"], lengths)
       state, metrics = program.step(state, batch)
-      _write(out, pending)  # One step late: the host does not wait for the device.
+      out.write(pending)  # One step late: the host does not wait for the device.
       pending = {"step": step + 1, **metrics}
       if (step + 1) % per_epoch == 0 or step + 1 == total:
-        _write(out, pending)
+        out.write(pending)
         pending = None
         dev = evaluate(program, state.params, data, lengths, batch_size)
         row = {"step": step + 1, "epoch": (step + 1) // per_epoch, "seconds": round(time.perf_counter() - start, 3)}
-        out.write(json.dumps({**row, **{f"dev/{r}/{m}": v for r, ms in dev.items() for m, v in ms.items()}}) + "\n")
+        out.write({**row, **{f"dev/{r}/{m}": v for r, ms in dev.items() for m, v in ms.items()}})
         out.flush()
         ckpt.save(state)
       if stop.signal_name:
-        _write(out, pending)
+        out.write(pending)
         out.flush()
         ckpt.save(state)
         raise Stopped(f"{folder.name}: stopped by {stop.signal_name} at step {step + 1}; checkpoint saved")
@@ -188,9 +190,32 @@ def _train(folder: epath.Path, program: program_lib.Program, ckpt: Checkpoints, 
   return dev
 
 
-def _write(out, row: dict[str, Any] | None) -> None:
-  if row is not None:
-    out.write(json.dumps({k: (v if k == "step" else float(v)) for k, v in row.items()}) + "\n")
+class _Curves:
+  """A trial's rows, appended to metrics.jsonl and written to TensorBoard (tensorboard/ in its folder; a
+  resumed trial's repeated steps are written again, and TensorBoard shows the latest)."""
+  def __init__(self, folder: epath.Path):
+    self._file = (folder / METRICS_FILE).open("a")
+    self._writer = metrics_lib.tensorboard_writer(str(folder / metrics_lib.TENSORBOARD_DIR))
+
+  def write(self, row: dict[str, Any] | None) -> None:
+    if row is None:
+      return
+    row = {k: (v if isinstance(v, (int, float)) else float(v)) for k, v in row.items()}  # Device scalars: float.
+    self._file.write(json.dumps(row) + "\n")
+    for key, value in row.items():
+      if key not in ("step", "epoch", "seconds"):
+        self._writer.add_scalar(key, value, global_step=row["step"])
+
+  def flush(self) -> None:
+    self._file.flush()
+    self._writer.flush()
+
+  def __enter__(self) -> "_Curves":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self._file.close()
+    self._writer.close()
 
 
 def total_steps(info: dict[str, Any], num_rows: int) -> int:

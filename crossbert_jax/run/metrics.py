@@ -66,6 +66,11 @@ def _import_tensorboardx():
   return tensorboardX
 
 
+def tensorboard_writer(logdir: str, flush_secs: int = 30):
+  """A tensorboardX SummaryWriter on `logdir` (local or gs://), imported without torch."""
+  return _import_tensorboardx().SummaryWriter(logdir, flush_secs=flush_secs)
+
+
 class MetricsLogger:
   """Appends metrics to workdir/metrics.jsonl, TensorBoard and a progress bar (process 0 only)."""
   def __init__(self, workdir: str, *, total_steps: int, start_step: int, enabled: bool, tensorboard: bool,
@@ -89,10 +94,8 @@ class MetricsLogger:
     else:
       self._file = _open_for_append(workdir / METRICS_FILE)
     if tensorboard:
-      tensorboardX = _import_tensorboardx()
       # tensorboardX writes gs:// itself (google-cloud-storage, whole-file uploads on flush).
-      self._writer = tensorboardX.SummaryWriter(str(workdir / TENSORBOARD_DIR),
-                                                flush_secs=REMOTE_FLUSH_SECONDS if remote else 30)
+      self._writer = tensorboard_writer(str(workdir / TENSORBOARD_DIR), REMOTE_FLUSH_SECONDS if remote else 30)
     if progress_bar:
       fmt = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]" if eta_by_work else None
       self._bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, bar_format=fmt)

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import struct
 
 import numpy as np
 import pytest
@@ -35,6 +36,21 @@ def finetuned(tiny_run, shared_data, tmp_path_factory):
   return out, args[1:], proc
 
 
+def _tensorboard_scalars(logdir) -> dict[str, dict[int, float]]:
+  """{tag: {step: value}} from the TFRecord event files in `logdir` (tensorboardX's protos)."""
+  from tensorboardX.proto import event_pb2
+  scalars = {}
+  for path in sorted(logdir.glob("events.out.tfevents*")):
+    data, at = path.read_bytes(), 0
+    while at < len(data):  # A record: uint64 length, uint32 crc, the event, uint32 crc.
+      (length,) = struct.unpack("<Q", data[at:at + 8])
+      event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+      at += 12 + length + 4
+      for value in event.summary.value:
+        scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+  return scalars
+
+
 def _trial(out, task):
   (folder,) = (out / "trials").glob(f"*/{task}/*")
   return folder
@@ -53,6 +69,9 @@ def test_smoke_rte_and_stsb_from_the_shared_data(finetuned):
   rows = [json.loads(l) for l in (_trial(out, "stsb") / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
   assert {"dev/stsb/pearson", "dev/stsb/spearman"} <= set(rows[-1])
+  curves = _tensorboard_scalars(_trial(out, "stsb") / "tensorboard")
+  assert curves["loss"] == {r["step"]: pytest.approx(r["loss"]) for r in rows if "loss" in r}
+  assert curves["dev/stsb/spearman"] == {3: pytest.approx(rows[-1]["dev/stsb/spearman"])}
   assert (out / "glue_finetuned.md").read_text().startswith("| task | metric |")
 
 
