@@ -9,7 +9,6 @@ skip rule is stale, that every block parses (`bash -n`), and that every `--flag`
 `python -m crossbert_jax.X` / `python tools/X.py` command is one that command defines.
 """
 
-import os
 import pathlib
 import re
 import shlex
@@ -18,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.helpers import TEST_XLA_FLAGS
+from tests.helpers import cpu_env
 from tests.integration.test_readme_tour import tour_commands
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -167,9 +166,7 @@ def _clone(tmp_path, shared_data) -> tuple[pathlib.Path, dict[str, str]]:
     (clone / name).symlink_to(ROOT / name)
   (tmp_path / "shared").mkdir()
   (tmp_path / "shared" / "data").symlink_to(shared_data)
-  env = {
-      **os.environ, "XLA_FLAGS": TEST_XLA_FLAGS, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-      "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+  env = cpu_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
   return clone, env
 
 

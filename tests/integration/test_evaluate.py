@@ -16,11 +16,10 @@ import pytest
 
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.data import corpus, tokenizer
-from tests.helpers import TEST_XLA_FLAGS, copy_run
+from tests.helpers import copy_run, cpu_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ENV = {
-    **os.environ, "XLA_FLAGS": TEST_XLA_FLAGS, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+ENV = cpu_env(HF_HUB_OFFLINE="1")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ The TPU compile line runs in `make test-tpu` (tests/unit/test_compile.py), where
 """
 
 import json
-import os
 import pathlib
 import shlex
 import subprocess
@@ -14,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.helpers import TEST_XLA_FLAGS
+from tests.helpers import cpu_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -81,9 +80,7 @@ def test_readme_tour_runs_as_written(tmp_path, shared_data):
     (clone / name).symlink_to(ROOT / name)
   (tmp_path / "shared").mkdir()
   (tmp_path / "shared" / "data").symlink_to(shared_data)  # ../shared/data, as beside a clone here.
-  env = {
-      **os.environ, "XLA_FLAGS": TEST_XLA_FLAGS, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-      "HF_DATASETS_OFFLINE": "1"}
+  env = cpu_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
   for command in tour_commands((ROOT / "README.md").read_text()):
     argv = shlex.split(command)
     if not command.startswith("python "):

@@ -25,7 +25,7 @@ from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.data import workers as workers_lib
 from crossbert_jax.run import lock as lock_lib
 from crossbert_jax.run import metrics
-from tests.helpers import TEST_XLA_FLAGS
+from tests.helpers import cpu_env
 from tests.integration.test_train import _losses, _start, _train
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -274,7 +274,7 @@ rm -f {mnt}/filler; mount -o remount,ro {mnt}
 {train} --config.train.steps=6 2>{tmp_path}/ro.err; echo "ro rc=$?"
 ls {mnt}/run/checkpoints
 """
-  env = {**os.environ, "XLA_FLAGS": TEST_XLA_FLAGS, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+  env = cpu_env()
   proc = subprocess.run(["unshare", "-m", "bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=900)
   assert "FIRST_FAILED" not in proc.stdout, proc.stdout + proc.stderr[-2000:]

@@ -4,7 +4,6 @@ Two CPU processes on localhost through jax.distributed (as launch/local_multipro
 them); the signal goes to process 1 only, which is not the one writing metrics.
 """
 
-import os
 import pathlib
 import signal
 import socket
@@ -17,7 +16,7 @@ import pytest
 from crossbert_jax.core.errors import EXIT_STOPPED
 from crossbert_jax.data import corpus, tokenizer
 from crossbert_jax.run import metrics
-from tests.helpers import TEST_XLA_FLAGS
+from tests.helpers import TEST_XLA_FLAGS, cpu_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -26,9 +25,7 @@ def _start(workdir, spm, *extra) -> list[subprocess.Popen]:
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  env = {
-      **os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-      "XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {TEST_XLA_FLAGS}"}
+  env = cpu_env(XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {TEST_XLA_FLAGS}")
   return [
       subprocess.Popen([
           sys.executable, "-m", "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
