@@ -28,10 +28,38 @@ def short_temp_dir() -> str:
   return tempfile.mkdtemp(prefix="ray", dir="/tmp")
 
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+def free_port(avoid: range = range(0)) -> int:
+  """A port nothing listens on now, outside `avoid`."""
+  while True:
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
+    if port not in avoid:
+      return port
+
+
+# The head's worker ports: a block this wide, and every other component's port picked outside it.
+# Ray refuses to start when two of its components are given the same port (CI hit this when a
+# free port fell inside the worker block), and a port it picks at random could land in the block.
+WORKER_PORTS = 200
+
+
+def cluster_ports() -> tuple[range, dict[str, int]]:
+  """The worker block and a distinct free port for each of the head's other components."""
+  while True:
+    low = free_port()
+    workers = range(low, low + WORKER_PORTS + 1)
+    if workers.stop <= 65535:
+      break
+  names = ("port", "node-manager-port", "object-manager-port", "ray-client-server-port", "dashboard-agent-listen-port",
+           "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
+  ports: dict[str, int] = {}
+  for name in names:
+    port = free_port(avoid=workers)
+    while port in ports.values():
+      port = free_port(avoid=workers)
+    ports[name] = port
+  return workers, ports
 
 
 def processes_under(needle: str) -> list[int]:
@@ -52,15 +80,15 @@ class LocalCluster:
   """One head node with `num_cpus` CPUs; `address` is host:port for --ray_address."""
   def __init__(self, tmp: pathlib.Path, num_cpus: int = 2, env: dict[str, str] | None = None):
     self.temp_dir = short_temp_dir()
-    port = free_port()
+    workers, ports = cluster_ports()
+    port = ports["port"]
     self.address = f"127.0.0.1:{port}"
     ray_bin = str(pathlib.Path(sys.executable).parent / "ray")
-    ports = [free_port() for _ in range(4)]
     cmd = [
-        ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-        f"--num-cpus={num_cpus}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false", "--disable-usage-stats",
-        f"--node-manager-port={ports[0]}", f"--object-manager-port={ports[1]}", f"--min-worker-port={ports[2]}",
-        f"--max-worker-port={ports[2] + 200}", f"--ray-client-server-port={ports[3]}"]
+        ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={num_cpus}",
+        f"--temp-dir={self.temp_dir}", "--include-dashboard=false", "--disable-usage-stats",
+        f"--min-worker-port={workers.start}", f"--max-worker-port={workers.stop - 1}",
+        *(f"--{name}={value}" for name, value in ports.items())]
     env = {**ENV, "PYTHONPATH": str(ROOT), **(env or {})}
     self.log = open(tmp / "ray_head.log", "w")  # pylint: disable=consider-using-with
     self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
