@@ -1,7 +1,8 @@
 """The contrastive stage's input stream (objective=contrast): examples of T texts, tokenised and padded.
 
 recipe=pairs: data.path names pair files (.jsonl / .parquet / .tsv; files, folders, globs,
-comma-separated), read by `pairs.read_pairs` with contrast.columns; an example is (anchor, positive)
+comma-separated), read by `pairs.read_pairs` with contrast.columns, or a Hub dataset's split
+(hf:OWNER/NAME[:CONFIG][@SPLIT], `pairs.read_hub_pairs`); an example is (anchor, positive)
 or, with contrast.hard_negatives, (anchor, positive, negative). recipe=simcse: an example is one
 document of data.path as pretraining reads it (`pipeline.document_dataset`: text, JSONL, Parquet,
 ArrayRecord, the built-in corpus; data.text_unit picks lines or paragraphs).
@@ -36,8 +37,9 @@ def read_examples(c: plan_lib.Settings) -> list[Example]:
   k = c.contrast
   columns = [name.strip() for name in k.columns.split(",")] if k.columns else None
   out: list[Example] = []
-  for path in sources.resolve_paths(c.data.path, "data.path"):
-    rows = pairs.read_pairs(path, columns)
+  hub = pairs.is_hub(c.data.path)
+  for path in [c.data.path.strip()] if hub else sources.resolve_paths(c.data.path, "data.path"):
+    rows = pairs.read_hub_pairs(path, columns) if hub else pairs.read_pairs(path, columns)
     if k.hard_negatives and rows[0].negative is None:
       raise UserError(f"{path}: no negative column (contrast.hard_negatives=True); give a file with one "
                       "(anchor, positive, negative) or set --config.contrast.hard_negatives=False")

@@ -1,6 +1,8 @@
 """Supervised contrastive examples: (anchor, positive[, negative]) text pairs or triplets from files.
 
-`read_pairs` reads JSONL, Parquet or TSV (with a header) by the file's suffix. Columns are named
+`read_pairs` reads JSONL, Parquet or TSV (with a header) by the file's suffix; `read_hub_pairs` a Hugging
+Face Hub dataset's split (`hf:OWNER/NAME[:CONFIG][@SPLIT]`, e.g. hf:sentence-transformers/all-nli:triplet)
+through `datasets`, from the Hub or its cache. Columns are named
 (anchor, positive[, negative]); by default the first of COLUMN_SETS the file holds: anchor/positive/
 negative, sentence1/sentence2, premise/hypothesis, query/positive/negative. `nli_triplets` makes SNLI-style
 triplets (a premise, an entailed hypothesis as positive, a contradiction of the same premise as hard
@@ -19,8 +21,9 @@ import numpy as np
 from etils import epath
 
 from crossbert_jax.core.errors import UserError
-from crossbert_jax.data import readers
+from crossbert_jax.data import hub_data, readers
 
+HUB_PREFIX = "hf:"  # data.path=hf:OWNER/NAME[:CONFIG][@SPLIT]: a Hub dataset through `datasets`.
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".tsv": "tsv"}
 # (anchor, positive, negative or None): the column names tried in order when none are given.
 COLUMN_SETS = (("anchor", "positive", "negative"), ("sentence1", "sentence2", None), ("premise", "hypothesis", None),
@@ -88,7 +91,7 @@ def _text(path: epath.Path) -> str:
     raise UserError(f"{path}: not UTF-8 (bad byte at offset {e.start}); convert it to UTF-8") from None
 
 
-def _columns(path: epath.Path, have: Sequence[str],
+def _columns(path: str, have: Sequence[str],
              columns: Sequence[str | None] | None) -> tuple[str, str, str | None]:
   if columns is not None:
     anchor, positive, negative = (tuple(columns) + (None,))[:3]
@@ -113,6 +116,16 @@ def _cell(record: dict, column: str, where: str) -> str:
   return value.strip()
 
 
+def _pairs(where: str, have: Sequence[str], rows: Iterable[tuple[str, dict]],
+           columns: Sequence[str | None] | None) -> list[Pair]:
+  anchor, positive, negative = _columns(where, have, columns)
+  out = []
+  for at, record in rows:
+    neg = None if negative is None else _cell(record, negative, at)
+    out.append(Pair(_cell(record, anchor, at), _cell(record, positive, at), neg))
+  return out
+
+
 def read_pairs(path: str | epath.Path, columns: Sequence[str | None] | None = None) -> list[Pair]:
   """The examples of one JSONL / Parquet / TSV file, in file order.
 
@@ -125,12 +138,45 @@ def read_pairs(path: str | epath.Path, columns: Sequence[str | None] | None = No
   have, rows = {"jsonl": _rows_jsonl, "tsv": _rows_tsv, "parquet": _rows_parquet}[_format(path)](path)
   if not rows:
     raise UserError(f"{path}: holds no pairs (empty, or a header only); give a file with at least one row")
-  anchor, positive, negative = _columns(path, have, columns)
-  out = []
-  for where, record in rows:
-    neg = None if negative is None else _cell(record, negative, where)
-    out.append(Pair(_cell(record, anchor, where), _cell(record, positive, where), neg))
-  return out
+  return _pairs(str(path), have, rows, columns)
+
+
+def is_hub(spec: str) -> bool:
+  """Whether a data.path names a Hugging Face Hub dataset (`hf:REPO[:CONFIG][@SPLIT]`)."""
+  return spec.strip().startswith(HUB_PREFIX)
+
+
+def parse_hub(spec: str) -> tuple[str, str | None, str]:
+  """'hf:REPO[:CONFIG][@SPLIT]' -> (repo, config or None, split; train when not given)."""
+  body = spec.strip()[len(HUB_PREFIX):]
+  body, _, split = body.partition("@")
+  repo, _, config = body.partition(":")
+  if repo.count("/") != 1 or not all(repo.split("/")) or "," in body:
+    raise UserError(f"data.path={spec!r}: write a Hub dataset as hf:OWNER/NAME[:CONFIG][@SPLIT], e.g. "
+                    "hf:sentence-transformers/all-nli:triplet@train (one dataset; files may be comma-separated)")
+  return repo, config or None, split or "train"
+
+
+def read_hub_pairs(spec: str, columns: Sequence[str | None] | None = None) -> list[Pair]:
+  """The examples of a Hub dataset's split (`hf:REPO[:CONFIG][@SPLIT]`) through `datasets.load_dataset`:
+  from the Hub, or offline (HF_DATASETS_OFFLINE=1) from the datasets cache an earlier load filled. Columns as
+  for `read_pairs`; a dataset that cannot be loaded is one UserError line with the ways round."""
+  import datasets  # pylint: disable=g-import-not-at-top  (slow to import; only this source needs it)
+
+  repo, config, split = parse_hub(spec)
+  name = repo + (f" ({config})" if config else "")
+  try:
+    with hub_data.quiet():
+      ds = datasets.load_dataset(repo, config, split=split)
+  except Exception as e:  # Network, cache, Hub or split errors: one line, with the ways round.  # noqa: BLE001
+    raise UserError(f"data.path={spec}: {name} split {split!r} could not be loaded ({type(e).__name__}: "
+                    f"{' '.join(str(e).split())[:200]}); reach the Hub once (it fills the datasets cache), or "
+                    f"give data.path the files of a local copy (hf download {repo} --repo-type=dataset "
+                    "--local-dir=DIR)") from None
+  if not len(ds):
+    raise UserError(f"data.path={spec}: {name} split {split!r} holds no pairs; choose another split or config")
+  rows = ((f"{spec} row {i}", record) for i, record in enumerate(ds, 1))
+  return _pairs(spec, ds.column_names, rows, columns)
 
 
 def nli_triplets(rows: Iterable[tuple[str, str, str]]) -> list[Pair]:

@@ -9,15 +9,14 @@
 A task found nowhere is skipped (named in one line), or refused under --strict.
 """
 
-import contextlib
 import glob
 import os
-from typing import Iterator
 
 import numpy as np
 from etils import epath
 
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.data import hub_data
 from crossbert_jax.evaluation import glue
 from crossbert_jax.evaluation import mteb_run
 from crossbert_jax.evaluation import tasks as eval_tasks
@@ -127,7 +126,7 @@ def from_local_copy(task: glue.GlueTask, data_dir: str) -> eval_tasks.Task:
     _check_files(task, split, paths, where)
   splits = {}
   for split, paths in files.items():  # One split at a time: splits may differ in their other columns.
-    with _datasets_quiet():
+    with hub_data.quiet():
       try:
         loaded = datasets.load_dataset("parquet", data_files={split: paths}, split=split)
       except Exception as e:  # A damaged or foreign file: datasets / pyarrow raise many types.  # noqa: BLE001
@@ -161,19 +160,6 @@ def _check_files(task: glue.GlueTask, split: str, paths: list[str], where: str) 
     raise UserError(
         f"{where}: {task.config}/{split}-*.parquet has no rows ({', '.join(epath.Path(p).name for p in paths)}"
         f"); copy the files again from {glue.HUB_REPO}")
-
-
-@contextlib.contextmanager
-def _datasets_quiet() -> Iterator[None]:
-  """datasets' own error lines (its handler and absl's, one fault over many lines) off: our one line says it."""
-  import datasets  # Local: slow to import.
-
-  level = datasets.logging.get_verbosity()
-  datasets.logging.set_verbosity(datasets.logging.CRITICAL + 1)
-  try:
-    yield
-  finally:
-    datasets.logging.set_verbosity(level)
 
 
 def from_hub(task: glue.GlueTask) -> eval_tasks.Task:

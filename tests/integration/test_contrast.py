@@ -2,6 +2,7 @@
 shared data, an exact in-process resume, the sentence-transformers export, evaluation reading the run,
 SimCSE on the built-in corpus, GradCache's gradient through the objective, and each bad input's one line."""
 
+import dataclasses
 import json
 
 import jax
@@ -130,6 +131,52 @@ def test_bad_inputs_are_one_line_and_write_nothing(command, tiny_run, snli, tmp_
     proc = _contrast(command, workdir, source, data, *flags)
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: {message}"), proc.stderr[-2000:]
     assert proc.stderr.count("\n") == 1 and not workdir.exists()
+
+
+def _cache_hub_dataset(cache, repo: str, config: str, rows: list[pairs.Pair]) -> None:
+  """The datasets cache as an online load_dataset(repo, config) leaves it, made offline: datasets' own
+  parquet builder prepares the rows, renamed as a Hub load names them (<cache>/<owner>___<name>/<config>/
+  0.0.0/<hash>/<name>-train.arrow, dataset_info.json naming the config)."""
+  import datasets
+
+  name = repo.split("/")[1]
+  parquet = cache / "rows.parquet"
+  datasets.Dataset.from_dict(pairs.as_columns(rows)).to_parquet(str(parquet))
+  datasets.load_dataset("parquet", data_files={"train": str(parquet)}, cache_dir=str(cache / "build"))
+  src = next((cache / "build").rglob("dataset_info.json")).parent
+  dst = cache / repo.replace("/", "___") / config / "0.0.0" / "0123abcd"
+  dst.mkdir(parents=True)
+  for f in src.iterdir():
+    (dst / f.name.replace("parquet-", f"{name}-")).write_bytes(f.read_bytes())
+  info = json.loads((dst / "dataset_info.json").read_text())
+  (dst / "dataset_info.json").write_text(
+      json.dumps({**info, "config_name": config, "dataset_name": name, "builder_name": name}))
+
+
+def test_a_hub_dataset_read_offline_from_the_datasets_cache(command, tiny_run, snli, tmp_path, monkeypatch):
+  """data.path=hf:OWNER/NAME:CONFIG through the real datasets.load_dataset, offline from its cache: the same
+  examples as the same rows in a file; a config or split the cache lacks is one line, exit 2, nothing written."""
+  import datasets
+  import huggingface_hub
+
+  rows = pairs.read_pairs(snli)[:40]
+  _cache_hub_dataset(tmp_path / "cache", "sentence-transformers/all-nli", "triplet", rows)
+  monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+  monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+  file = tmp_path / "rows.jsonl"
+  file.write_text("".join(json.dumps(dataclasses.asdict(p)) + "\n" for p in rows))
+  hub = "hf:sentence-transformers/all-nli:triplet"
+  for spec in (hub, hub + "@train"):
+    assert contrast_feed.read_examples(_config(tiny_run, spec)) == contrast_feed.read_examples(_config(tiny_run, file))
+  cases = [(hub.replace("triplet", "pair"), "sentence-transformers/all-nli (pair) split 'train' could not be loaded"),
+           (hub + "@test", "sentence-transformers/all-nli (triplet) split 'test' could not be loaded"),
+           ("hf:all-nli", "write a Hub dataset as hf:OWNER/NAME[:CONFIG][@SPLIT]")]
+  for spec, message in cases:
+    workdir = tmp_path / "never"
+    proc = _contrast(command, workdir, tiny_run, spec)
+    assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert not workdir.exists()
 
 
 def test_command_smoke(tiny_run, tmp_path):
