@@ -91,8 +91,7 @@ def _text(path: epath.Path) -> str:
     raise UserError(f"{path}: not UTF-8 (bad byte at offset {e.start}); convert it to UTF-8") from None
 
 
-def _columns(path: str, have: Sequence[str],
-             columns: Sequence[str | None] | None) -> tuple[str, str, str | None]:
+def _columns(path: str, have: Sequence[str], columns: Sequence[str | None] | None) -> tuple[str, str, str | None]:
   if columns is not None:
     anchor, positive, negative = (tuple(columns) + (None,))[:3]
     for name in (anchor, positive, negative):

@@ -149,8 +149,8 @@ def _cache_hub_dataset(cache, repo: str, config: str, rows: list[pairs.Pair]) ->
   for f in src.iterdir():
     (dst / f.name.replace("parquet-", f"{name}-")).write_bytes(f.read_bytes())
   info = json.loads((dst / "dataset_info.json").read_text())
-  (dst / "dataset_info.json").write_text(
-      json.dumps({**info, "config_name": config, "dataset_name": name, "builder_name": name}))
+  (dst / "dataset_info.json"
+  ).write_text(json.dumps({**info, "config_name": config, "dataset_name": name, "builder_name": name}))
 
 
 def test_a_hub_dataset_read_offline_from_the_datasets_cache(command, tiny_run, snli, tmp_path, monkeypatch):

@@ -138,8 +138,8 @@ def test_real_snli_triplets(shared_data):
 def test_hub_specs():
   assert pairs.is_hub(" hf:a/b") and not pairs.is_hub("runs/hf:a.jsonl")
   assert pairs.parse_hub("hf:sentence-transformers/all-nli") == ("sentence-transformers/all-nli", None, "train")
-  assert pairs.parse_hub("hf:sentence-transformers/all-nli:triplet@dev") == ("sentence-transformers/all-nli",
-                                                                            "triplet", "dev")
+  assert pairs.parse_hub("hf:sentence-transformers/all-nli:triplet@dev") == ("sentence-transformers/all-nli", "triplet",
+                                                                             "dev")
   for bad in ("hf:all-nli", "hf:a/b/c", "hf:/b:x", "hf:a/b,c/d"):
     with pytest.raises(UserError, match=r"write a Hub dataset as hf:OWNER/NAME\[:CONFIG\]\[@SPLIT\]"):
       pairs.parse_hub(bad)
