@@ -53,6 +53,11 @@ def _define_flags() -> None:
       "print_trials", False, "Print each trial's own command (one per line, MNLI's first) and exit: "
       "what an executor dispatches, one trial per device.")
   flags.DEFINE_enum("pooling", "mean", list(classifier.POOLINGS), "classifier_pooling: mean or the [CLS] state.")
+  flags.DEFINE_bool(
+      "wandb", False, "Each trial's curves also in Weights & Biases: a run per trial (<task>/<trial>), grouped "
+      "by <output folder>/<encoder>/<task>; WANDB_MODE=offline works.")
+  flags.DEFINE_string("wandb_project", "crossbert_jax", "--wandb: the W&B project.")
+  flags.DEFINE_string("wandb_entity", "", "--wandb: the W&B entity (default: W&B's own).")
 
 
 def _check(f) -> None:
@@ -68,6 +73,9 @@ def _print_trials(f, tasks, grid: recipe.Grid) -> None:
       f"--max_steps={f.max_steps}", f"--pooling={f.pooling}"]
   common += [f"--{k}={getattr(f, k)}" for k in ("data_dir", "tokenizer") if getattr(f, k)]
   common += [] if f.from_mnli else ["--nofrom_mnli"]
+  if f.wandb:
+    common += [
+        "--wandb", f"--wandb_project={f.wandb_project}", *[f"--wandb_entity={f.wandb_entity}"] * bool(f.wandb_entity)]
   for name in sorted(tasks, key=lambda t: (t != "mnli", list(tasks).index(t))):
     for t in recipe.trials(name, grid):
       print(shlex.join(recipe.trial_argv(t, common, sys.executable)), flush=True)
@@ -89,7 +97,8 @@ def main(argv: Sequence[str]) -> None:
                     "run it on one host (its local devices share the mesh)")
   names, named = driver.parse_tasks(f.task)
   grid = recipe.parse_grid(f.learning_rates, f.epochs, f.weight_decays, f.seeds)
-  opts = driver.Options(f.output_dir, f.data_dir, f.batch_size, f.max_length, f.max_steps, f.pooling, f.from_mnli)
+  opts = driver.Options(f.output_dir, f.data_dir, f.batch_size, f.max_length, f.max_steps, f.pooling, f.from_mnli,
+                        f.wandb, f.wandb_project, f.wandb_entity)
   driver.check_output_dir(opts, [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf])
   tasks, skipped, mnli = driver.load_tasks(names, named, f.data_dir, print)
   if f.print_trials:

@@ -35,6 +35,9 @@ class Options:
   max_steps: int = 0  # 0: every epoch of every trial; else at most this many steps per trial (smoke runs).
   pooling: str = "mean"
   from_mnli: bool = True  # RTE, MRPC and STS-B start from the best MNLI trial (when MNLI has data).
+  wandb: bool = False  # Each trial's curves also in W&B: a run per trial, grouped by output folder, encoder and task.
+  wandb_project: str = "crossbert_jax"
+  wandb_entity: str = ""  # "": W&B's default entity.
 
   def settings(self) -> dict[str, Any]:
     return {
@@ -170,7 +173,9 @@ def run(srcs: list[sources.Source], tasks: dict[str, eval_tasks.Task], skipped: 
       for i, t in enumerate(todo, 1):
         info = trial_lib.trial_info(t, src.spec, head, start=start_label, source=_source_info(src),
                                     batch_size=opts.batch_size, max_length=opts.max_length, max_steps=opts.max_steps)
-        r = trial_lib.run(tasks_dir / name / t.name, info, data, start, log)
+        wandb = trial_lib.Wandb(opts.wandb_project, opts.wandb_entity, f"{out.name}/{src.key}/{name}") if opts.wandb \
+            else None
+        r = trial_lib.run(tasks_dir / name / t.name, info, data, start, log, wandb)
         log(f"[{src.label} {name} {i}/{len(todo)}] {t.name}: " +
             ", ".join(f"{row} {100 * glue.row_score(m):.1f}" for row, m in r["dev"].items()))
       results[src.label][name] = finished(tasks_dir / name)

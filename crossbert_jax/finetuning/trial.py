@@ -2,8 +2,9 @@
 
 A trial's folder holds trial.json (what it is: task, grid point, seed, its start, the encoder's spec), its
 Orbax checkpoints (checkpoints/STEP/{params,opt}: the params item alone is what export and an MNLI start
-read), metrics.jsonl (the train loss per step, the dev scores per epoch; the same curves in tensorboard/) and,
-when finished, result.json:
+read), metrics.jsonl (the train loss per step, the dev scores per epoch; the same curves in tensorboard/ and,
+with `Wandb`, in a W&B run whose id wandb_run.json keeps, so a resumed trial continues it) and, when finished,
+result.json:
 a trial with a result is never trained again. A checkpoint is saved at every epoch's end and on SIGTERM /
 SIGINT (then `Stopped`: the command exits 75, rerun to resume). The batches are a function of the step
 (finetuning/batches.py), so a resumed trial trains exactly as an uninterrupted one, bit for bit.
@@ -27,6 +28,7 @@ from crossbert_jax.finetuning.classifier import HeadSpec
 from crossbert_jax.model.encoder import EncoderSpec
 from crossbert_jax.run import metrics as metrics_lib
 from crossbert_jax.run import preemption
+from crossbert_jax.run import wandb_logger
 from crossbert_jax.training.program import TrainState
 
 RESULT_FILE = "result.json"
@@ -37,6 +39,14 @@ CHECKPOINTS = "checkpoints"
 
 class Stopped(Exception):
   """A trial stopped by SIGTERM / SIGINT after saving its checkpoint."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Wandb:
+  """Where a trial's curves also go: a W&B run named <task>/<trial> in `group` (the command's --wandb flags)."""
+  project: str
+  entity: str
+  group: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +139,7 @@ def _metrics_rows(folder: epath.Path, upto: int) -> list[str]:
 
 
 def run(folder: epath.Path, info: dict[str, Any], data: TaskData, start: dict[str, Any],
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        log: Callable[[str], None] = print, wandb: Wandb | None = None) -> dict[str, Any]:
   """Trains the trial described by `info` (trial.json) in `folder` from `start` ({"encoder"[, "head"...]}),
   or resumes it; returns its result (also written to result.json)."""
   if (folder / RESULT_FILE).exists():
@@ -143,7 +153,7 @@ def run(folder: epath.Path, info: dict[str, Any], data: TaskData, start: dict[st
   spec = EncoderSpec(**info["encoder"])
   program = program_lib.Program(spec, HeadSpec(**info["head"]),
                                 program_lib.make_optimizer(t["learning_rate"], t["weight_decay"], total))
-  ckpt = Checkpoints(folder)
+  ckpt, sink = Checkpoints(folder), None
   try:
     step = ckpt.latest()
     state = ckpt.restore(step, program) if step is not None else program.init_state(t["seed"], start)
@@ -152,20 +162,26 @@ def run(folder: epath.Path, info: dict[str, Any], data: TaskData, start: dict[st
     (folder / METRICS_FILE).write_text("".join(l + "\n" for l in lines))
     log(f"{folder.name}: {'resuming at step ' + str(step) if step else 'starting'} ({total} steps, "
         f"{per_epoch} per epoch)")
-    dev = _train(folder, program, ckpt, state, data, info, total, per_epoch)
+    sink = None if wandb is None else wandb_logger.open_run(
+        folder, project=wandb.project, entity=wandb.entity, name=f"{data.name}/{folder.name}", group=wandb.group,
+        tags=("finetune", data.name), config=info, warn=log, flag="--wandb")
+    dev = _train(folder, program, ckpt, state, data, info, total, per_epoch, sink)
   finally:
     ckpt.close()
+    if sink is not None:
+      sink.close()
   result = {"trial": t, "task": data.name, "steps": total, "dev": dev}
   (folder / RESULT_FILE).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
   return result
 
 
 def _train(folder: epath.Path, program: program_lib.Program, ckpt: Checkpoints, state: TrainState, data: TaskData,
-           info: dict[str, Any], total: int, per_epoch: int) -> dict[str, dict[str, float]]:
+           info: dict[str, Any], total: int, per_epoch: int,
+           sink: wandb_logger.WandbSink | None = None) -> dict[str, dict[str, float]]:
   """The steps left; a checkpoint and the dev scores at each epoch's end (and the last step); Stopped on a
   signal. Returns the last dev scores (of the final params)."""
   t, batch_size, lengths = info["trial"], info["batch_size"], batches_lib.buckets(info["max_length"])
-  with preemption.StopRequest() as stop, _Curves(folder) as out:
+  with preemption.StopRequest() as stop, _Curves(folder, sink) as out:
     pending, start, dev = None, time.perf_counter(), None
     for step in range(int(state.step), total):
       batch = batches_lib.train_batch(data.train, step, batch_size, t["seed"], lengths)
@@ -191,20 +207,23 @@ def _train(folder: epath.Path, program: program_lib.Program, ckpt: Checkpoints, 
 
 
 class _Curves:
-  """A trial's rows, appended to metrics.jsonl and written to TensorBoard (tensorboard/ in its folder; a
-  resumed trial's repeated steps are written again, and TensorBoard shows the latest)."""
-  def __init__(self, folder: epath.Path):
+  """A trial's rows, appended to metrics.jsonl and written to TensorBoard (tensorboard/ in its folder) and W&B (with
+  a sink); a resumed trial's repeated steps are written again, and TensorBoard shows the latest."""
+  def __init__(self, folder: epath.Path, sink: wandb_logger.WandbSink | None = None):
     self._file = (folder / METRICS_FILE).open("a")
     self._writer = metrics_lib.tensorboard_writer(str(folder / metrics_lib.TENSORBOARD_DIR))
+    self._sink = sink
 
   def write(self, row: dict[str, Any] | None) -> None:
     if row is None:
       return
     row = {k: (v if isinstance(v, (int, float)) else float(v)) for k, v in row.items()}  # Device scalars: float.
     self._file.write(json.dumps(row) + "\n")
-    for key, value in row.items():
-      if key not in ("step", "epoch", "seconds"):
-        self._writer.add_scalar(key, value, global_step=row["step"])
+    scalars = {k: v for k, v in row.items() if k not in ("step", "epoch", "seconds")}
+    for key, value in scalars.items():
+      self._writer.add_scalar(key, value, global_step=row["step"])
+    if self._sink is not None:
+      self._sink.log(row["step"], scalars)
 
   def flush(self) -> None:
     self._file.flush()

@@ -6,7 +6,8 @@ The W&B run id is kept in WORKDIR/wandb_run.json, so a resumed run continues the
 (a sweep sets its name, so its runs group). WANDB_MODE=offline writes the run under
 WORKDIR/wandb/ and says so at the start (`wandb sync DIR` uploads it later). W&B never stops training
 and never prompts: a missing package, no login while not offline (where wandb.init would ask on a
-terminal), or a failing call is one warning line, and the run goes on without W&B.
+terminal), or a failing call is one warning line, and the run goes on without W&B. `open_run` is the part a
+fine-tuning trial shares (finetuning/trial.py: a W&B run per trial, its id in the trial's folder).
 """
 
 import json
@@ -65,11 +66,21 @@ def start(c: plan_lib.Settings, workdir: epath.Path, warn: Callable[[str], None]
   m = c.metrics
   if not m.wandb:
     return None
+  group = m.wandb_group or (_source_group(c) if c.train.fork_from else "")
+  return open_run(workdir, project=m.wandb_project, entity=m.wandb_entity, name=m.wandb_run_name or workdir.name,
+                  group=group, tags=tuple(m.wandb_tags), config=c.to_dict(), warn=warn,
+                  flag="config metrics.wandb=True")
+
+
+def open_run(workdir: epath.Path, *, project: str, entity: str, name: str, group: str, tags: tuple[str, ...],
+             config: dict[str, Any], warn: Callable[[str], None], flag: str) -> WandbSink | None:
+  """The W&B run of `workdir`: the one its RUN_FILE names (resumed), else a new one in `group`; None (one warning
+  naming `flag`, the setting that asked for W&B) when wandb is missing, not logged in while online, or fails."""
   try:
     import wandb  # pylint: disable=g-import-not-at-top
   except ImportError:
-    warn("warning: config metrics.wandb=True but the wandb package is not installed (pip install "
-         "-r requirements.txt); training goes on without W&B")
+    warn(f"warning: {flag} but the wandb package is not installed (pip install -r requirements.txt); training "
+         "goes on without W&B")
     return None
   path = workdir / RUN_FILE
   try:
@@ -77,18 +88,17 @@ def start(c: plan_lib.Settings, workdir: epath.Path, warn: Callable[[str], None]
     mode = wandb.setup(settings=wandb.Settings(silent=True)).settings.mode
     if mode not in ("offline", "dryrun", "disabled") and not wandb.login(prompt=False, verify=False):
       # wandb.init would prompt ("Enter your choice") on a terminal and wait for an answer: never.
-      warn("warning: config metrics.wandb=True but W&B has no login (WANDB_API_KEY or `wandb login`) and is not "
-           "offline (WANDB_MODE=offline); training goes on without W&B")
+      warn(f"warning: {flag} but W&B has no login (WANDB_API_KEY or `wandb login`) and is not offline "
+           "(WANDB_MODE=offline); training goes on without W&B")
       return None
     record = json.loads(path.read_text()) if path.exists() else {}
     if not record:
-      group = m.wandb_group or (_source_group(c) if c.train.fork_from else "")
       record = {"id": secrets.token_hex(4), "group": group}  # W&B ids: [a-z0-9], 8 chars.
       path.write_text(json.dumps(record))
     local = "://" not in str(workdir)
-    run = wandb.init(project=m.wandb_project, entity=m.wandb_entity or None, name=m.wandb_run_name or workdir.name,
-                     id=record["id"], resume="allow", group=record["group"] or None, tags=list(m.wandb_tags),
-                     config=c.to_dict(), dir=str(workdir) if local else tempfile.mkdtemp(prefix="crossbert-wandb-"),
+    run = wandb.init(project=project, entity=entity or None, name=name, id=record["id"], resume="allow",
+                     group=record["group"] or None, tags=list(tags), config=config,
+                     dir=str(workdir) if local else tempfile.mkdtemp(prefix="crossbert-wandb-"),
                      settings=wandb.Settings(console="off", silent=True))
   except Exception as e:  # pylint: disable=broad-except
     sink = WandbSink(None, warn)

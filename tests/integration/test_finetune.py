@@ -18,6 +18,7 @@ from crossbert_jax.finetuning import driver, recipe, sources
 from crossbert_jax.finetuning import trial as trial_lib
 from crossbert_jax.finetuning.classifier import HeadSpec
 from tests.helpers import cpu_env, run_module
+from tests.integration.test_observe import wandb_history
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 SMALL = [
@@ -31,8 +32,8 @@ def finetuned(tiny_run, shared_data, tmp_path_factory):
   out = tmp_path_factory.mktemp("finetune") / "out"
   args = [
       "crossbert_jax.finetune", "--task=rte,stsb", f"--workdir={tiny_run}", f"--output_dir={out}",
-      f"--data_dir={shared_data}", *SMALL]
-  proc = run_module(args, env=cpu_env(**OFFLINE))
+      f"--data_dir={shared_data}", *SMALL, "--wandb", "--wandb_project=ft_smoke"]
+  proc = run_module(args, env=cpu_env(**OFFLINE, WANDB_MODE="offline", WANDB_SILENT="true"))
   return out, args[1:], proc
 
 
@@ -72,6 +73,12 @@ def test_smoke_rte_and_stsb_from_the_shared_data(finetuned):
   curves = _tensorboard_scalars(_trial(out, "stsb") / "tensorboard")
   assert curves["loss"] == {r["step"]: pytest.approx(r["loss"]) for r in rows if "loss" in r}
   assert curves["dev/stsb/spearman"] == {3: pytest.approx(rows[-1]["dev/stsb/spearman"])}
+  ids, history = wandb_history(_trial(out, "stsb"))  # The offline W&B run: the same rows, one per step.
+  assert list(ids.values()) == [f"out/{_trial(out, 'stsb').parent.parent.name}/stsb"]
+  merged = {}
+  for r in rows:
+    merged.setdefault(r["step"], {}).update({k: v for k, v in r.items() if k not in ("epoch", "seconds")})
+  assert history == [pytest.approx(r) for r in merged.values()]
   assert (out / "glue_finetuned.md").read_text().startswith("| task | metric |")
 
 
@@ -186,6 +193,7 @@ def test_print_trials_lists_each_trial_as_its_own_command(finetuned, command, tm
   lines = proc.stdout.splitlines()
   assert len(lines) == 8 and all("-m crossbert_jax.finetune --task=" in l for l in lines)  # 2 tasks x 2 lr x 2 seeds.
   assert "--task=stsb --learning_rates=1e-05 --epochs=1 --weight_decays=0 --seeds=0" in lines[0]
+  assert all(l.endswith("--wandb --wandb_project=ft_smoke") for l in lines)
   assert not (tmp_path / "o").exists()
 
 
