@@ -56,10 +56,11 @@ def tiny_simcse():
 
 def base_pairs():
   """ModernBERT's train_st.py: one epoch of 1.25M MS MARCO triplets at batch 512 (2,442 steps), lr 8e-5,
-  5% warmup, GradCache over chunks of 64 texts (1,536 texts a step), L = 256, bf16."""
+  5% warmup, GradCache over chunks of 64 texts (1,536 texts a step), L <= 256 padded per batch as theirs, bf16."""
   c = _common("base", "pairs")
   c.contrast.hard_negatives = True
   c.contrast.chunk_size = 64
+  c.contrast.padding = "batch"
   c.data.seq_len = 256
   c.train.batch_size = 512
   c.train.steps = 2442

@@ -165,6 +165,15 @@ def tiny_bert_run(tmp_path_factory, spm_model):
   run.stop()
 
 
+@pytest.fixture(scope="session")
+def tour_clone(tmp_path_factory, shared_data) -> pathlib.Path:
+  """A folder laid out like a fresh clone after the README's tour ran in it as written (tests/tour.py): the README
+  tour test checks what the tour wrote, and the docs commands test goes on in it (the docs assume the tour ran)."""
+  from tests import tour  # pylint: disable=g-import-not-at-top
+
+  return tour.run_tour(tmp_path_factory.mktemp("tour"), shared_data)
+
+
 @pytest.fixture
 def command():
   """Runs a command in this process as `python -m` would (tests/helpers.py's `run_command`):

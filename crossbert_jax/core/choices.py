@@ -65,6 +65,12 @@ class Pooling(str, enum.Enum):
   CLS = "cls"
 
 
+class Padding(str, enum.Enum):
+  """contrast.padding: the length a contrastive batch's texts are padded to."""
+  MAX = "max"  # data.seq_len, every batch.
+  BATCH = "batch"  # The shortest of contrast_feed.pad_lengths that holds the batch's longest text.
+
+
 class Recipe(str, enum.Enum):
   """contrast.recipe: where the contrastive stage's positives come from."""
   SIMCSE = "simcse"  # Each text of a corpus against itself under another dropout mask.

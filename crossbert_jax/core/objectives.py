@@ -108,6 +108,7 @@ def _validate_contrast(c: ml_collections.ConfigDict) -> None:
         "contrastive run starts from contrast.init_from; leave train.init_from empty")
   choices.check("contrast.recipe", k.recipe, choices.Recipe)
   choices.check("contrast.pooling", k.pooling, choices.Pooling)
+  choices.check("contrast.padding", k.padding, choices.Padding)
   check_temperature(k.temperature)
   if t.batch_size < 2:
     raise config_error(

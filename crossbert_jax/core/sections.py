@@ -319,6 +319,10 @@ class Contrast(Section):
   # GradCache: embed the step's texts this many rows at a time without activations, then backprop by
   # chunk (training/objectives/contrastive_cache.py); 0: one plain pass.
   chunk_size: int = 0
+  # "max": every text padded to data.seq_len; "batch": each batch to the shortest of 16, 32, 64, ... (and
+  # data.seq_len) that holds its longest text, as sentence-transformers pads (data/contrast_feed.py): fewer
+  # tokens for short texts, one compiled program per length. One process only.
+  padding: str = "max"
 
 
 # The schema's sections in the config's order (an objective may add its own after them).

@@ -8,7 +8,9 @@ document of data.path as pretraining reads it (`pipeline.document_dataset`: text
 ArrayRecord, the built-in corpus; data.text_unit picks lines or paragraphs).
 
 Each text becomes `[CLS] ids [SEP]` truncated to data.seq_len and padded (the evaluation embedder's
-layout: data/text_rows.py). A batch is a dict of int32 numpy arrays: tokens / segment_ids / positions
+layout: data/text_rows.py): to data.seq_len (contrast.padding=max), or to the shortest of `pad_lengths`
+that holds the batch's longest text (contrast.padding=batch, as sentence-transformers pads each batch to its
+longest text; a few lengths, so the step compiles a few programs, not one per batch). A batch is a dict of int32 numpy arrays: tokens / segment_ids / positions
 B x T x L and text_ids B x T (`pairs.text_ids`: equal texts share an id, so the loss masks duplicates).
 The order is pretraining's (a seeded shuffle per epoch, this process's stride: `pipeline.ordered`);
 the iterator is Grain's, its state the next batch's index, so a resume continues exactly.
@@ -50,10 +52,15 @@ def read_examples(c: plan_lib.Settings) -> list[Example]:
   return out
 
 
+def pad_lengths(seq_len: int) -> list[int]:
+  """The lengths a batch is padded to with contrast.padding=batch: 16, 32, 64, ... below seq_len, then seq_len."""
+  return [n for n in (16 * 2 ** i for i in range(max(seq_len, 16).bit_length())) if n < seq_len] + [seq_len]
+
+
 class _Encode:
   """A list of B examples -> the batch dict (a class, so Grain's workers can pickle it)."""
-  def __init__(self, tok: tokenizer_lib.AnyTokenizer, seq_len: int):
-    self._tok, self._seq_len = tok, seq_len
+  def __init__(self, tok: tokenizer_lib.AnyTokenizer, seq_len: int, per_batch: bool = False):
+    self._tok, self._seq_len, self._per_batch = tok, seq_len, per_batch
 
   def __call__(self, examples: Sequence[Example]) -> dict[str, np.ndarray]:
     b, t = len(examples), len(examples[0])
@@ -65,8 +72,12 @@ class _Encode:
       specials = self._tok.special_ids
       seqs = [[specials.cls, *np.asarray(x)[:self._seq_len - 2].tolist(), specials.sep] for x in flat]
       ids = pairs.text_ids([" ".join(map(str, s)) for s in seqs])
-    rows = text_rows.pad_batch(seqs, self._seq_len, self._tok.special_ids.pad)
-    out = {name: a.reshape(b, t, self._seq_len) for name, a in rows.items()}
+    length = self._seq_len
+    if self._per_batch:
+      longest = max(min(len(s), self._seq_len) for s in seqs)
+      length = next(n for n in pad_lengths(self._seq_len) if n >= longest)
+    rows = text_rows.pad_batch(seqs, length, self._tok.special_ids.pad)
+    out = {name: a.reshape(b, t, length) for name, a in rows.items()}
     out["text_ids"] = ids.reshape(b, t)
     return out
 
@@ -88,12 +99,16 @@ def make_dataset(c: plan_lib.Settings, tok: tokenizer_lib.AnyTokenizer, *, batch
   if c.data.mixture:
     raise UserError("config data.mixture: the contrastive stage reads one data.path; give the files there")
   pipeline.check_process(process_index, process_count)
+  per_batch = c.contrast.padding == "batch"
+  if per_batch and process_count > 1:
+    raise UserError(f"config contrast.padding=batch runs on one process ({process_count} here): each process would "
+                    "pad its rows to another length; use contrast.padding=max on several processes")
   if c.contrast.recipe == "simcse":
     ds = _documents(c, seed, process_index, process_count)
   else:
     ds = pipeline.ordered(_Examples(read_examples(c)), c.data, seed=seed, process_index=process_index,
                           process_count=process_count)
-  ds = ds.repeat(None).batch(batch_size, drop_remainder=True, batch_fn=_Encode(tok, c.data.seq_len))
+  ds = ds.repeat(None).batch(batch_size, drop_remainder=True, batch_fn=_Encode(tok, c.data.seq_len, per_batch))
   it_ds = ds.to_iter_dataset()
   if c.data.worker_count > 0:
     it_ds = it_ds.mp_prefetch(

@@ -94,6 +94,24 @@ def test_warm_start_takes_the_source_encoder_and_cached_grads_match(tiny_run, sn
     np.testing.assert_allclose(g, h, atol=1e-5 * float(np.abs(h).max()) + 1e-12)
   assert float(np.abs(plain[1]["log_temperature"])) > 0
 
+  # contrast.padding=batch: the same texts padded to the batch's length, not data.seq_len (256 here): the same
+  # loss and gradients (padding is masked; float sums of another length only).
+  wide = plan_lib.with_keys(c, {"data.seq_len": 256})
+  full, short = (jax.tree.map(
+      jax.numpy.asarray,
+      next(
+          contrast_feed.make_iterator(plan_lib.with_keys(wide, {"contrast.padding": padding}), tok, batch_size=16,
+                                      seed=0))) for padding in ("max", "batch"))
+  n = short["tokens"].shape[-1]
+  assert full["tokens"].shape[-1] == 256 and n < 256 and int(full["segment_ids"].sum(-1).max()) > n // 2
+  assert (short["tokens"] == full["tokens"][..., :n]).all() and not full["segment_ids"][..., n:].any()
+  grad_fn = jax.jit(objectives.make_grad_fn(wide))
+  (loss_full, _), grads_full = grad_fn(state.params, full, key)
+  (loss_short, _), grads_short = grad_fn(state.params, short, key)
+  np.testing.assert_allclose(loss_short, loss_full, rtol=1e-5)
+  for g, h in zip(jax.tree.leaves(grads_short), jax.tree.leaves(grads_full)):
+    np.testing.assert_allclose(g, h, atol=1e-5 * float(np.abs(h).max()) + 1e-12)
+
 
 def _config(source, data, **contrast):
   from crossbert_jax.core import config as config_lib  # pylint: disable=g-import-not-at-top

@@ -1,9 +1,9 @@
 """The ```bash blocks of docs/**/*.md: every command runs as written, in order, or is skipped here for
 a stated reason (SKIP), and then its flags are still checked against the command's definitions.
 
-The slow test runs the runnable ones in a folder laid out like a fresh clone beside ../shared/data,
-after what the docs assume was run first (`make demo`'s recipe and the README tour's tokenizer,
-shards and BERT run), each with the flags in SMALLER appended (fewer steps and examples: the same
+The slow test runs the runnable ones in the session's clone after the README tour (`tour_clone`,
+tests/tour.py: its tokenizer, shards and runs), after `make demo`'s recipe, which the docs also
+assume was run first, each with the flags in SMALLER appended (fewer steps and examples: the same
 path through the code, less work). The fast tests check that every command is classified, that no
 skip rule is stale, that every block parses (`bash -n`), and that every `--flag` of a
 `python -m crossbert_jax.X` / `python tools/X.py` command is one that command defines.
@@ -17,8 +17,7 @@ import sys
 
 import pytest
 
-from tests.helpers import cpu_env
-from tests.integration.test_readme_tour import tour_commands
+from tests import tour
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -102,10 +101,6 @@ def argv_of(command: str) -> tuple[dict[str, str], list[str]]:
   return env, words
 
 
-def _module(argv: list[str]) -> str:
-  return argv[2] if argv[:2] == ["python", "-m"] else argv[1] if argv[0] == "python" else argv[0]
-
-
 def defined_flags(module: str) -> set[str] | None:
   """The flags a command defines (absl DEFINE_* or argparse), read from its source; None: not ours."""
   path = ROOT / (module.replace(".", "/") + ".py" if module.startswith("crossbert_jax.") else module)
@@ -148,35 +143,19 @@ def test_every_python_command_uses_defined_flags():
     _, argv = argv_of(command[command.index("python"):].split("&&")[-1].strip())
     if not argv or argv[0] not in ("python", "python3") or len(argv) < 2:
       continue
-    names = defined_flags(_module(argv))
+    names = defined_flags(tour.module_of(argv))
     if names is None:
       continue
     for word in argv[2:]:
       if word.startswith("--") and not word.startswith("--config."):
         name = word[2:].split("=", 1)[0]
         if name not in names and name != "help":
-          bad.append(f"{doc}: {_module(argv)} has no flag --{name}")
+          bad.append(f"{doc}: {tour.module_of(argv)} has no flag --{name}")
   assert not bad, "\n".join(bad)
 
 
-def _clone(tmp_path, shared_data) -> tuple[pathlib.Path, dict[str, str]]:
-  clone = tmp_path / "clone"
-  clone.mkdir()
-  for name in ("configs", "experiments", "tools", "launch", "requirements-profile.txt"):
-    (clone / name).symlink_to(ROOT / name)
-  (tmp_path / "shared").mkdir()
-  (tmp_path / "shared" / "data").symlink_to(shared_data)
-  env = cpu_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
-  return clone, env
-
-
-def _run(argv: list[str], clone, env, what: str) -> None:
-  proc = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True, timeout=900)
-  assert proc.returncode == 0, f"{what}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}"
-
-
 def _as_run(argv: list[str]) -> list[str]:
-  module = _module(argv)
+  module = tour.module_of(argv)
   extra = SMALLER.get(module, [])
   if module == "crossbert_jax.train" and any(a.startswith("--config.profile.start_step") for a in argv):
     extra = TRACED_STEPS
@@ -188,24 +167,19 @@ def _as_run(argv: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_docs_commands_run_as_written(tmp_path, shared_data):
-  clone, env = _clone(tmp_path, shared_data)
-  # What the docs assume was run first: `make demo` (its runs/demo/crossbert) and the README tour's
-  # tokenizer, shards and training runs (runs/tok, runs/tokens, runs/cb, runs/bert).
+def test_docs_commands_run_as_written(tour_clone):
+  """In the session's clone after the README tour (its tokenizer, shards and runs: runs/tok, runs/tokens, runs/cb,
+  runs/bert), `make demo`'s recipe (runs/demo/crossbert), then every runnable docs command, in order."""
   makefile = (ROOT / "Makefile").read_text()
   demo = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ").splitlines()[1:]
   prelude = [l.strip().replace("$(PY)", "python").replace("$(RUN)", "runs/demo") for l in demo]
-  prelude = [l for l in prelude if l.startswith("python")]
-  tour = tour_commands((ROOT / "README.md").read_text())
-  prelude += [
-      c for c in tour if " crossbert_jax.tokenizer " in c or " crossbert_jax.prepare " in c or "bert.py:tiny" in c]
-  for command in prelude:
-    _run(_as_run(shlex.split(command)), clone, env, f"prelude: {command}")
+  for command in [l for l in prelude if l.startswith("python")]:
+    tour.run_in(tour_clone, _as_run(shlex.split(command)), f"make demo: {command}")
   for doc, command, why in all_commands():
     if why is not None:
       continue
     extra_env, argv = argv_of(command)
-    _run(_as_run(argv), clone, {**env, **extra_env}, f"{doc}: {command}")
-  assert any((clone / "runs" / "obs" / "profile").rglob("*.xplane.pb"))
-  assert (clone / "runs" / "obs" / "wandb").is_dir()
-  assert '"step": 200' in (clone / "runs" / "recipe" / "metrics.jsonl").read_text()
+    tour.run_in(tour_clone, _as_run(argv), f"{doc}: {command}", {**tour.clone_env(), **extra_env})
+  assert any((tour_clone / "runs" / "obs" / "profile").rglob("*.xplane.pb"))
+  assert (tour_clone / "runs" / "obs" / "wandb").is_dir()
+  assert '"step": 200' in (tour_clone / "runs" / "recipe" / "metrics.jsonl").read_text()

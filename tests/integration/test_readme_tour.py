@@ -1,6 +1,6 @@
-"""The README's tour, run as written, in order, in a folder laid out like a fresh clone.
+"""The README's tour, run as written, in order, in a folder laid out like a fresh clone (tests/tour.py).
 
-Each command is the README's own line; only the flags in SMALLER are appended (fewer steps and
+Each command is the README's own line; only the flags in tour.SMALLER are appended (fewer steps and
 examples), so a renamed flag, a config that refuses the tokenizer or a missing input fails here.
 The TPU compile line runs in `make test-tpu` (tests/unit/test_compile.py), where libtpu is installed.
 """
@@ -8,38 +8,19 @@ The TPU compile line runs in `make test-tpu` (tests/unit/test_compile.py), where
 import json
 import pathlib
 import shlex
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import cpu_env
+from tests.tour import module_of, tour_commands
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-# Appended to the README's command of each module: the same path through the code, less work.
-SMALLER = {
-    "crossbert_jax.train": [
-        "--config.train.steps=12", "--config.train.warmup_steps=2", "--config.metrics.progress_bar=False"],
-    "crossbert_jax.evaluate": ["--max_examples=60", "--retrieval_max_docs=100", "--noprogress"],
-    "crossbert_jax.sweep": ["--flops_scale=0.2"],}
-
-
-def tour_commands(readme: str) -> list[str]:
-  """The tour's commands: the first bash block after '## A tour', continuation lines joined."""
-  block = readme.split("## A tour", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-  return [c.strip() for c in block.replace("\\\n", " ").splitlines() if c.strip() and not c.lstrip().startswith("#")]
-
-
-def _module(argv: list[str]) -> str:
-  return argv[2] if argv[:2] == ["python", "-m"] else argv[1] if argv[0] == "python" else argv[0]
 
 
 def test_the_tour_is_the_commands_this_test_runs():
   """What the test below runs and skips is exactly the README's block (fast: no command runs)."""
   commands = tour_commands((ROOT / "README.md").read_text())
   assert commands[0] == "source .venv/bin/activate" and "make setup-tpu" in commands
-  modules = [_module(shlex.split(c)) for c in commands if c.startswith("python ")]
+  modules = [module_of(shlex.split(c)) for c in commands if c.startswith("python ")]
   assert modules == [
       "crossbert_jax.tokenizer", "crossbert_jax.prepare", "crossbert_jax.train", "crossbert_jax.train",
       "crossbert_jax.evaluate", "tools/mteb_local_data.py", "crossbert_jax.mteb_eval", "crossbert_jax.export",
@@ -73,22 +54,10 @@ def test_the_tours_tpu_compile_fits_its_topology():
 
 
 @pytest.mark.slow
-def test_readme_tour_runs_as_written(tmp_path, shared_data):
-  clone = tmp_path / "clone"
-  clone.mkdir()
-  for name in ("configs", "experiments", "tools"):
-    (clone / name).symlink_to(ROOT / name)
-  (tmp_path / "shared").mkdir()
-  (tmp_path / "shared" / "data").symlink_to(shared_data)  # ../shared/data, as beside a clone here.
-  env = cpu_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-  for command in tour_commands((ROOT / "README.md").read_text()):
-    argv = shlex.split(command)
-    if not command.startswith("python "):
-      continue  # `source`, and the TPU set-up and compile (tests/unit/test_compile.py).
-    argv = [sys.executable, *argv[1:], *SMALLER.get(_module(argv), [])]
-    proc = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
-  runs = clone / "runs"
+def test_readme_tour_runs_as_written(tour_clone):
+  """The session's `tour_clone` ran every tour command (a failing one fails here, by its line); what they wrote.
+  The docs commands test goes on in the same clone and leaves these outputs as they are."""
+  runs = tour_clone / "runs"
   record = json.loads((runs / "cb" / "eval_results.json").read_text())
   assert record["step"] == 12 and "stsb/cosine/test/spearman" in record["scores"]
   card = (runs / "cb_hf" / "README.md").read_text()

@@ -54,7 +54,8 @@ BAD = [
     ("train.grad_accum", 2, r"config train.grad_accum: micro-batches would shrink the in-batch negatives"),
     ("contrast.columns", "a,b", r"config contrast.columns: 'a,b' and contrast.hard_negatives=True disagree"),
     ("contrast.columns", "a", r"config contrast.columns: 'a': give 'anchor,positive'"),
-    ("model.dropout", 1.0, r"config model.dropout: must be in \[0, 1\), got 1.0"),]
+    ("model.dropout", 1.0, r"config model.dropout: must be in \[0, 1\), got 1.0"),
+    ("contrast.padding", "longest", r"config contrast.padding: 'longest': use one of max, batch"),]
 
 
 @pytest.mark.parametrize("key,value,match", BAD, ids=[f"{k}={v}" for k, v, _ in BAD])
@@ -166,3 +167,21 @@ def test_simcse_batches_one_text_per_example(spm_model):
   batch = next(contrast_feed.make_iterator(plan_lib.build(c), tok, batch_size=8, seed=0))
   assert batch["tokens"].shape == (8, 1, 32) and batch["text_ids"].shape == (8, 1)
   assert (batch["segment_ids"][:, 0, :2] == 1).all()
+
+
+def test_per_batch_padding(tmp_path, spm_model):
+  """contrast.padding=batch: the texts of `max`'s batch cut to the shortest of pad_lengths holding the longest;
+  one process only (each would pick its own length)."""
+  assert contrast_feed.pad_lengths(256) == [16, 32, 64, 128, 256] and contrast_feed.pad_lengths(100)[-2:] == [64, 100]
+  tok = tokenizer_lib.Tokenizer.load(spm_model)
+  full, short = (next(
+      contrast_feed.make_iterator(_pairs_plan(tmp_path, spm_model, contrast__padding=padding), tok, batch_size=4,
+                                  seed=0)) for padding in ("max", "batch"))
+  longest = int(full["segment_ids"].sum(-1).max())
+  assert full["tokens"].shape[-1] == 32 and short["tokens"].shape[-1] == 16 and longest <= 16
+  for key in ("tokens", "segment_ids", "positions"):
+    assert (short[key] == full[key][..., :16]).all()
+  assert (short["text_ids"] == full["text_ids"]).all()
+  with pytest.raises(UserError, match=r"^config contrast.padding=batch runs on one process \(2 here\)"):
+    contrast_feed.make_iterator(_pairs_plan(tmp_path, spm_model, contrast__padding="batch"), tok, batch_size=2, seed=0,
+                                process_index=0, process_count=2)
