@@ -4,6 +4,8 @@
 #   make test   the unit tier: no training run, no subprocess (tests/unit; docs/testing.md)
 #   make test-integration   in-process runs on shared session runs, real data (CROSSBERT_DATA defaults to ../shared/data)
 #   make test-slow   kill loops, clusters, multi-process, gs:// end to end (tests/slow and the cases marked slow)
+#   make test-beyond-unit   the integration and slow tiers in one session (what CI runs, with WORKERS=2)
+#   WORKERS=N   (any test target) N pytest-xdist worker processes, grouped tests kept together (docs/testing.md)
 #   make lint   ruff (pyproject's [tool.ruff]) and the yapf format check ([tool.yapf]); make format rewrites
 #   make setup-tpu   .venv-tpu: the pinned stack + jax[tpu]/libtpu (TPU VMs; on any host, the pre-flight
 #                    compile for a TPU topology: JAX_PLATFORMS=cpu .venv-tpu/bin/python -m crossbert_jax.compile)
@@ -18,8 +20,11 @@ TPU_VENV ?= .venv-tpu
 RUN ?= runs/demo
 KILLS ?= 50
 PYTEST_ARGS ?=
+WORKERS ?= 1
+# pytest-xdist's workers: tests marked xdist_group (sharing a session's expensive fixture) run on one worker.
+XDIST := $(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadgroup,)
 
-.PHONY: setup setup-tpu setup-gpu demo test test-integration test-slow test-tpu lint format bench fault-inject fault-inject-sweep clean
+.PHONY: setup setup-tpu setup-gpu demo test test-integration test-slow test-beyond-unit test-tpu lint format bench fault-inject fault-inject-sweep clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -67,13 +72,16 @@ demo: setup
 	$(PY) -m crossbert_jax.evaluate --workdir=$(RUN)/crossbert --word_order
 
 test: setup
-	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m unit $(PYTEST_ARGS)
+	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m unit $(XDIST) $(PYTEST_ARGS)
 
 test-integration: setup
-	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m integration $(PYTEST_ARGS)
+	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m integration $(XDIST) $(PYTEST_ARGS)
 
 test-slow: setup
-	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m slow $(XDIST) $(PYTEST_ARGS)
+
+test-beyond-unit: setup
+	CROSSBERT_DATA=$${CROSSBERT_DATA:-../shared/data} $(PY) -m pytest -q -m "integration or slow" $(XDIST) $(PYTEST_ARGS)
 
 test-tpu: setup-tpu
 	JAX_PLATFORMS=cpu $(TPU_VENV)/bin/python -m pytest -q tests/unit/test_compile.py -k topology $(PYTEST_ARGS)

@@ -167,6 +167,7 @@ def _as_run(argv: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tour_clone")  # One worker makes the session's clone for both.
 def test_docs_commands_run_as_written(tour_clone):
   """In the session's clone after the README tour (its tokenizer, shards and runs: runs/tok, runs/tokens, runs/cb,
   runs/bert), `make demo`'s recipe (runs/demo/crossbert), then every runnable docs command, in order."""

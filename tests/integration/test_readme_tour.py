@@ -54,6 +54,7 @@ def test_the_tours_tpu_compile_fits_its_topology():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tour_clone")  # One worker makes the session's clone for both.
 def test_readme_tour_runs_as_written(tour_clone):
   """The session's `tour_clone` ran every tour command (a failing one fails here, by its line); what they wrote.
   The docs commands test goes on in the same clone and leaves these outputs as they are."""
