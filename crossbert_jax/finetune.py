@@ -5,10 +5,14 @@ r"""Fine-tuned GLUE: ModernBERT's recipe, trained in JAX, one column per encoder
 
 Every trial (a task, one point of the --learning_rates x --epochs x --weight_decays grid, a seed) is a folder
 under --output_dir/trials that resumes exactly and is never trained again once finished; the command with its
-grid narrowed to one point runs one trial (for an executor). Writes --output_dir/glue_finetuned.{json,md}.
+grid narrowed to one point runs one trial (for an executor); --executor=ray runs each trial as its own process on
+a Ray cluster (finetuning/dispatch.py). Writes --output_dir/glue_finetuned.{json,md}.
 Library: crossbert_jax.finetuning. Manual: docs/evaluation.md#fine-tuned-glue-.
 """
 
+import functools
+import os
+import pathlib
 import shlex
 import sys
 from typing import Sequence
@@ -17,6 +21,7 @@ import jax
 from absl import app
 from absl import flags
 from absl import logging
+from etils import epath
 
 from crossbert_jax.core.errors import (EXIT_STOPPED, UserError, exit_on_user_error, no_positional, parse_flags_or_exit,
                                        require)
@@ -53,6 +58,13 @@ def _define_flags() -> None:
       "print_trials", False, "Print each trial's own command (one per line, MNLI's first) and exit: "
       "what an executor dispatches, one trial per device.")
   flags.DEFINE_enum("pooling", "mean", list(classifier.POOLINGS), "classifier_pooling: mean or the [CLS] state.")
+  flags.DEFINE_enum(
+      "executor", "local", ["local", "ray"], "local: every trial in this process, one after "
+      "another; ray: each trial its own process on a Ray cluster (finetuning/dispatch.py).")
+  flags.DEFINE_string("ray_address", "auto", "--executor=ray: the cluster's head (host:port); auto: the one here.")
+  flags.DEFINE_float("trial_cpus", 1, "--executor=ray: CPUs each trial holds.")
+  flags.DEFINE_float("trial_gpus", 0, "--executor=ray: GPUs each trial holds (1: one trial per GPU).")
+  flags.DEFINE_integer("max_retries", 2, "--executor=ray: starts again of a trial that crashed or lost its host.")
   flags.DEFINE_bool(
       "wandb", False, "Each trial's curves also in Weights & Biases: a run per trial (<task>/<trial>), grouped "
       "by <output folder>/<encoder>/<task>; WANDB_MODE=offline works.")
@@ -66,8 +78,8 @@ def _check(f) -> None:
                     "batch of 1 or more, a length of 8 or more and max_steps >= 0")
 
 
-def _print_trials(f, tasks, grid: recipe.Grid) -> None:
-  """Each trial's argv, MNLI's first (RTE, MRPC and STS-B start from its best trial: dispatch them after)."""
+def _trial_commands(f, tasks, grid: recipe.Grid, python: str) -> list[tuple[recipe.Trial, list[str]]]:
+  """Each trial and its own command (`python` runs it), MNLI's first (RTE, MRPC and STS-B start from its best)."""
   common = [f"--workdir={w}" for w in f.workdir] + [f"--hf={h}" for h in f.hf] + [
       f"--output_dir={f.output_dir}", f"--batch_size={f.batch_size}", f"--max_length={f.max_length}",
       f"--max_steps={f.max_steps}", f"--pooling={f.pooling}"]
@@ -76,9 +88,31 @@ def _print_trials(f, tasks, grid: recipe.Grid) -> None:
   if f.wandb:
     common += [
         "--wandb", f"--wandb_project={f.wandb_project}", *[f"--wandb_entity={f.wandb_entity}"] * bool(f.wandb_entity)]
-  for name in sorted(tasks, key=lambda t: (t != "mnli", list(tasks).index(t))):
-    for t in recipe.trials(name, grid):
-      print(shlex.join(recipe.trial_argv(t, common, sys.executable)), flush=True)
+  return [(t, recipe.trial_argv(t, common, python))
+          for name in sorted(tasks, key=lambda t: (t != "mnli", list(tasks).index(t)))
+          for t in recipe.trials(name, grid)]
+
+
+def _dispatch(f, tasks, grid: recipe.Grid, srcs: list[sources.Source], mnli: bool) -> None:
+  """--executor=ray: the trials not finished yet, each its own process on the cluster (finetuning/dispatch.py)."""
+  from crossbert_jax.finetuning import dispatch  # pylint: disable=g-import-not-at-top  (imports Ray)
+  from crossbert_jax.scaling import ray_executor, ray_host  # pylint: disable=g-import-not-at-top
+
+  out = epath.Path(f.output_dir).absolute()
+  jobs = [
+      dispatch.Job(t, argv, pathlib.Path(out / "logs" / t.task / f"{t.name}.log"))
+      for t, argv in _trial_commands(f, tasks, grid, ray_host.PYTHON)
+      if not all((out / "trials" / s.key / t.task / t.name / trial_lib.RESULT_FILE).exists() for s in srcs)]
+  if not jobs:
+    return
+  ray_executor.connect(f.ray_address)
+  failed = dispatch.run_on_ray(jobs, ray_host.train, cwd=os.getcwd(), cpus=f.trial_cpus, gpus=f.trial_gpus,
+                               max_retries=f.max_retries, mnli_start=mnli and f.from_mnli and "mnli" in tasks,
+                               grace_s=ray_host.STOP_GRACE_S, log=functools.partial(print, flush=True))
+  if failed:
+    raise SystemExit(f"finetune: {len(failed)} of {len(jobs)} trial(s) failed: " +
+                     "; ".join(f"{j.trial.task} {j.trial.name} ({j.outcome})" for j in failed[:5]) +
+                     " (their logs under --output_dir/logs); the finished trials are kept: rerun to retry the rest")
 
 
 @exit_on_user_error
@@ -102,11 +136,15 @@ def main(argv: Sequence[str]) -> None:
   driver.check_output_dir(opts, [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf])
   tasks, skipped, mnli = driver.load_tasks(names, named, f.data_dir, print)
   if f.print_trials:
-    _print_trials(f, tasks, grid)
+    for _, argv in _trial_commands(f, tasks, grid, sys.executable):
+      print(shlex.join(argv), flush=True)
     return
   srcs = [sources.from_workdir(w, f.tokenizer) for w in f.workdir] + [sources.from_hf(h) for h in f.hf]
   srcs = sources.distinct_labels(srcs)
   try:
+    if f.executor == "ray":
+      driver.check_mnli_start(srcs, tasks, opts, mnli)
+      _dispatch(f, tasks, grid, srcs, mnli)  # Then the table below reads every trial back.
     result = driver.run(srcs, tasks, skipped, grid, opts, mnli)
   except trial_lib.Stopped as e:
     print(f"stopped: {e}; rerun the same command to resume (exit {EXIT_STOPPED})", file=sys.stderr, flush=True)

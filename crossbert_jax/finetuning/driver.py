@@ -9,6 +9,7 @@ trial there, so trials dispatched one by one (recipe.trial_argv) and a later run
 
 import dataclasses
 import json
+import os
 from typing import Any, Callable
 
 from etils import epath
@@ -145,17 +146,25 @@ def _start(src: sources.Source, name: str, tasks_dir: epath.Path, opts: Options,
   return f"mnli {point} seed {trials[0]['trial']['seed']}", {"encoder": params["encoder"], "head": params["head"]}
 
 
+def check_mnli_start(srcs: list[sources.Source], tasks: dict[str, eval_tasks.Task], opts: Options, mnli: bool) -> None:
+  """RTE, MRPC or STS-B asked without MNLI, while MNLI has data: each encoder must have a finished MNLI trial."""
+  out = epath.Path(opts.output_dir)
+  waiting = [t for t in tasks if t in recipe.FROM_MNLI] if mnli and opts.from_mnli and "mnli" not in tasks else []
+  for src in srcs:
+    if waiting and not finished(out / "trials" / src.key / "mnli"):
+      raise UserError(f"--task={waiting[0]} starts from the MNLI fine-tuned checkpoint, and {src.label} has no "
+                      f"finished MNLI trial in {out}: run --task=mnli first (or --task=all), or pass --nofrom_mnli")
+
+
 def run(srcs: list[sources.Source], tasks: dict[str, eval_tasks.Task], skipped: dict[str, str], grid: recipe.Grid,
         opts: Options, mnli: bool, log: Callable[[str], None] = print) -> dict[str, Any]:
   """Every trial of every task for every encoder (finished ones read back); the table, written after each task."""
   out = epath.Path(opts.output_dir)
-  waiting = [t for t in tasks if t in recipe.FROM_MNLI] if mnli and opts.from_mnli and "mnli" not in tasks else []
-  for src in srcs:  # Refused before anything is written.
-    if waiting and not finished(out / "trials" / src.key / "mnli"):
-      raise UserError(f"--task={waiting[0]} starts from the MNLI fine-tuned checkpoint, and {src.label} has no "
-                      f"finished MNLI trial in {out}: run --task=mnli first (or --task=all), or pass --nofrom_mnli")
+  check_mnli_start(srcs, tasks, opts, mnli)  # Refused before anything is written.
   out.mkdir(parents=True, exist_ok=True)
-  (out / SETTINGS_FILE).write_text(json.dumps(opts.settings()) + "\n")
+  tmp = out / f".{SETTINGS_FILE}.{os.getpid()}.tmp"  # Whole or absent: dispatched trials start side by side.
+  tmp.write_text(json.dumps(opts.settings()) + "\n")
+  tmp.replace(out / SETTINGS_FILE)
   order = sorted(tasks, key=lambda t: (t != "mnli", list(glue.TASKS).index(t)))
   results: dict[str, dict[str, list]] = {s.label: {} for s in srcs}
   starts: dict[str, dict[str, str]] = {s.label: {} for s in srcs}

@@ -6,6 +6,7 @@ Built only from the trials' result.json files, so a resumed run's table is byte 
 """
 
 import json
+import os
 from typing import Any
 
 import numpy as np
@@ -132,7 +133,7 @@ def write(folder: epath.Path, table: dict[str, Any]) -> tuple[epath.Path, epath.
   out = []
   for suffix, text in (("json", json.dumps(table, indent=1) + "\n"), ("md", markdown(table))):
     path = folder / f"{NAME}.{suffix}"
-    tmp = folder / f".{NAME}.{suffix}.tmp"
+    tmp = folder / f".{NAME}.{suffix}.{os.getpid()}.tmp"  # Trials dispatched at once each write the table.
     tmp.write_text(text)
     tmp.replace(path)
     out.append(path)
