@@ -28,6 +28,7 @@ SKIP = {
     ("docs/benchmarks.md", "configs/crossbert.py:small"): "a timing of `small`: minutes per case, meant for idle cores",
     ("docs/benchmarks.md", "bench --data"): "a 2-minute timing of the input pipeline, meant for idle cores",
     ("docs/benchmarks.md", "tools/contrast_bench.py"): "a timing of `small`'s contrastive step: minutes, for idle cores",
+    ("docs/benchmarks.md", "import contrast_bench"): "a timing of `small`'s contrastive step at two lengths: a minute",
     ("docs/data.md", "--input=PATH"): "a placeholder: your text files",
     ("docs/data.md", "gs://BUCKET"): "a placeholder bucket on Google Cloud Storage",
     ("docs/evaluation.md", "--generic_train=sts_train.tsv"): "your own task files (sts_train.tsv, sts_test.tsv)",
