@@ -47,9 +47,10 @@ def test_sigterm_and_ctrl_c_to_the_ray_driver_save_every_trainer_and_exit_75(tmp
   one `stopped:` line, the trainer saved (exit 75, no partial checkpoint) and is gone, the attempt is
   closed as "stopped" (not left "running"), and a rerun resumes from the saved step.
   Before: rc 1 within 2 s (`SystemError` from ray.wait), the trainer killed mid-save.
-  3e10 FLOPs (~1,300 stable steps): at 1e10 the second attempt's trainer once reached its last step
-  (165 steps after the save the signal waits for) before the stop reached it, on CI's loaded cores."""
-  spec_file = _long_spec(tmp_path, "3e10")
+  1e11 FLOPs (~4,300 stable steps, 3,470 before the stable run's stop): at 1e10 the second attempt's trainer
+  once reached its last step (165 steps after the save the signal waits for) before the stop reached it, on
+  CI's loaded cores; at 3e10 the first attempt's did (1,020 steps after it), with two test workers."""
+  spec_file = _long_spec(tmp_path, "1e11")
   root = tmp_path / "root"
   fault_inject_sweep.train_tokenizer(root, spm_model)
   stable = root / "runs" / "xs__bert_r15__s0__stable"
