@@ -12,7 +12,6 @@ Library: crossbert_jax.finetuning. Manual: docs/evaluation.md#fine-tuned-glue-.
 
 import functools
 import os
-import pathlib
 import shlex
 import sys
 from typing import Sequence
@@ -100,7 +99,7 @@ def _dispatch(f, tasks, grid: recipe.Grid, srcs: list[sources.Source], mnli: boo
 
   out = epath.Path(f.output_dir).absolute()
   jobs = [
-      dispatch.Job(t, argv, pathlib.Path(out / "logs" / t.task / f"{t.name}.log"))
+      dispatch.Job(t, argv, str(out / "logs" / t.task / f"{t.name}.log"))
       for t, argv in _trial_commands(f, tasks, grid, ray_host.PYTHON)
       if not all((out / "trials" / s.key / t.task / t.name / trial_lib.RESULT_FILE).exists() for s in srcs)]
   if not jobs:

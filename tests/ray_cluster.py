@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Container
 
 from tests.helpers import ROOT, TEST_XLA_FLAGS
 
@@ -28,7 +29,7 @@ def short_temp_dir() -> str:
   return tempfile.mkdtemp(prefix="ray", dir="/tmp")
 
 
-def free_port(avoid: range = range(0)) -> int:
+def free_port(avoid: Container[int] = ()) -> int:
   """A port nothing listens on now, outside `avoid`."""
   while True:
     with socket.socket() as s:
@@ -54,11 +55,10 @@ def cluster_ports() -> tuple[range, dict[str, int]]:
   names = ("port", "node-manager-port", "object-manager-port", "ray-client-server-port", "dashboard-agent-listen-port",
            "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
   ports: dict[str, int] = {}
+  taken = set(workers)
   for name in names:
-    port = free_port(avoid=workers)
-    while port in ports.values():
-      port = free_port(avoid=workers)
-    ports[name] = port
+    ports[name] = free_port(avoid=taken)
+    taken.add(ports[name])
   return workers, ports
 
 

@@ -9,13 +9,15 @@ swaps it in at the end, so a failure or a kill leaves the old folder or the new 
 `check_added_to` checks such a folder alone (mteb_eval's results, which it adds to and resumes
 from), and `removed_unless_written` takes back the folders a failed start made. Files
 (`compile --out`, `bench --out`, `embed_bench --out`, `evaluate --output`, `tokenizer --output`):
-`check_output_file` refuses an existing one unless the command was given `--force`.
+`check_output_file` refuses an existing one unless the command was given `--force`. `write_atomic`
+writes one file whole (a state file several processes may write and read at once).
 """
 
 import contextlib
 import errno
 import os
 import re
+import tempfile
 import uuid
 from typing import Iterator, Mapping, Sequence
 
@@ -292,3 +294,24 @@ def staged_files(path: str | os.PathLike, force: bool, *, marker: str, flag: str
       tmp.rmtree(missing_ok=True)
     raise UserError(f"could not write {output} ({e.strerror or type(e).__name__}: {e.filename or e}): "
                     f"free space or choose a writable {flag}") from None
+
+
+def write_atomic(path: "os.PathLike[str] | str", text: str) -> None:
+  """Writes `path` so that a reader sees the old content or the new, whole: locally through a temporary file of
+  its own (fsynced) and a rename; on gs:// directly (an object appears whole when its upload ends)."""
+  if "://" in str(path):
+    epath.Path(path).write_text(text)
+    return
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=os.fspath(path.parent), prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, os.fspath(path))
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
+    raise

@@ -1,9 +1,9 @@
 """`finetune --executor=ray`: every trial of the grid as its own process on a Ray cluster, one per device.
 
 A trial is the finetune command narrowed to one grid point and seed (`recipe.trial_argv`); here each is a Ray
-task (the sweep's `scaling/ray_host.train`, which the command passes in: the trial's process, its output in --output_dir/logs/<task>/<trial>.log, dying
-with its task) holding `--trial_cpus` CPUs and `--trial_gpus` GPUs, so Ray runs as many at once as the cluster
-has room for. Two waves: first MNLI's trials and every task that starts from the pretrained encoder, then RTE,
+task (the sweep's `scaling/ray_host.train`, which the command passes in: the trial's process, its output in
+--output_dir/logs/<task>/<trial>.log, dying with its task) holding `--trial_cpus` CPUs and `--trial_gpus` GPUs,
+so Ray runs as many at once as the cluster has room for. Two waves: first MNLI's trials and every task that starts from the pretrained encoder, then RTE,
 MRPC and STS-B, which start from MNLI's best trial (only when MNLI runs here). A trial that exits 2 (a bad
 input) fails and is not retried; one that crashes, exits 75 or loses its host is started again (it resumes from
 its checkpoint) up to `max_retries` times. A finished trial has its result.json and is skipped, so the same
@@ -12,7 +12,6 @@ command again runs only what is left. SIGTERM / Ctrl-C: every running trial gets
 """
 
 import dataclasses
-import pathlib
 from typing import Callable
 
 from crossbert_jax.finetuning import recipe
@@ -28,7 +27,7 @@ class Job:
   """One trial to run: its argv (the host's Python as ray_host.PYTHON), its log, and its attempts so far."""
   trial: recipe.Trial
   argv: list[str]
-  log: pathlib.Path
+  log: str
   attempts: int = 0
   outcome: str = ""  # "" (not ended) | "done" | "failed: <why>"
 
@@ -54,7 +53,7 @@ def run_on_ray(jobs: list[Job], host_fn: Callable[[list[str], str, str], dict], 
           j.outcome = "failed: waits for MNLI's trials, and one of them failed"
         failed += wave
         continue
-      running = {task.remote(j.argv, cwd, str(j.log)): j for j in wave}
+      running = {task.remote(j.argv, cwd, j.log): j for j in wave}
       for j in wave:
         j.attempts = 1
       log(f"[ray] {len(wave)} trial(s) submitted ({cpus:g} CPU, {gpus:g} GPU each)")
@@ -82,7 +81,7 @@ def run_on_ray(jobs: list[Job], host_fn: Callable[[list[str], str, str], dict], 
             j.attempts += 1
             log(f"[ray] {j.trial.task} {j.trial.name}: {why}; starting it again "
                 f"({j.attempts - 1}/{max_retries}), from its checkpoint")
-            running[task.remote(j.argv, cwd, str(j.log))] = j
+            running[task.remote(j.argv, cwd, j.log)] = j
   return failed
 
 

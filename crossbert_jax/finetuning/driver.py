@@ -9,7 +9,6 @@ trial there, so trials dispatched one by one (recipe.trial_argv) and a later run
 
 import dataclasses
 import json
-import os
 from typing import Any, Callable
 
 from etils import epath
@@ -162,9 +161,7 @@ def run(srcs: list[sources.Source], tasks: dict[str, eval_tasks.Task], skipped: 
   out = epath.Path(opts.output_dir)
   check_mnli_start(srcs, tasks, opts, mnli)  # Refused before anything is written.
   out.mkdir(parents=True, exist_ok=True)
-  tmp = out / f".{SETTINGS_FILE}.{os.getpid()}.tmp"  # Whole or absent: dispatched trials start side by side.
-  tmp.write_text(json.dumps(opts.settings()) + "\n")
-  tmp.replace(out / SETTINGS_FILE)
+  outputs.write_atomic(out / SETTINGS_FILE, json.dumps(opts.settings()) + "\n")  # Dispatched trials start at once.
   order = sorted(tasks, key=lambda t: (t != "mnli", list(glue.TASKS).index(t)))
   results: dict[str, dict[str, list]] = {s.label: {} for s in srcs}
   starts: dict[str, dict[str, str]] = {s.label: {} for s in srcs}
@@ -179,11 +176,11 @@ def run(srcs: list[sources.Source], tasks: dict[str, eval_tasks.Task], skipped: 
       start_label, start = _start(src, name, tasks_dir, opts, mnli and opts.from_mnli, log)
       head = HeadSpec(trial_lib.num_labels(name), opts.pooling)
       todo = recipe.trials(name, grid)
+      wandb = trial_lib.Wandb(opts.wandb_project, opts.wandb_entity, f"{out.name}/{src.key}/{name}") if opts.wandb \
+          else None
       for i, t in enumerate(todo, 1):
         info = trial_lib.trial_info(t, src.spec, head, start=start_label, source=_source_info(src),
                                     batch_size=opts.batch_size, max_length=opts.max_length, max_steps=opts.max_steps)
-        wandb = trial_lib.Wandb(opts.wandb_project, opts.wandb_entity, f"{out.name}/{src.key}/{name}") if opts.wandb \
-            else None
         r = trial_lib.run(tasks_dir / name / t.name, info, data, start, log, wandb)
         log(f"[{src.label} {name} {i}/{len(todo)}] {t.name}: " +
             ", ".join(f"{row} {100 * glue.row_score(m):.1f}" for row, m in r["dev"].items()))

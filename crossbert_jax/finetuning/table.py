@@ -6,12 +6,12 @@ Built only from the trials' result.json files, so a resumed run's table is byte 
 """
 
 import json
-import os
 from typing import Any
 
 import numpy as np
 from etils import epath
 
+from crossbert_jax.core import outputs
 from crossbert_jax.evaluation import glue
 
 NAME = "glue_finetuned"
@@ -129,12 +129,10 @@ def markdown(table: dict[str, Any]) -> str:
 
 
 def write(folder: epath.Path, table: dict[str, Any]) -> tuple[epath.Path, epath.Path]:
-  """folder/glue_finetuned.json and .md, each written whole (temporary file, then rename)."""
+  """folder/glue_finetuned.json and .md, each written whole (`outputs.write_atomic`)."""
   out = []
   for suffix, text in (("json", json.dumps(table, indent=1) + "\n"), ("md", markdown(table))):
     path = folder / f"{NAME}.{suffix}"
-    tmp = folder / f".{NAME}.{suffix}.{os.getpid()}.tmp"  # Trials dispatched at once each write the table.
-    tmp.write_text(text)
-    tmp.replace(path)
+    outputs.write_atomic(path, text)  # Trials dispatched at once each write the table.
     out.append(path)
   return out[0], out[1]

@@ -11,6 +11,7 @@ import json
 import pathlib
 import time
 
+from crossbert_jax.core import outputs
 from crossbert_jax.scaling import plan as plan_lib
 
 WALL_FILE = "sweep_wall.json"  # The local runner's file (runner.WALL_FILE).
@@ -59,6 +60,6 @@ class Record:
     return time.time() - self._t0 if self._t0 is not None else 0.0
 
   def _write(self, running_s: float) -> None:
-    plan_lib.write_atomic(
+    outputs.write_atomic(
         self.path, json.dumps({"wall_s": self.wall_s + running_s, "machines": self.machines,
                                "attempts": self.attempts}))

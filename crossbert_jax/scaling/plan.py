@@ -16,13 +16,12 @@ forked from it; bitwise a straight WSD run, tests/integration/test_fork.py). See
 import dataclasses
 import hashlib
 import json
-import os
 import pathlib
-import tempfile
 from typing import Any
 
 from crossbert_jax.core import config as config_lib, objectives
 from crossbert_jax.core import plan as plan_lib
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import objective_keys
 from crossbert_jax.scaling.spec import one_line
@@ -198,21 +197,6 @@ def plan_hash(runs: list[Run]) -> str:
   return hashlib.sha256(json.dumps([_resolved(r) for r in runs], sort_keys=True, default=str).encode()).hexdigest()
 
 
-def write_atomic(path: pathlib.Path, text: str) -> None:
-  """Writes `path` through a temporary file and a rename: a reader sees the old or the new content, whole."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    pathlib.Path(tmp).unlink(missing_ok=True)
-    raise
-
-
 def read_json(path: pathlib.Path, what: str) -> Any:
   """A state file's JSON; a damaged one is one line naming it."""
   try:
@@ -236,7 +220,7 @@ def save_plan(root: pathlib.Path, spec: dict, runs: list[Run], spec_file: str = 
   if added == 0 and (root / PLAN_FILE).exists():  # The same runs: the file stays as it is.
     return 0
   root.mkdir(parents=True, exist_ok=True)
-  write_atomic(
+  outputs.write_atomic(
       root / PLAN_FILE,
       json.dumps(
           {

@@ -30,6 +30,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.run import lock as lock_lib
 from crossbert_jax.run import metrics
@@ -240,7 +241,7 @@ class Driver:
     name = r.p.run.name
     wall = r.record.end(outcome, cause)
     if outcome == "done":
-      plan_lib.write_atomic(self._dir(r) / plan_lib.DONE_FILE, json.dumps({"steps": r.p.run.end_step, "wall_s": wall}))
+      outputs.write_atomic(self._dir(r) / plan_lib.DONE_FILE, json.dumps({"steps": r.p.run.end_step, "wall_s": wall}))
       r.state = "done"
       self.log(f"[ray] {name}: finished in {wall:.0f} s")
     elif outcome == "retry" and r.retries < self.max_retries:

@@ -24,6 +24,7 @@ import sys
 import time
 
 from crossbert_jax.core import host
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.run import metrics
@@ -142,8 +143,8 @@ def run_sweep(spec: dict, runs: list[plan_lib.Run], root: pathlib.Path, log=func
     previous = before.get("wall_s", 0.0)
     machines = list(dict.fromkeys([*before.get("machines", []), host.describe()]))
     t0 = time.time()
-    write_wall = lambda: plan_lib.write_atomic(
-        wall_file, json.dumps({"wall_s": previous + time.time() - t0, "machines": machines}))
+    write_wall = lambda: outputs.write_atomic(wall_file,
+                                              json.dumps({"wall_s": previous + time.time() - t0, "machines": machines}))
     run_dir.mkdir(parents=True, exist_ok=True)
     write_wall()
     rc, signame = _run_logged(plan_lib.train_command(run, spec, str(run_dir), python), run_dir / "train.log",
@@ -157,5 +158,5 @@ def run_sweep(spec: dict, runs: list[plan_lib.Run], root: pathlib.Path, log=func
     if rc != 0 or last < run.end_step:
       raise UserError(f"{run.name} stopped at step {last} of {run.end_step} (exit {rc}); see {run_dir / 'train.log'}; "
                       "rerun the same sweep command to resume it")
-    plan_lib.write_atomic(run_dir / plan_lib.DONE_FILE, json.dumps({"steps": run.end_step, "wall_s": wall}))
+    outputs.write_atomic(run_dir / plan_lib.DONE_FILE, json.dumps({"steps": run.end_step, "wall_s": wall}))
     log(f"{where}: finished in {wall:.0f} s")

@@ -20,6 +20,7 @@ import shlex
 import shutil
 import subprocess
 
+from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import placement as placement_lib
 from crossbert_jax.scaling import plan as plan_lib
@@ -133,12 +134,12 @@ def submit(places: list[placement_lib.Placement], spec: dict, root: pathlib.Path
       log(f"# {shlex.join(argv)}\n{text}")
       continue
     run_dir.mkdir(parents=True, exist_ok=True)
-    plan_lib.write_atomic(run_dir / SCRIPT, text)
+    outputs.write_atomic(run_dir / SCRIPT, text)
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
       raise UserError(f"sbatch refused {name} ({' '.join(out.stderr.split())[:200]}); fix the cluster's "
                       "partition/limits or the spec's hosts/resources, then rerun")
     jobs[name] = out.stdout.strip().split(";")[0]
-    plan_lib.write_atomic(run_dir / JOB_FILE, json.dumps({"job": jobs[name], "after": after}))
+    outputs.write_atomic(run_dir / JOB_FILE, json.dumps({"job": jobs[name], "after": after}))
     log(f"[slurm] {name}: submitted as job {jobs[name]}" + (f" (after job {after})" if after else ""))
   return failed

@@ -59,9 +59,7 @@ SKIP = {
 
 # Appended to each module's command: the same path through the code, less work.
 SMALLER = {
-    "crossbert_jax.train": [
-        "--config.train.steps=12", "--config.train.warmup_steps=2", "--config.metrics.progress_bar=False"],
-    "crossbert_jax.evaluate": ["--max_examples=60", "--retrieval_max_docs=100", "--noprogress"],
+    **tour.SMALLER,
     "crossbert_jax.pooler": ["--steps=5", "--batch_size=8"],
     "crossbert_jax.contrast": ["--config.train.steps=12", "--config.metrics.progress_bar=False"],}
 # A traced window must stay inside the run: a command that sets one trains past it (tiny: 300 steps).
