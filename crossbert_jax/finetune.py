@@ -6,7 +6,7 @@ r"""Fine-tuned GLUE: ModernBERT's recipe, trained in JAX, one column per encoder
 Every trial (a task, one point of the --learning_rates x --epochs x --weight_decays grid, a seed) is a folder
 under --output_dir/trials that resumes exactly and is never trained again once finished; the command with its
 grid narrowed to one point runs one trial (for an executor); --executor=ray runs each trial as its own process on
-a Ray cluster (finetuning/dispatch.py). Writes --output_dir/glue_finetuned.{json,md}.
+a Ray cluster (finetuning/dispatch.py), --executor=slurm as its own batch job (finetuning/slurm.py). Writes --output_dir/glue_finetuned.{json,md}.
 Library: crossbert_jax.finetuning. Manual: docs/evaluation.md#fine-tuned-glue-.
 """
 
@@ -55,14 +55,16 @@ def _define_flags() -> None:
       "--nofrom_mnli: from the pretrained encoder.")
   flags.DEFINE_bool(
       "print_trials", False, "Print each trial's own command (one per line, MNLI's first) and exit: "
-      "what an executor dispatches, one trial per device.")
+      "what an executor dispatches, one trial per device; with --executor=slurm, each trial's sbatch line and "
+      "batch script.")
   flags.DEFINE_enum("pooling", "mean", list(classifier.POOLINGS), "classifier_pooling: mean or the [CLS] state.")
   flags.DEFINE_enum(
-      "executor", "local", ["local", "ray"], "local: every trial in this process, one after "
-      "another; ray: each trial its own process on a Ray cluster (finetuning/dispatch.py).")
+      "executor", "local", ["local", "ray", "slurm"], "local: every trial in this process, one after "
+      "another; ray: each trial its own process on a Ray cluster (finetuning/dispatch.py); slurm: each trial its "
+      "own batch job, submitted from a login node; rerun to build the table (finetuning/slurm.py).")
   flags.DEFINE_string("ray_address", "auto", "--executor=ray: the cluster's head (host:port); auto: the one here.")
-  flags.DEFINE_float("trial_cpus", 1, "--executor=ray: CPUs each trial holds.")
-  flags.DEFINE_float("trial_gpus", 0, "--executor=ray: GPUs each trial holds (1: one trial per GPU).")
+  flags.DEFINE_float("trial_cpus", 1, "--executor=ray|slurm: CPUs each trial holds.")
+  flags.DEFINE_float("trial_gpus", 0, "--executor=ray|slurm: GPUs each trial holds (1: one trial per GPU).")
   flags.DEFINE_integer("max_retries", 2, "--executor=ray: starts again of a trial that crashed or lost its host.")
   flags.DEFINE_bool(
       "wandb", False, "Each trial's curves also in Weights & Biases: a run per trial (<task>/<trial>), grouped "
@@ -92,26 +94,63 @@ def _trial_commands(f, tasks, grid: recipe.Grid, python: str) -> list[tuple[reci
           for t in recipe.trials(name, grid)]
 
 
+def _mnli_start(f, tasks, mnli: bool) -> bool:
+  """Whether RTE, MRPC and STS-B wait for MNLI's trials run by the same command."""
+  return mnli and f.from_mnli and "mnli" in tasks
+
+
+def _jobs(f, tasks, grid: recipe.Grid, srcs: list[sources.Source], python: str = sys.executable) -> list:
+  """A dispatch.Job for each trial some encoder has not finished (every trial when `srcs` is empty), its log in
+  --output_dir/logs/<task>/<trial>.log."""
+  from crossbert_jax.finetuning import dispatch  # pylint: disable=g-import-not-at-top
+
+  out = epath.Path(f.output_dir).absolute()
+  return [
+      dispatch.Job(t, argv, str(out / "logs" / t.task / f"{t.name}.log"))
+      for t, argv in _trial_commands(f, tasks, grid, python)
+      if not srcs or not all((out / "trials" / s.key / t.task / t.name / trial_lib.RESULT_FILE).exists() for s in srcs)]
+
+
+def _failed(failed: list, of: int) -> SystemExit:
+  return SystemExit(f"finetune: {len(failed)} of {of} trial(s) failed: " +
+                    "; ".join(f"{j.trial.task} {j.trial.name} ({j.outcome})" for j in failed[:5]) +
+                    " (their logs under --output_dir/logs); the finished trials are kept: rerun to retry the rest")
+
+
 def _dispatch(f, tasks, grid: recipe.Grid, srcs: list[sources.Source], mnli: bool) -> None:
   """--executor=ray: the trials not finished yet, each its own process on the cluster (finetuning/dispatch.py)."""
   from crossbert_jax.finetuning import dispatch  # pylint: disable=g-import-not-at-top  (imports Ray)
   from crossbert_jax.scaling import ray_executor, ray_host  # pylint: disable=g-import-not-at-top
 
-  out = epath.Path(f.output_dir).absolute()
-  jobs = [
-      dispatch.Job(t, argv, str(out / "logs" / t.task / f"{t.name}.log"))
-      for t, argv in _trial_commands(f, tasks, grid, ray_host.PYTHON)
-      if not all((out / "trials" / s.key / t.task / t.name / trial_lib.RESULT_FILE).exists() for s in srcs)]
+  jobs = _jobs(f, tasks, grid, srcs, ray_host.PYTHON)
   if not jobs:
     return
   ray_executor.connect(f.ray_address)
   failed = dispatch.run_on_ray(jobs, ray_host.train, cwd=os.getcwd(), cpus=f.trial_cpus, gpus=f.trial_gpus,
-                               max_retries=f.max_retries, mnli_start=mnli and f.from_mnli and "mnli" in tasks,
+                               max_retries=f.max_retries, mnli_start=_mnli_start(f, tasks, mnli),
                                grace_s=ray_host.STOP_GRACE_S, log=functools.partial(print, flush=True))
   if failed:
-    raise SystemExit(f"finetune: {len(failed)} of {len(jobs)} trial(s) failed: " +
-                     "; ".join(f"{j.trial.task} {j.trial.name} ({j.outcome})" for j in failed[:5]) +
-                     " (their logs under --output_dir/logs); the finished trials are kept: rerun to retry the rest")
+    raise _failed(failed, len(jobs))
+
+
+def _submit_slurm(f, tasks, grid: recipe.Grid, srcs: list[sources.Source], mnli: bool) -> int:
+  """--executor=slurm: submits the trials not finished yet (finetuning/slurm.py); how many SLURM holds now."""
+  from crossbert_jax.finetuning import slurm  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.scaling import slurm_executor  # pylint: disable=g-import-not-at-top
+
+  jobs = _jobs(f, tasks, grid, srcs)
+  if not jobs:
+    return 0
+  slurm_executor.check_tools()
+  out = epath.Path(f.output_dir).absolute()
+  out.mkdir(parents=True, exist_ok=True)
+  submitted = slurm.submit(jobs, out, repo=os.getcwd(), cpus=int(f.trial_cpus), gpus=int(f.trial_gpus),
+                           mnli_start=_mnli_start(f, tasks, mnli), log=functools.partial(print, flush=True))
+  if submitted.failed:
+    raise _failed(submitted.failed, len(jobs))
+  print(f"finetune: {submitted.held} trial(s) queued or running on SLURM; rerun the same command when they end: it "
+        f"builds {f.output_dir}/{table.NAME}.json from the finished trials and resubmits stopped ones", flush=True)
+  return submitted.held
 
 
 @exit_on_user_error
@@ -134,7 +173,15 @@ def main(argv: Sequence[str]) -> None:
                         f.wandb, f.wandb_project, f.wandb_entity)
   driver.check_output_dir(opts, [("--workdir", w) for w in f.workdir] + [("--hf", h) for h in f.hf])
   tasks, skipped, mnli = driver.load_tasks(names, named, f.data_dir, print)
+  if f.executor == "slurm":
+    from crossbert_jax.finetuning import slurm  # pylint: disable=g-import-not-at-top
+    slurm.check_resources(f.trial_cpus, f.trial_gpus)
   if f.print_trials:
+    if f.executor == "slurm":
+      slurm.submit(_jobs(f, tasks, grid, []), epath.Path(f.output_dir).absolute(), repo=os.getcwd(),
+                   cpus=int(f.trial_cpus), gpus=int(f.trial_gpus), mnli_start=_mnli_start(f, tasks, mnli),
+                   dry_run=True, log=functools.partial(print, flush=True))
+      return
     for _, argv in _trial_commands(f, tasks, grid, sys.executable):
       print(shlex.join(argv), flush=True)
     return
@@ -144,6 +191,10 @@ def main(argv: Sequence[str]) -> None:
     if f.executor == "ray":
       driver.check_mnli_start(srcs, tasks, opts, mnli)
       _dispatch(f, tasks, grid, srcs, mnli)  # Then the table below reads every trial back.
+    elif f.executor == "slurm":
+      driver.check_mnli_start(srcs, tasks, opts, mnli)
+      if _submit_slurm(f, tasks, grid, srcs, mnli):
+        return  # Trials are queued or running: the table is built by the same command once they end.
     result = driver.run(srcs, tasks, skipped, grid, opts, mnli)
   except trial_lib.Stopped as e:
     print(f"stopped: {e}; rerun the same command to resume (exit {EXIT_STOPPED})", file=sys.stderr, flush=True)

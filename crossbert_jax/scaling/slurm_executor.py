@@ -40,22 +40,32 @@ def script(p: placement_lib.Placement, spec: dict, root: pathlib.Path, repo: str
   sbatch = [
       f"--job-name={p.run.name}", f"--nodes={p.hosts}", f"--ntasks-per-node={tasks}",
       f"--cpus-per-task={max(1, int(p.bundle.get('CPU', 1)) // tasks)}", *([f"--gpus-per-node={gpus}"] if gpus else []),
-      "--requeue", "--open-mode=append", f"--output={run_dir}/slurm-%j.out", "--signal=TERM@120"]
+      f"--output={run_dir}/slurm-%j.out"]
+  done = (f"if [[ $rc -eq 0 ]]; then printf '{{\"steps\": {p.run.end_step}, \"wall_s\": %d}}\\n' \"$SECONDS\" > "
+          f"{shlex.quote(str(run_dir / plan_lib.DONE_FILE))}; fi")
+  return job_script(f"{p.run.name}: written by `python -m crossbert_jax.sweep --executor=slurm` (scaling/slurm_executor.py)",
+                    sbatch, repo, cmd,
+                    f"{run_dir}/train.%t.log", run_dir / EXIT_FILE, done)
+
+
+def job_script(what: str, sbatch: list[str], repo: str, cmd: list[str], output: str, exit_file: pathlib.Path,
+               on_exit: str = "") -> str:
+  """A batch script that runs `cmd` (a resumable command: exit 75 when stopped) under srun from `repo`, its
+  output in `output` (srun's pattern, appended across requeues), SIGTERM 120 s before the time limit, its exit
+  status in `exit_file`, then `on_exit` (a shell line that reads $rc), and requeued on exit 75."""
+  flags = [*sbatch, "--requeue", "--open-mode=append", "--signal=TERM@120"]
   return "\n".join([
-      "#!/usr/bin/env bash",
-      f"# {p.run.name}: written by `python -m crossbert_jax.sweep --executor=slurm` (scaling/slurm_executor.py).",
-      *[f"#SBATCH {flag}" for flag in sbatch], "set -uo pipefail", f"cd {shlex.quote(repo)}",
-      f"export PYTHONPATH={shlex.quote(repo)}${{PYTHONPATH:+:$PYTHONPATH}}",
-      f"srun --kill-on-bad-exit=1 --gpu-bind=none --output={shlex.quote(str(run_dir))}/train.%t.log {shlex.join(cmd)}",
-      "rc=$?", f"printf '{{\"rc\": %d, \"job\": \"%s\", \"restart\": %d}}\\n' \"$rc\" \"$SLURM_JOB_ID\" "
-      f"\"${{SLURM_RESTART_COUNT:-0}}\" > {shlex.quote(str(run_dir / EXIT_FILE))}",
-      f"if [[ $rc -eq 0 ]]; then printf '{{\"steps\": {p.run.end_step}, \"wall_s\": %d}}\\n' \"$SECONDS\" > "
-      f"{shlex.quote(str(run_dir / plan_lib.DONE_FILE))}; fi",
+      "#!/usr/bin/env bash", f"# {what}.", *[f"#SBATCH {flag}" for flag in flags], "set -uo pipefail",
+      f"cd {shlex.quote(repo)}", f"export PYTHONPATH={shlex.quote(repo)}${{PYTHONPATH:+:$PYTHONPATH}}",
+      f"srun --kill-on-bad-exit=1 --gpu-bind=none --output={shlex.quote(output)} {shlex.join(cmd)}", "rc=$?",
+      f"printf '{{\"rc\": %d, \"job\": \"%s\", \"restart\": %d}}\\n' \"$rc\" \"$SLURM_JOB_ID\" "
+      f"\"${{SLURM_RESTART_COUNT:-0}}\" > {shlex.quote(str(exit_file))}", *([on_exit] if on_exit else []),
       f"if [[ $rc -eq 75 && ${{SLURM_RESTART_COUNT:-0}} -lt {MAX_REQUEUES} ]]; then scontrol requeue \"$SLURM_JOB_ID\"; fi",
       "exit \"$rc\"", ""])
 
 
-def _read(path: pathlib.Path) -> dict:
+def read_record(path: pathlib.Path) -> dict:
+  """A job's SLURM record (slurm_job.json, slurm_exit.json), or {} where none was written."""
   return plan_lib.read_json(path, "the run's SLURM record") if path.is_file() else {}
 
 
@@ -87,7 +97,7 @@ def check_placements(places: list[placement_lib.Placement]) -> None:
                         "give a whole number")
 
 
-def _queued() -> set[str]:
+def queued() -> set[str]:
   """The ids of the jobs SLURM still holds; UserError when squeue fails (a failure is not an empty queue)."""
   try:
     out = subprocess.run(["squeue", "--noheader", "--format=%i", f"--states={_LIVE_STATES}"], capture_output=True,
@@ -108,19 +118,19 @@ def submit(places: list[placement_lib.Placement], spec: dict, root: pathlib.Path
   jobs: dict[str, str] = {}
   failed = []
   held_any = not dry_run and any((root / "runs" / p.run.name / JOB_FILE).is_file() for p in places)
-  queued = _queued() if held_any else set()  # Before any submission: a failed squeue submits nothing.
+  queued = queued() if held_any else set()  # Before any submission: a failed squeue submits nothing.
   for p in places:
     run_dir = root / "runs" / p.run.name
     name = p.run.name
     if plan_lib.is_done(run_dir):
       log(f"[slurm] {name}: done, skipped")
       continue
-    held = _read(run_dir / JOB_FILE).get("job", "")
+    held = read_record(run_dir / JOB_FILE).get("job", "")
     if held and not dry_run and held in queued:
       jobs[name] = held
       log(f"[slurm] {name}: job {held} is queued or running, left as it is")
       continue
-    if _read(run_dir / EXIT_FILE).get("rc") == 2 and not dry_run:
+    if read_record(run_dir / EXIT_FILE).get("rc") == 2 and not dry_run:
       failed.append(f"{name} (exit 2: a user error; see {run_dir}/train.0.log)")
       continue
     after = jobs.get(p.after, "") if p.after else ""

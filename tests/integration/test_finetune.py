@@ -37,6 +37,18 @@ def finetuned(tiny_run, shared_data, tmp_path_factory):
   return out, args[1:], proc
 
 
+def mnli_from_rte(copy) -> None:
+  """copy/mnli (a Hub-layout GLUE copy with rte/): RTE's rows in MNLI's columns and splits (labels 0 and 1 of MNLI's 3)."""
+  import pyarrow.parquet as pq
+
+  (copy / "mnli").mkdir()
+  for ours, theirs in (("train", ["train"]), ("validation", ["validation_matched", "validation_mismatched"])):
+    table = pq.read_table(copy / "rte" / f"{ours}-00000-of-00001.parquet")
+    table = table.rename_columns(["premise", "hypothesis", *table.column_names[2:]])
+    for split in theirs:
+      pq.write_table(table, copy / "mnli" / f"{split}-00000-of-00001.parquet")
+
+
 def _tensorboard_scalars(logdir) -> dict[str, dict[int, float]]:
   """{tag: {step: value}} from the TFRecord event files in `logdir` (tensorboardX's protos)."""
   from tensorboardX.proto import event_pb2
@@ -194,6 +206,34 @@ def test_print_trials_lists_each_trial_as_its_own_command(finetuned, command, tm
   assert len(lines) == 8 and all("-m crossbert_jax.finetune --task=" in l for l in lines)  # 2 tasks x 2 lr x 2 seeds.
   assert "--task=stsb --learning_rates=1e-05 --epochs=1 --weight_decays=0 --seeds=0" in lines[0]
   assert all(l.endswith("--wandb --wandb_project=ft_smoke") for l in lines)
+  assert not (tmp_path / "o").exists()
+
+
+def test_print_trials_for_slurm_gives_each_trial_a_batch_job_and_mnlis_dependants_wait(tmp_path, shared_data,
+                                                                                       tiny_run, command):
+  from tests.integration.test_glue import write_hub_copy
+
+  copy = tmp_path / "glue"
+  write_hub_copy(shared_data, copy, ("rte", "stsb"))
+  mnli_from_rte(copy)
+  proc = command("crossbert_jax.finetune", "--task=mnli,rte,stsb", f"--workdir={tiny_run}", f"--data_dir={copy}",
+                 f"--output_dir={tmp_path / 'o'}", *SMALL, "--seeds=0,1", "--executor=slurm", "--trial_cpus=2",
+                 "--print_trials", env=OFFLINE)
+  assert proc.returncode == 0, proc.stderr
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("# sbatch")]
+  assert len(lines) == 6 and all(l.endswith(".sbatch") for l in lines), proc.stdout  # 3 tasks x 2 seeds.
+  assert [l.split("/slurm/")[1].split("/")[0] for l in lines] == ["mnli"] * 2 + ["stsb", "stsb", "rte", "rte"]
+  after = "--dependency=afterok:JOB_OF_mnli_lr5e-05-ep1-wd0-seed0:JOB_OF_mnli_lr5e-05-ep1-wd0-seed1 --kill-on-invalid-dep=yes"
+  assert [after in l for l in lines] == [False, False, True, True, True, True]  # RTE and STS-B start from MNLI's best.
+  script = proc.stdout.split(lines[4], 1)[1].split("# sbatch", 1)[0]
+  assert "#SBATCH --cpus-per-task=2" in script and "#SBATCH --requeue" in script and "--gpus" not in script
+  assert "--task=rte --learning_rates=5e-05 --epochs=1 --weight_decays=0 --seeds=0" in script
+  assert f"--output={tmp_path / 'o'}/logs/rte/lr5e-05-ep1-wd0-seed0.log" in script
+  assert "scontrol requeue" in script and "exit.json" in script
+  assert not (tmp_path / "o").exists()
+  fractional = command("crossbert_jax.finetune", "--task=rte", f"--workdir={tiny_run}", f"--data_dir={copy}",
+                       f"--output_dir={tmp_path / 'o'}", "--executor=slurm", "--trial_cpus=0.5", env=OFFLINE)
+  assert fractional.returncode == 2 and "--trial_cpus=0.5: --executor=slurm asks for whole CPUs" in fractional.stderr
   assert not (tmp_path / "o").exists()
 
 
