@@ -3,14 +3,16 @@
 # code path (per-process data shards, global batch from local slices) without a pod.
 #   launch/local_multiprocess.sh 2 --config=configs/crossbert.py:tiny --workdir=runs/mp \
 #       --config.data.tokenizer=runs/demo/tokenizer/spm.model
+# MODULE=crossbert_jax.contrast runs the contrastive stage instead of pretraining (any command with --jax_distributed).
 set -euo pipefail
 n="${1:?usage: $0 NUM_PROCESSES --config=... --workdir=... [flags]}"; shift
 port="${PORT:-$((20000 + RANDOM % 10000))}"
 devices="${DEVICES_PER_PROCESS:-2}"
+module="${MODULE:-crossbert_jax.train}"
 pids=()
 for ((i = 0; i < n; i++)); do
   XLA_FLAGS="--xla_force_host_platform_device_count=${devices}" JAX_PLATFORMS=cpu \
-    python -m crossbert_jax.train "$@" --jax_distributed --coordinator_address="localhost:${port}" \
+    python -m "$module" "$@" --jax_distributed --coordinator_address="localhost:${port}" \
     --num_processes="$n" --process_id="$i" &
   pids+=($!)
 done

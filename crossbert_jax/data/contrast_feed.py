@@ -10,7 +10,8 @@ ArrayRecord, the built-in corpus; data.text_unit picks lines or paragraphs).
 Each text becomes `[CLS] ids [SEP]` truncated to data.seq_len and padded (the evaluation embedder's
 layout: data/text_rows.py): to data.seq_len (contrast.padding=max), or to the shortest of `pad_lengths`
 that holds the batch's longest text (contrast.padding=batch, as sentence-transformers pads each batch to its
-longest text; a few lengths, so the step compiles a few programs, not one per batch). A batch is a dict of int32 numpy arrays: tokens / segment_ids / positions
+longest text; a few lengths, so the step compiles a few programs, not one per batch; on several processes the
+run's feed pads each process's rows to the longest length any of them has: `VaryingLength`). A batch is a dict of int32 numpy arrays: tokens / segment_ids / positions
 B x T x L and text_ids B x T (`pairs.text_ids`: equal texts share an id, so the loss masks duplicates).
 The order is pretraining's (a seeded shuffle per epoch, this process's stride: `pipeline.ordered`);
 the iterator is Grain's, its state the next batch's index, so a resume continues exactly.
@@ -100,9 +101,6 @@ def make_dataset(c: plan_lib.Settings, tok: tokenizer_lib.AnyTokenizer, *, batch
     raise UserError("config data.mixture: the contrastive stage reads one data.path; give the files there")
   pipeline.check_process(process_index, process_count)
   per_batch = c.contrast.padding == "batch"
-  if per_batch and process_count > 1:
-    raise UserError(f"config contrast.padding=batch runs on one process ({process_count} here): each process would "
-                    "pad its rows to another length; use contrast.padding=max on several processes")
   if c.contrast.recipe == "simcse":
     ds = _documents(c, seed, process_index, process_count)
   else:
@@ -117,8 +115,35 @@ def make_dataset(c: plan_lib.Settings, tok: tokenizer_lib.AnyTokenizer, *, batch
   return it_ds
 
 
+class VaryingLength:
+  """The iterator of contrast.padding=batch: Grain's, and `pad_values`, the arrays whose last axis is the batch's
+  padded length with the value each is padded with. The run's feed (run/feed.py) pads every process's batch to
+  the longest of them, so the global batch has one shape on several processes."""
+  def __init__(self, iterator: grain.DatasetIterator, pad_id: int):
+    self._iterator = iterator
+    self.pad_values = {"tokens": pad_id, "segment_ids": 0, "positions": 0}
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    return next(self._iterator)
+
+  def get_state(self) -> dict[str, Any]:
+    return self._iterator.get_state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._iterator.set_state(state)
+
+  def close(self) -> None:
+    if hasattr(self._iterator, "close"):
+      self._iterator.close()
+
+
 def make_iterator(c: plan_lib.Settings, tok: tokenizer_lib.AnyTokenizer, *, batch_size: int, seed: int,
-                  process_index: int = 0, process_count: int = 1) -> grain.DatasetIterator:
-  """`iter(make_dataset(...))`: a checkpointable iterator (`get_state` / `set_state`): the spec's feed."""
-  return iter(
+                  process_index: int = 0, process_count: int = 1) -> Any:
+  """`iter(make_dataset(...))`: a checkpointable iterator (`get_state` / `set_state`): the spec's feed; with
+  contrast.padding=batch a `VaryingLength` around it."""
+  it = iter(
       make_dataset(c, tok, batch_size=batch_size, seed=seed, process_index=process_index, process_count=process_count))
+  return VaryingLength(it, tok.special_ids.pad) if c.contrast.padding == "batch" else it

@@ -6,7 +6,9 @@ fresh, from the start of its source, packed at its phase's length (`core/phases.
 returns this process's rows of the current phase's batch: `reads_per_step` reads of
 `read_batch / process_count` rows, concatenated. `get_state` / `set_state` are the current
 stream's iterator position: what a checkpoint of a step in this phase saves and restores.
-`check_streams` opens every stream of a run with phases and reads its first batch before step 1.
+`check_streams` opens every stream of a run with phases and reads its first batch before step 1. A stream
+padded per batch (its iterator's `pad_values`: the contrastive stage's contrast.padding=batch) has its reads,
+and on several processes every process's rows, padded to one length (`same_length`).
 An objective with an input stream of its own (`ObjectiveSpec.feed`, the contrastive stage's) gets it
 from `make_iterator` instead of the packed rows.
 """
@@ -39,10 +41,11 @@ class PhaseFeed:
     return self.iterator
 
   def __next__(self) -> dict[str, Any]:
-    reads = self.phase.reads_per_step
-    if reads == 1:
-      return next(self.iterator)
-    parts = [next(self.iterator) for _ in range(reads)]
+    parts = [next(self.iterator) for _ in range(self.phase.reads_per_step)]
+    if pad_values := getattr(self.iterator, "pad_values", None):
+      parts = same_length(parts, pad_values, self._process_count)
+    if len(parts) == 1:
+      return parts[0]
     return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
 
   def get_state(self) -> dict[str, Any]:
@@ -55,6 +58,25 @@ class PhaseFeed:
     if hasattr(self.iterator, "close"):
       self.iterator.close()  # Stops Grain's worker processes now rather than at interpreter exit.
     self.iterator = None
+
+
+def same_length(parts: list[dict[str, np.ndarray]], pad_values: dict[str, int],
+                process_count: int) -> list[dict[str, np.ndarray]]:
+  """Reads of a stream padded per batch (an iterator with `pad_values`: the arrays whose last axis varies, and
+  their pad values), each padded to the longest last axis among them and, on several processes, among every
+  process's reads (one all-gather of a length per step, which every process makes in step order)."""
+  length = max(part[k].shape[-1] for part in parts for k in pad_values)
+  if process_count > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    length = int(np.max(multihost_utils.process_allgather(np.int32(length))))
+
+  def pad(k: str, a: np.ndarray) -> np.ndarray:
+    if k not in pad_values or a.shape[-1] == length:
+      return a
+    return np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, length - a.shape[-1])], constant_values=pad_values[k])
+
+  return [{k: pad(k, a) for k, a in part.items()} for part in parts]
 
 
 def make_iterator(c: Any, tok: tokenizer_lib.Tokenizer, *, batch_size: int, seed: int, process_index: int,

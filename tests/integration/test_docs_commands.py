@@ -41,6 +41,7 @@ SKIP = {
     ("docs/evaluation.md", "runs/ft/trials/"): "exports a trial of the Hub-reading command before it",
     ("docs/evaluation.md", "tools/finetune_peer.py"): "a measurement: 3 seeds of two fine-tunings each (minutes)",
     ("docs/evaluation.md", "--executor=ray"): "needs a Ray cluster (tests/slow/test_finetune_ray.py starts one)",
+    ("docs/evaluation.md", "--executor=slurm"): "needs a SLURM cluster (tests/slow/test_finetune_slurm.py starts one)",
     ("docs/launch.md", ".venv-tpu"): "needs libtpu (`make setup-tpu`; `make test-tpu` runs the compile)",
     ("docs/launch.md", "TPU="): "creates Cloud TPU VMs (gcloud)",
     ("docs/launch.md", "launch/tpu.sh"): "creates and drives Cloud TPU VMs (gcloud)",

@@ -1,5 +1,7 @@
 """Two processes on localhost through jax.distributed: per-process shards, one global batch."""
 
+import pathlib
+
 import pytest
 
 from crossbert_jax.run import metrics
@@ -33,3 +35,38 @@ def test_two_processes_train_checkpoint_and_agree_on_a_damaged_checkpoint(tmp_pa
   for s in (3, 4):
     assert rerun[s] == losses[s], f"step {s}: {rerun[s]} after the fallback != {losses[s]}"
   assert (ckpts / "damaged-4").is_dir() and (ckpts / "5").is_dir()
+
+
+@pytest.mark.slow  # Two 2-process runs: about a minute on 2 cores.
+def test_per_batch_padding_on_two_processes_trains_as_padding_to_max(tmp_path, tiny_run, shared_data):
+  """contrast.padding=batch on 2 processes x 2 devices: each process pads its rows to its batch's length and the
+  run's feed pads both to the longer (run/feed.same_length), so the global batch has one shape; the losses equal
+  the same run's at contrast.padding=max (padding is masked: float sums of another length only)."""
+  import json
+  import os
+  import subprocess
+  import sys
+
+  from crossbert_jax.data import pairs
+  from tests.helpers import ROOT
+
+  rows = pairs.nli_triplets(pairs.read_senteval_nli(shared_data / "senteval/downstream/SNLI", "dev"))[:256]
+  data = tmp_path / "triplets.jsonl"
+  data.write_text("".join(
+      json.dumps({"anchor": r.anchor, "positive": r.positive, "negative": r.negative}) + "\n" for r in rows))
+  env = {
+      **os.environ, "PYTHONPATH": str(ROOT), "DEVICES_PER_PROCESS": "2", "MODULE": "crossbert_jax.contrast",
+      "PATH": f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}"}
+  losses = {}
+  for padding in ("batch", "max"):
+    run = tmp_path / padding
+    proc = subprocess.run([
+        "bash", "launch/local_multiprocess.sh", "2", "--config=configs/contrast.py:tiny_pairs", f"--workdir={run}",
+        f"--config.contrast.init_from={tiny_run}", f"--config.data.path={data}", f"--config.contrast.padding={padding}",
+        "--config.data.seq_len=128", "--config.train.batch_size=8", "--config.train.steps=6",
+        "--config.metrics.log_every=1", "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"2-process contrast ({padding}) failed:\n{proc.stderr[-3000:]}"
+    losses[padding] = [r["loss"] for r in metrics.read_metrics(str(run)) if "positive_cosine" in r]
+  assert len(losses["batch"]) == 6
+  assert losses["batch"] == pytest.approx(losses["max"], rel=1e-5), losses

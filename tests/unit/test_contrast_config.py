@@ -13,6 +13,7 @@ from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core import sections
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import contrast_feed, pairs, tokenizer as tokenizer_lib
+from crossbert_jax.run import feed
 from tests.helpers import ROOT
 
 
@@ -171,7 +172,8 @@ def test_simcse_batches_one_text_per_example(spm_model):
 
 def test_per_batch_padding(tmp_path, spm_model):
   """contrast.padding=batch: the texts of `max`'s batch cut to the shortest of pad_lengths holding the longest;
-  one process only (each would pick its own length)."""
+  the run's feed pads reads of other lengths to their longest (on several processes: the longest of any process,
+  tests/slow/test_multiprocess.py)."""
   assert contrast_feed.pad_lengths(256) == [16, 32, 64, 128, 256] and contrast_feed.pad_lengths(100)[-2:] == [64, 100]
   tok = tokenizer_lib.Tokenizer.load(spm_model)
   full, short = (next(
@@ -182,6 +184,11 @@ def test_per_batch_padding(tmp_path, spm_model):
   for key in ("tokens", "segment_ids", "positions"):
     assert (short[key] == full[key][..., :16]).all()
   assert (short["text_ids"] == full["text_ids"]).all()
-  with pytest.raises(UserError, match=r"^config contrast.padding=batch runs on one process \(2 here\)"):
-    contrast_feed.make_iterator(_pairs_plan(tmp_path, spm_model, contrast__padding="batch"), tok, batch_size=2, seed=0,
-                                process_index=0, process_count=2)
+  it = contrast_feed.make_iterator(_pairs_plan(tmp_path, spm_model, contrast__padding="batch"), tok, batch_size=4,
+                                   seed=0)
+  assert it.pad_values == {"tokens": tok.special_ids.pad, "segment_ids": 0, "positions": 0}
+  cut = {**short, **{k: short[k][..., :8] for k in it.pad_values}}
+  (a, b) = feed.same_length([cut, short], it.pad_values, process_count=1)
+  assert a["tokens"].shape == b["tokens"].shape == short["tokens"].shape and (b["tokens"] == short["tokens"]).all()
+  assert (a["tokens"][..., 8:] == tok.special_ids.pad).all() and not a["segment_ids"][..., 8:].any()
+  assert (a["positions"][..., :8] == short["positions"][..., :8]).all() and (a["text_ids"] == short["text_ids"]).all()
