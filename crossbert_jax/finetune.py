@@ -148,8 +148,9 @@ def _submit_slurm(f, tasks, grid: recipe.Grid, srcs: list[sources.Source], mnli:
                            mnli_start=_mnli_start(f, tasks, mnli), log=functools.partial(print, flush=True))
   if submitted.failed:
     raise _failed(submitted.failed, len(jobs))
-  print(f"finetune: {submitted.held} trial(s) queued or running on SLURM; rerun the same command when they end: it "
-        f"builds {f.output_dir}/{table.NAME}.json from the finished trials and resubmits stopped ones", flush=True)
+  print(
+      f"finetune: {submitted.held} trial(s) queued or running on SLURM; rerun the same command when they end: it "
+      f"builds {f.output_dir}/{table.NAME}.json from the finished trials and resubmits stopped ones", flush=True)
   return submitted.held
 
 
@@ -178,9 +179,10 @@ def main(argv: Sequence[str]) -> None:
     slurm.check_resources(f.trial_cpus, f.trial_gpus)
   if f.print_trials:
     if f.executor == "slurm":
-      slurm.submit(_jobs(f, tasks, grid, []), epath.Path(f.output_dir).absolute(), repo=os.getcwd(),
-                   cpus=int(f.trial_cpus), gpus=int(f.trial_gpus), mnli_start=_mnli_start(f, tasks, mnli),
-                   dry_run=True, log=functools.partial(print, flush=True))
+      slurm.submit(_jobs(f, tasks, grid, []),
+                   epath.Path(f.output_dir).absolute(), repo=os.getcwd(), cpus=int(f.trial_cpus),
+                   gpus=int(f.trial_gpus), mnli_start=_mnli_start(f, tasks, mnli), dry_run=True,
+                   log=functools.partial(print, flush=True))
       return
     for _, argv in _trial_commands(f, tasks, grid, sys.executable):
       print(shlex.join(argv), flush=True)

@@ -87,8 +87,10 @@ def submit(jobs: list[dispatch.Job], out: pathlib.Path, *, repo: str, cpus: int,
         failed.append(job)
         continue
       after = [ids[id(j)] for j in mnli]
-    argv = ["sbatch", "--parsable", *([f"--dependency=afterok:{':'.join(after)}", "--kill-on-invalid-dep=yes"]
-                                      if after else []), str(folder / SCRIPT)]
+    argv = [
+        "sbatch", "--parsable",
+        *([f"--dependency=afterok:{':'.join(after)}", "--kill-on-invalid-dep=yes"] if after else []),
+        str(folder / SCRIPT)]
     text = script(job, out, repo, cpus, gpus)
     if dry_run:
       ids[id(job)] = f"JOB_OF_{job.trial.task}_{job.trial.name}"  # A placeholder: the id sbatch would print.

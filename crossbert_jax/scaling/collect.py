@@ -2,7 +2,8 @@
 
 The points of a sweep's curves are its runs of kind "run" (one budget each) and "branch" (a WSD
 decay forked from a stable run, one point per budget); stable runs (kind "stable") are trunks
-that no curve reads. A point is (size, objective, seed, budget).
+that no curve reads. A point is (size, objective, seed, budget). A point's contrastive run (kind
+"contrast", with the spec's `contrast` key) is read apart: `contrast_results`.
 """
 
 import dataclasses
@@ -79,8 +80,15 @@ def _result(run: plan_lib.Run, run_dir: pathlib.Path) -> RunResult | None:
 
 
 def is_point(run: plan_lib.Run) -> bool:
-  """Whether the run is a point of the curves (every kind but a WSD stable trunk)."""
-  return run.kind != "stable"
+  """Whether the run is a point of the curves (a plain run or a branch: not a WSD stable trunk, not the
+  contrastive stage of a point)."""
+  return run.kind not in ("stable", "contrast")
+
+
+def contrast_results(root: pathlib.Path) -> list[RunResult]:
+  """The contrastive runs of the sweep that logged anything (none without the spec's `contrast` key)."""
+  runs = [r for r in plan_lib.load_plan(root)[1] if r.kind == "contrast"]
+  return [res for run in runs if (res := _result(run, root / "runs" / run.name)) is not None]
 
 
 def collect(root: pathlib.Path) -> tuple[dict, list[RunResult], list[str]]:

@@ -27,7 +27,7 @@ class Placement:
   hosts: int  # Trainer processes, one per host, started together or not at all.
   bundle: dict[str, float]  # What each host needs.
   slice: str = ""  # A TPU slice "<version>:<topology>" (its head resource claims it whole), or "".
-  after: str = ""  # The run that must finish first (a branch's stable run), or "".
+  after: str = ""  # The run that must finish first (a branch's stable run, a contrastive run's point), or "".
 
 
 def check_executor(name: str) -> str:
@@ -86,7 +86,8 @@ def placements(spec: dict, runs: list[plan_lib.Run]) -> list[Placement]:
       hosts, chips = slice_hosts(size["slice"], f"spec sizes[{run.size!r}].slice")
       bundle = dict(size.get("resources") or {"TPU": chips})
     _check_batch(run, spec, hosts, hosts * devices_per_host(bundle))
-    out.append(Placement(run, hosts, bundle, size.get("slice", ""), run.fork_from if run.kind == "branch" else ""))
+    after = run.fork_from if run.kind in ("branch", "contrast") else ""
+    out.append(Placement(run, hosts, bundle, size.get("slice", ""), after))
   return out
 
 
@@ -98,7 +99,7 @@ def devices_per_host(bundle: dict[str, float]) -> int:
 def _check_batch(run: plan_lib.Run, spec: dict, hosts: int, devices: int) -> None:
   """UserError, before anything is queued, for a batch the run's processes and devices cannot split as the
   trainer requires (training/sharding.check_batch_divisible): batch over hosts, micro-batch over data*fsdp."""
-  c = plan_lib.make_config(run.objective, spec["variant"], run.overrides)
+  c = plan_lib.run_config(run, spec)
   where, batch = f"spec sizes[{run.size!r}]", c.train.batch_size
   if batch % hosts:
     raise UserError(f"{where}: {hosts} hosts do not divide {run.name}'s batch of {batch} sequences; set "

@@ -10,11 +10,17 @@ commands with `--config.key=value` overrides, so they run here one after another
 With a `wsd` key a size's `flops` may be an ascending list of budgets: each (size, objective,
 seed) trains ONE stable run (`<run>__stable`, stopped at the largest budget's decay start, keeping
 a checkpoint at every budget's decay start) and one decay branch per budget (`<run>__T<steps>`,
-forked from it; bitwise a straight WSD run, tests/integration/test_fork.py). See docs/scaling_sweeps.md.
+forked from it; bitwise a straight WSD run, tests/integration/test_fork.py).
+
+With a `contrast` key every point (a plain run or a decay branch) is followed by a contrastive run
+(`<point>__contrast`, kind "contrast": `python -m crossbert_jax.contrast` with configs/contrast.py's
+variant, contrast.init_from = the point's workdir, the spec's probes over its steps), so the report
+can compare the objectives after the stage that MTEB-style embeddings need. See docs/scaling_sweeps.md.
 """
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import pathlib
 from typing import Any
@@ -44,10 +50,13 @@ class Run:
   flops_per_step: float
   steps: int
   tokens_per_step: int
-  kind: str = "run"  # "run" (independent) | "stable" (a WSD stable run; not a point) | "branch" (a decay branch).
-  fork_from: str = ""  # A branch's stable run (its name under ROOT/runs).
+  # "run" (independent) | "stable" (a WSD stable run; not a point) | "branch" (a decay branch) | "contrast" (the
+  # contrastive stage of a point; not a point of the pretraining curves).
+  kind: str = "run"
+  fork_from: str = ""  # A branch's stable run, a contrastive run's point (its name under ROOT/runs).
   fork_step: int = 0  # The stable run's step a branch starts from.
   budget_index: int = 0  # Which of the size's budgets (ascending) a branch (or a stable run's last) is.
+  variant: str = ""  # Its config file's variant; "" is the spec's (a contrastive run: the spec's contrast.variant).
 
   @property
   def flops(self) -> float:
@@ -77,8 +86,9 @@ def _overrides(spec: dict, size: dict, obj: dict, seed: int) -> dict[str, Any]:
 
 
 def make_config(objective: str, variant: str, overrides: dict[str, Any]):
-  """The run's full config: the variant with the overrides applied (keys checked)."""
-  c = config_lib.get_config(objective, variant)
+  """The run's full config: the variant (a size such as tiny, or a variant of the objective's config file such
+  as configs/contrast.py's tiny_simcse) with the overrides applied (keys checked)."""
+  c = config_lib.get_config(objective, variant) if variant in config_lib.VARIANTS else _file_config(objective, variant)
   for key, value in overrides.items():
     *parents, leaf = key.split(".")
     node = c
@@ -90,6 +100,22 @@ def make_config(objective: str, variant: str, overrides: dict[str, Any]):
       raise UserError(f"sweep spec: unknown config key {key!r} (every key: crossbert_jax/core/sections.py)")
     node[leaf] = value
   return c
+
+
+def _file_config(objective: str, variant: str):
+  """`get_config(variant)` of the objective's config file (configs/*.py, from the repo root)."""
+  file = objectives.get(objective).config_file
+  module_spec = importlib.util.spec_from_file_location(f"_sweep_config_{pathlib.Path(file).stem}", file)
+  if module_spec is None or not pathlib.Path(file).is_file():
+    raise UserError(f"sweep spec: {file} not found; run the sweep from the repo root")
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(variant)  # An unknown variant is its own UserError, naming the variants.
+
+
+def run_config(run: "Run", spec: dict):
+  """The full config a run trains with (its own variant, else the spec's)."""
+  return make_config(run.objective, run.variant or spec["variant"], run.overrides)
 
 
 def budgets(size: dict) -> list[float]:
@@ -122,7 +148,37 @@ def plan(spec: dict, tokenizer_path: str) -> list[Run]:
           runs.append(make(name, overrides, budgets(size)[0], t))
           continue
         runs.extend(_wsd_runs(name, steps, budgets(size), base, spec, wsd, probe_keys, make))
-  return runs
+  return _with_contrast(runs, spec) if "contrast" in spec else runs
+
+
+def _with_contrast(runs: list[Run], spec: dict) -> list[Run]:
+  """`runs` with each point followed by its contrastive run (module doc)."""
+  stage, probes = spec["contrast"], spec["probes"]
+  out = []
+  for run in runs:
+    out.append(run)
+    if run.kind == "stable":
+      continue
+    overrides = {
+        **stage.get("overrides", {}), "train.seed": run.seed, "data.path": stage.get("data_path") or spec["data_path"]}
+    for key in ("embed_dim", "num_heads", "num_layers", "mlp_dim", "vocab_size"):  # The point's shape (its FLOPs).
+      overrides.setdefault(f"model.{key}", run.overrides.get(f"model.{key}", None))
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    c = make_config("contrast", stage["variant"], overrides)
+    if c.contrast.recipe == "pairs" and not stage.get("data_path"):
+      raise UserError("sweep spec contrast: the pairs recipe reads pair files; give contrast.data_path (the spec's "
+                      "data_path is the pretraining corpus)")
+    t, n = c.train.steps, max(1, probes["count"])
+    overrides.update({
+        "eval.every_steps": max(1, t // n) if probes["count"] else 0, "eval.tasks": probes["tasks"],
+        "eval.data_dir": probes["data_dir"], "eval.max_examples": probes["max_examples"]})
+    c = make_config("contrast", stage["variant"], overrides)
+    per_step = flops.train_flops_per_step(c)
+    out.append(
+        Run(f"{run.name}__contrast", run.size, run.label, run.seed, "contrast", overrides, t * per_step, per_step, t,
+            c.train.batch_size * c.data.seq_len, kind="contrast", fork_from=run.name, budget_index=run.budget_index,
+            variant=stage["variant"]))
+  return out
 
 
 def _wsd_runs(name, steps, budget_list, base, spec, wsd, probe_keys, make) -> list[Run]:
@@ -168,7 +224,8 @@ COMPILATION_CACHE = "compilation_cache"  # ROOT/compilation_cache: shared by the
 
 
 def train_command(run: Run, spec: dict, workdir: str, python: str = "python") -> list[str]:
-  """argv of `python -m crossbert_jax.train` for the run (from the repo root), in `workdir` = ROOT/runs/NAME.
+  """argv of `python -m crossbert_jax.train` for the run (a contrastive run: `crossbert_jax.contrast`, from its
+  point's workdir) from the repo root, in `workdir` = ROOT/runs/NAME.
 
   All runs share one compilation cache, ROOT/compilation_cache: the runs of a size compile the same
   init, loss check and probe embedding (and, across seeds, the same step), so each compiles once.
@@ -178,8 +235,12 @@ def train_command(run: Run, spec: dict, workdir: str, python: str = "python") ->
   root = str(pathlib.PurePath(runs_dir).parent) if "://" not in runs_dir else runs_dir.rsplit("/", 1)[0]
   if run.kind == "branch":  # The stable run is the branch's sibling under ROOT/runs.
     flags.append(f"--config.train.fork_from={runs_dir}/{run.fork_from}:{run.fork_step}")
+  if run.kind == "contrast":  # The shape comes from the point's run (its model.* keys only counted its FLOPs).
+    flags = [f for f in flags if not f.startswith("--config.model.")]
+    flags.append(f"--config.contrast.init_from={runs_dir}/{run.fork_from}")
+  module = "crossbert_jax.contrast" if run.kind == "contrast" else "crossbert_jax.train"
   return [
-      python, "-m", "crossbert_jax.train", f"--config={objectives.get(run.objective).config_file}:{spec['variant']}",
+      python, "-m", module, f"--config={objectives.get(run.objective).config_file}:{run.variant or spec['variant']}",
       f"--workdir={workdir}", f"--compilation_cache={root}/{COMPILATION_CACHE}", "--config.metrics.progress_bar=False",
       f"--config.metrics.wandb_group={pathlib.PurePath(root).name or root}", *flags]
 
@@ -188,6 +249,8 @@ def _resolved(run: Run) -> dict:
   """A run as plan_hash sees it: every field, the config overrides but the tokenizer's path (it names the root)."""
   r = dataclasses.asdict(run)
   r["overrides"] = {k: v for k, v in r["overrides"].items() if k != "data.tokenizer"}
+  if not r["variant"]:
+    del r["variant"]  # Plans saved before runs had their own variant keep their hash.
   return r
 
 

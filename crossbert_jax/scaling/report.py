@@ -112,6 +112,36 @@ def _run_table(results: list[RunResult], keys: list[str]) -> list[str]:
   return lines
 
 
+def _contrast_table(spec: dict, results: list[RunResult], contrast: list[RunResult]) -> list[str]:
+  """Each (size, objective)'s final probe averages after its contrastive stage (mean ± std over seeds), beside
+  its points' (the encoders the stage started from); finished contrastive runs only."""
+  stage = spec["contrast"]
+  head = [
+      f"`configs/contrast.py:{stage['variant']}` on `{stage.get('data_path') or spec['data_path']}` after every "
+      "point, its probes at its last step (finished runs; mean ± std over seeds; `before`: the points it started "
+      "from).", ""]
+  done = [r for r in contrast if r.done]
+  if not done:
+    return head + [f"No contrastive run has finished yet ({len(contrast)} logged)."]
+  avg = [k for k in collect_lib.probe_keys(done) if k.startswith("avg/")]
+  cols = [c for k in avg for c in (k, f"{k} before")]
+  lines = [
+      "| size | objective | point's FLOPs | runs | final loss | " + " | ".join(cols) + " |",
+      "|" + "---|" * (5 + len(cols))]
+  source = {r.run.name: r for r in results}
+  groups: dict[tuple, list[RunResult]] = {}
+  for r in done:
+    groups.setdefault((r.run.size, r.run.label, r.run.budget_index), []).append(r)
+  for (size, label, budget), rs in groups.items():
+    flops = plan_lib.budgets(spec["sizes"][size])[budget]  # The budget its points trained for (scaled as planned).
+    cells = [size, label, _fmt(flops), len(rs), _mean_std([r.final_loss for r in rs])]
+    for k in avg:
+      before = [source[r.run.fork_from].final_probe(k) for r in rs if r.run.fork_from in source]
+      cells += [_mean_std([r.final_probe(k) for r in rs]), _mean_std(before) if before else "-"]
+    lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+  return head + lines
+
+
 def _config_lines(spec: dict) -> list[str]:
   lines = ["| size | d | heads | layers | mlp | FLOPs budget |", "|---|---|---|---|---|---|"]
   for name, s in spec["sizes"].items():
@@ -272,7 +302,7 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
   found = claims_lib.evaluate(spec, results)
   (out / "claims.json").write_text(json.dumps(_json_safe(found), indent=1) + "\n")
   done = sum(r.done for r in results)
-  stable = [r for r in plan_lib.load_plan(root)[1] if not collect_lib.is_point(r)]
+  stable = [r for r in plan_lib.load_plan(root)[1] if r.kind == "stable"]
   trunks = (f" WSD stable runs (not points): {sum(plan_lib.is_done(root / 'runs' / r.name) for r in stable)} of "
             f"{len(stable)} finished." if stable else "")
   n = spec["probes"]["max_examples"]
@@ -296,8 +326,11 @@ def write_report(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
       "## Sample efficiency", "", *_efficiency(spec, results, sizes, keys), "", "## Power-law fits", "", *fit_lines, "",
       *[f"![fit]({f})" for f in fit_figs], "", "## Seed spread", "", *_seed_spread(spec, results, sizes, keys), "",
       "## Claims, by seed-paired 95% intervals", "", *claims_lib.markdown(spec, found), "",
-      "## What the paper claims, as measured here", "", *_claims(spec, results, sizes, keys, found), "", "## Every run",
-      "", *_run_table(results, keys), ""]
+      "## What the paper claims, as measured here", "", *_claims(spec, results, sizes, keys, found), ""]
+  if "contrast" in spec:
+    md += [
+        "## After the contrastive stage", "", *_contrast_table(spec, results, collect_lib.contrast_results(root)), ""]
+  md += ["## Every run", "", *_run_table(results, keys), ""]
   path = out / "report.md"
   path.write_text("\n".join(md))
   return path

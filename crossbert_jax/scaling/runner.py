@@ -129,11 +129,12 @@ def run_sweep(spec: dict, runs: list[plan_lib.Run], root: pathlib.Path, log=func
     if plan_lib.is_done(run_dir):
       log(f"{where}: done, skipped")
       continue
-    if run.kind == "branch" and not plan_lib.is_done(root / "runs" / run.fork_from):
-      raise UserError(f"{run.name} forks from {run.fork_from}, which has not finished; rerun the sweep to "
+    if run.kind in ("branch", "contrast") and not plan_lib.is_done(root / "runs" / run.fork_from):
+      raise UserError(f"{run.name} starts from {run.fork_from}, which has not finished; rerun the sweep to "
                       "train it first")
     start_step = _last_step(run_dir) if (run_dir / metrics.METRICS_FILE).exists() else 0
-    origin = f" (from {run.fork_from} at step {run.fork_step})" if run.kind == "branch" and not start_step else ""
+    origin = (f" (from {run.fork_from} at step {run.fork_step})" if run.kind == "branch" and not start_step else
+              f" (the contrastive stage of {run.fork_from})" if run.kind == "contrast" and not start_step else "")
     log(f"{where}: {'resuming after step ' + str(start_step) if start_step else 'starting'}{origin}, "
         f"{run.end_step - max(start_step, run.fork_step)} steps to go, {run.cost_flops:.3g} FLOPs")
     wall_file = run_dir / WALL_FILE

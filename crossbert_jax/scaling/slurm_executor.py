@@ -43,9 +43,9 @@ def script(p: placement_lib.Placement, spec: dict, root: pathlib.Path, repo: str
       f"--output={run_dir}/slurm-%j.out"]
   done = (f"if [[ $rc -eq 0 ]]; then printf '{{\"steps\": {p.run.end_step}, \"wall_s\": %d}}\\n' \"$SECONDS\" > "
           f"{shlex.quote(str(run_dir / plan_lib.DONE_FILE))}; fi")
-  return job_script(f"{p.run.name}: written by `python -m crossbert_jax.sweep --executor=slurm` (scaling/slurm_executor.py)",
-                    sbatch, repo, cmd,
-                    f"{run_dir}/train.%t.log", run_dir / EXIT_FILE, done)
+  return job_script(
+      f"{p.run.name}: written by `python -m crossbert_jax.sweep --executor=slurm` (scaling/slurm_executor.py)", sbatch,
+      repo, cmd, f"{run_dir}/train.%t.log", run_dir / EXIT_FILE, done)
 
 
 def job_script(what: str, sbatch: list[str], repo: str, cmd: list[str], output: str, exit_file: pathlib.Path,
@@ -118,7 +118,7 @@ def submit(places: list[placement_lib.Placement], spec: dict, root: pathlib.Path
   jobs: dict[str, str] = {}
   failed = []
   held_any = not dry_run and any((root / "runs" / p.run.name / JOB_FILE).is_file() for p in places)
-  queued = queued() if held_any else set()  # Before any submission: a failed squeue submits nothing.
+  holds = queued() if held_any else set()  # Before any submission: a failed squeue submits nothing.
   for p in places:
     run_dir = root / "runs" / p.run.name
     name = p.run.name
@@ -126,7 +126,7 @@ def submit(places: list[placement_lib.Placement], spec: dict, root: pathlib.Path
       log(f"[slurm] {name}: done, skipped")
       continue
     held = read_record(run_dir / JOB_FILE).get("job", "")
-    if held and not dry_run and held in queued:
+    if held and not dry_run and held in holds:
       jobs[name] = held
       log(f"[slurm] {name}: job {held} is queued or running, left as it is")
       continue

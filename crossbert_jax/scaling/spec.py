@@ -12,11 +12,15 @@ SPEC_KEYS = {
     "name", "variant", "data_path", "tokenizer_vocab_size", "common", "sizes", "objectives", "seeds", "probes",
     "warmup_fraction"}
 SIZE_KEYS = {"embed_dim", "num_heads", "num_layers", "mlp_dim", "flops"}
-SPEC_OPTIONAL_KEYS = {"wsd", "max_concurrent", "max_retries"}  # WSD branches; executors (scaling/placement.py).
+# WSD branches; executors (scaling/placement.py); a contrastive stage after every point (scaling/plan.py).
+SPEC_OPTIONAL_KEYS = {"wsd", "max_concurrent", "max_retries", "contrast"}
 WSD_KEYS = {"decay_fraction", "shape"}
 SIZE_OPTIONAL_KEYS = {"seeds", "hosts", "resources", "slice"}  # Own seeds; placement (scaling/placement.py).
 OBJECTIVE_KEYS = {"objective", "ratio", "views", "reconstructor_width"}
 PROBE_KEYS = {"count", "tasks", "data_dir", "max_examples"}
+# The contrastive stage: configs/contrast.py's variant; its input (default: the spec's data_path) and config keys.
+CONTRAST_KEYS = {"variant"}
+CONTRAST_OPTIONAL_KEYS = {"data_path", "overrides"}
 PHASE_KEYS = ("train.phases", "train.batch_ramp")  # Refused in `common`: the plan's runs have one shape.
 
 
@@ -68,6 +72,8 @@ def load_spec(path: str) -> dict[str, Any]:
   frac = spec["warmup_fraction"]
   if not (isinstance(frac, (int, float)) and 0 <= frac < 1):
     raise UserError(f"{where} warmup_fraction={frac!r}: must be in [0, 1)")
+  if "contrast" in spec:
+    _check_contrast(spec["contrast"], f"{where} contrast")
   if phased := sorted(k for k in spec.get("common") or {} if k.startswith(PHASE_KEYS)):
     # The planner turns a FLOPs budget into steps at one batch x length; phases change both.
     raise UserError(f"{where} common sets {phased[0]}: a sweep's runs have one shape (budgets are FLOPs at "
@@ -78,6 +84,23 @@ def load_spec(path: str) -> dict[str, Any]:
 def one_line(e: BaseException) -> str:
   """An exception as one line (type and message, at most 300 characters)."""
   return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+
+
+def _check_contrast(contrast: Any, where: str) -> None:
+  """The contrastive stage's keys: a configs/contrast.py variant, its input and config overrides."""
+  _check_keys(contrast, CONTRAST_KEYS, where, CONTRAST_KEYS | CONTRAST_OPTIONAL_KEYS)
+  if not isinstance(contrast["variant"], str) or not contrast["variant"]:
+    raise UserError(f"{where}.variant={contrast['variant']!r}: name a variant of configs/contrast.py, e.g. "
+                    "'tiny_simcse' or 'base_pairs'")
+  if not isinstance(contrast.get("data_path", ""), str):
+    raise UserError(f"{where}.data_path={contrast['data_path']!r}: give the input as a string (pair files, a corpus)")
+  overrides = contrast.get("overrides", {})
+  if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
+    raise UserError(f"{where}.overrides={overrides!r}: must be a dict of config key -> value, e.g. "
+                    "{'train.steps': 100}")
+  if owned := sorted(k for k in overrides if k in ("contrast.init_from", "data.path", "train.seed")):
+    raise UserError(f"{where}.overrides sets {owned[0]}: the sweep sets it (each point's run, contrast.data_path, "
+                    "the point's seed); drop it")
 
 
 def _check_seeds(seeds: Any, where: str) -> None:

@@ -209,8 +209,8 @@ def test_print_trials_lists_each_trial_as_its_own_command(finetuned, command, tm
   assert not (tmp_path / "o").exists()
 
 
-def test_print_trials_for_slurm_gives_each_trial_a_batch_job_and_mnlis_dependants_wait(tmp_path, shared_data,
-                                                                                       tiny_run, command):
+def test_print_trials_for_slurm_gives_each_trial_a_batch_job_and_mnlis_dependants_wait(
+    tmp_path, shared_data, tiny_run, command):
   from tests.integration.test_glue import write_hub_copy
 
   copy = tmp_path / "glue"

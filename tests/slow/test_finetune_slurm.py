@@ -31,7 +31,7 @@ def test_slurm_trials_run_mnli_first_and_build_the_local_table(tiny_run, shared_
   mnli_from_rte(copy)
   common = [f"--workdir={tiny_run}", f"--data_dir={copy}", *ARGS]
   ref, out = tmp_path / "local", tmp_path / "ft"  # tmp_path/slurm is the cluster's.
-  local = run_module(["crossbert_jax.finetune", f"--output_dir={ref}", *common], env=cpu_env(**OFFLINE))
+  run_module(["crossbert_jax.finetune", f"--output_dir={ref}", *common], env=cpu_env(**OFFLINE))
   cluster = slurm_cluster.OneNode(tmp_path)
   env = cpu_env(**OFFLINE, SLURM_CONF=cluster.env["SLURM_CONF"])
   argv = ["crossbert_jax.finetune", f"--output_dir={out}", *common, "--executor=slurm"]
