@@ -136,12 +136,12 @@ def _dispatch(f, tasks, grid: recipe.Grid, srcs: list[sources.Source], mnli: boo
 def _submit_slurm(f, tasks, grid: recipe.Grid, srcs: list[sources.Source], mnli: bool) -> int:
   """--executor=slurm: submits the trials not finished yet (finetuning/slurm.py); how many SLURM holds now."""
   from crossbert_jax.finetuning import slurm  # pylint: disable=g-import-not-at-top
-  from crossbert_jax.scaling import slurm_executor  # pylint: disable=g-import-not-at-top
+  from crossbert_jax.run import slurm_jobs  # pylint: disable=g-import-not-at-top
 
   jobs = _jobs(f, tasks, grid, srcs)
   if not jobs:
     return 0
-  slurm_executor.check_tools()
+  slurm_jobs.check_tools()
   out = epath.Path(f.output_dir).absolute()
   out.mkdir(parents=True, exist_ok=True)
   submitted = slurm.submit(jobs, out, repo=os.getcwd(), cpus=int(f.trial_cpus), gpus=int(f.trial_gpus),

@@ -75,7 +75,8 @@ def main(argv):
     from crossbert_jax.scaling import slurm_executor  # pylint: disable=g-import-not-at-top
     slurm_executor.check_placements(places)
     if not _DRY_RUN.value:
-      slurm_executor.check_tools()
+      from crossbert_jax.run import slurm_jobs  # pylint: disable=g-import-not-at-top
+      slurm_jobs.check_tools()
   if _DRY_RUN.value:  # What the real run would say of the root's plan (a refusal is the same line).
     if added := plan_lib.check_plan(root, spec, runs, _SPEC.value):
       print(f"would extend the root's plan: {added} new run(s); its {len(runs) - added} runs are unchanged")

@@ -89,7 +89,12 @@ def load_tasks(names: list[str], named: bool, data_dir: str,
                     "(or the shared data root), or reach the Hub")
   if skipped:
     log(f"skipping {len(skipped)} GLUE task(s) without data: " + "; ".join(f"{t} ({w})" for t, w in skipped.items()))
-  return {name: glue_data.load(name, source, data_dir) for name, source in plan.items()}, skipped, mnli
+  loaded = {name: glue_data.load(name, source, data_dir) for name, source in plan.items()}
+  for name, task in loaded.items():  # Its files changed since the plan looked (e.g. moved away meanwhile).
+    if "train" not in task.splits:
+      raise UserError(f"--task={name}: its train split is gone from {data_dir or 'its source'} since this command "
+                      "started; restore it and rerun")
+  return loaded, skipped, mnli
 
 
 def encode(task: eval_tasks.Task, tok, max_length: int) -> trial_lib.TaskData:

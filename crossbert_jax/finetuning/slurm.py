@@ -1,7 +1,7 @@
 """`finetune --executor=slurm`: every trial of the grid as its own SLURM batch job, one per device.
 
 Each unfinished trial gets --output_dir/slurm/<task>/<trial>/trial.sbatch (the sweep's batch script,
-scaling/slurm_executor.job_script: one task holding `--trial_cpus` CPUs and `--trial_gpus` GPUs, SIGTERM 120 s
+scaling/slurm_jobs.job_script: one task holding `--trial_cpus` CPUs and `--trial_gpus` GPUs, SIGTERM 120 s
 before the time limit, requeued on exit 75, so a stopped trial resumes from its checkpoint) and is submitted
 with `sbatch --parsable`. The trials that start from MNLI's best (RTE, MRPC, STS-B, when MNLI runs) are
 submitted with `--dependency=afterok:<every unfinished MNLI trial's job>` and `--kill-on-invalid-dep=yes`, so
@@ -23,7 +23,7 @@ from typing import Callable
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.finetuning import dispatch
-from crossbert_jax.scaling import slurm_executor
+from crossbert_jax.run import slurm_jobs
 
 FOLDER, SCRIPT, JOB_FILE, EXIT_FILE = "slurm", "trial.sbatch", "job.json", "exit.json"
 
@@ -53,7 +53,7 @@ def script(job: dispatch.Job, out: pathlib.Path, repo: str, cpus: int, gpus: int
   sbatch = [
       f"--job-name=ft-{job.trial.task}-{job.trial.name}", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}",
       *([f"--gpus={gpus}"] if gpus else []), f"--output={folder}/slurm-%j.out"]
-  return slurm_executor.job_script(
+  return slurm_jobs.job_script(
       f"{job.trial.task} {job.trial.name}: written by `python -m crossbert_jax.finetune --executor=slurm` "
       "(finetuning/slurm.py)", sbatch, repo, job.argv, job.log, folder / EXIT_FILE)
 
@@ -63,19 +63,19 @@ def submit(jobs: list[dispatch.Job], out: pathlib.Path, *, repo: str, cpus: int,
   """Submits every job's trial not held by SLURM already (or, with `dry_run`, prints its sbatch line and script),
   MNLI's dependants after MNLI's jobs; what SLURM holds now and the trials that failed."""
   held_any = not dry_run and any((trial_dir(out, j) / JOB_FILE).is_file() for j in jobs)
-  queued = slurm_executor.queued() if held_any else set()  # Before any submission: a failed squeue submits nothing.
+  queued = slurm_jobs.queued() if held_any else set()  # Before any submission: a failed squeue submits nothing.
   ids: dict[int, str] = {}  # id(job) -> its SLURM job.
   held, failed = 0, []
   first, later = dispatch.waves(jobs, mnli_start)
   for job in first + later:
     folder = trial_dir(out, job)
     what = f"{job.trial.task} {job.trial.name}"
-    record = slurm_executor.read_record(folder / JOB_FILE)
+    record = slurm_jobs.read_record(folder / JOB_FILE)
     if not dry_run and record.get("job", "") in queued:
       ids[id(job)], held = record["job"], held + 1
       log(f"[slurm] {what}: job {record['job']} is queued or running, left as it is")
       continue
-    if not dry_run and slurm_executor.read_record(folder / EXIT_FILE).get("rc") == dispatch.EXIT_USER_ERROR:
+    if not dry_run and slurm_jobs.read_record(folder / EXIT_FILE).get("rc") == dispatch.EXIT_USER_ERROR:
       job.outcome = f"failed: exit 2, a bad input (see {job.log}; once fixed, delete {folder / EXIT_FILE} to resubmit)"
       failed.append(job)
       continue

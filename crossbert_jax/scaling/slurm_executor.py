@@ -1,9 +1,9 @@
 """`sweep --executor=slurm`: every run of a ladder as one SLURM batch job, branches after their stable run.
 
 Each unfinished run gets ROOT/runs/<name>/slurm.sbatch (the choices of launch/slurm_gpu.sbatch:
-one task per GPU, every GPU visible to each task, SIGTERM 120 s before the time limit, requeue
-on exit 75) and is submitted with `sbatch --parsable`; a WSD branch with
-`--dependency=afterok:<its stable run's job>`. Multi-node jobs are gang-scheduled by SLURM
+one task per GPU, every GPU visible to each task; run/slurm_jobs.job_script: SIGTERM 120 s before
+the time limit, requeue on exit 75) and is submitted with `sbatch --parsable`; a WSD branch (a
+contrastive run) with `--dependency=afterok:<its stable run's (its point's) job>`. Multi-node jobs are gang-scheduled by SLURM
 itself, and jax.distributed.initialize() reads the coordinator, process count and id from the
 SLURM environment. The job writes its trainer's exit status to slurm_exit.json and, on exit 0,
 sweep_done.json. The submitted job id is kept in slurm_job.json: the same command again submits
@@ -17,16 +17,15 @@ import functools
 import json
 import pathlib
 import shlex
-import shutil
 import subprocess
 
 from crossbert_jax.core import outputs
 from crossbert_jax.core.errors import UserError
+from crossbert_jax.run import slurm_jobs
 from crossbert_jax.scaling import placement as placement_lib
 from crossbert_jax.scaling import plan as plan_lib
 
 JOB_FILE, EXIT_FILE, SCRIPT = "slurm_job.json", "slurm_exit.json", "slurm.sbatch"
-MAX_REQUEUES = 20  # Requeues after exit 75 (launch/slurm_gpu.sbatch's MAX_REQUEUES).
 
 
 def script(p: placement_lib.Placement, spec: dict, root: pathlib.Path, repo: str, python: str) -> str:
@@ -43,42 +42,9 @@ def script(p: placement_lib.Placement, spec: dict, root: pathlib.Path, repo: str
       f"--output={run_dir}/slurm-%j.out"]
   done = (f"if [[ $rc -eq 0 ]]; then printf '{{\"steps\": {p.run.end_step}, \"wall_s\": %d}}\\n' \"$SECONDS\" > "
           f"{shlex.quote(str(run_dir / plan_lib.DONE_FILE))}; fi")
-  return job_script(
+  return slurm_jobs.job_script(
       f"{p.run.name}: written by `python -m crossbert_jax.sweep --executor=slurm` (scaling/slurm_executor.py)", sbatch,
       repo, cmd, f"{run_dir}/train.%t.log", run_dir / EXIT_FILE, done)
-
-
-def job_script(what: str, sbatch: list[str], repo: str, cmd: list[str], output: str, exit_file: pathlib.Path,
-               on_exit: str = "") -> str:
-  """A batch script that runs `cmd` (a resumable command: exit 75 when stopped) under srun from `repo`, its
-  output in `output` (srun's pattern, appended across requeues), SIGTERM 120 s before the time limit, its exit
-  status in `exit_file`, then `on_exit` (a shell line that reads $rc), and requeued on exit 75."""
-  flags = [*sbatch, "--requeue", "--open-mode=append", "--signal=TERM@120"]
-  return "\n".join([
-      "#!/usr/bin/env bash", f"# {what}.", *[f"#SBATCH {flag}" for flag in flags], "set -uo pipefail",
-      f"cd {shlex.quote(repo)}", f"export PYTHONPATH={shlex.quote(repo)}${{PYTHONPATH:+:$PYTHONPATH}}",
-      f"srun --kill-on-bad-exit=1 --gpu-bind=none --output={shlex.quote(output)} {shlex.join(cmd)}", "rc=$?",
-      f"printf '{{\"rc\": %d, \"job\": \"%s\", \"restart\": %d}}\\n' \"$rc\" \"$SLURM_JOB_ID\" "
-      f"\"${{SLURM_RESTART_COUNT:-0}}\" > {shlex.quote(str(exit_file))}", *([on_exit] if on_exit else []),
-      f"if [[ $rc -eq 75 && ${{SLURM_RESTART_COUNT:-0}} -lt {MAX_REQUEUES} ]]; then scontrol requeue \"$SLURM_JOB_ID\"; fi",
-      "exit \"$rc\"", ""])
-
-
-def read_record(path: pathlib.Path) -> dict:
-  """A job's SLURM record (slurm_job.json, slurm_exit.json), or {} where none was written."""
-  return plan_lib.read_json(path, "the run's SLURM record") if path.is_file() else {}
-
-
-# Jobs SLURM still holds: waiting, running or being requeued (squeue's default leaves out some of these).
-_LIVE_STATES = "PD,R,S,ST,CG,CF,RQ,RH,RF,RS,SI,SO,RD"
-TOOLS = ("sbatch", "squeue", "scontrol")  # What the executor calls (the jobs call scontrol to requeue).
-
-
-def check_tools() -> None:
-  """UserError, before anything is written, where SLURM's commands are not installed here."""
-  if missing := [t for t in TOOLS if shutil.which(t) is None]:
-    raise UserError(f"--executor=slurm: {', '.join(missing)} not found on PATH; run the sweep on a SLURM login "
-                    "node (or load its module), or use --executor=local|ray")
 
 
 def check_placements(places: list[placement_lib.Placement]) -> None:
@@ -97,40 +63,25 @@ def check_placements(places: list[placement_lib.Placement]) -> None:
                         "give a whole number")
 
 
-def queued() -> set[str]:
-  """The ids of the jobs SLURM still holds; UserError when squeue fails (a failure is not an empty queue)."""
-  try:
-    out = subprocess.run(["squeue", "--noheader", "--format=%i", f"--states={_LIVE_STATES}"], capture_output=True,
-                         text=True, timeout=60)
-  except (OSError, subprocess.TimeoutExpired) as e:
-    raise UserError(f"--executor=slurm: squeue did not answer ({e}); nothing was submitted: rerun once SLURM "
-                    "answers, on a SLURM login node") from None
-  if out.returncode != 0:
-    why = " ".join((out.stderr or out.stdout).split())[:200]
-    raise UserError(f"--executor=slurm: squeue failed (exit {out.returncode}: {why}); nothing was submitted, "
-                    "since the sweep cannot tell which runs SLURM still holds: rerun once squeue answers")
-  return set(out.stdout.split())
-
-
 def submit(places: list[placement_lib.Placement], spec: dict, root: pathlib.Path, repo: str, python: str, *,
            dry_run: bool = False, log=functools.partial(print, flush=True)) -> list[str]:
   """Submits every unfinished run (or, with `dry_run`, prints its script and sbatch line); the runs that failed."""
   jobs: dict[str, str] = {}
   failed = []
   held_any = not dry_run and any((root / "runs" / p.run.name / JOB_FILE).is_file() for p in places)
-  holds = queued() if held_any else set()  # Before any submission: a failed squeue submits nothing.
+  holds = slurm_jobs.queued() if held_any else set()  # Before any submission: a failed squeue submits nothing.
   for p in places:
     run_dir = root / "runs" / p.run.name
     name = p.run.name
     if plan_lib.is_done(run_dir):
       log(f"[slurm] {name}: done, skipped")
       continue
-    held = read_record(run_dir / JOB_FILE).get("job", "")
+    held = slurm_jobs.read_record(run_dir / JOB_FILE).get("job", "")
     if held and not dry_run and held in holds:
       jobs[name] = held
       log(f"[slurm] {name}: job {held} is queued or running, left as it is")
       continue
-    if read_record(run_dir / EXIT_FILE).get("rc") == 2 and not dry_run:
+    if slurm_jobs.read_record(run_dir / EXIT_FILE).get("rc") == 2 and not dry_run:
       failed.append(f"{name} (exit 2: a user error; see {run_dir}/train.0.log)")
       continue
     after = jobs.get(p.after, "") if p.after else ""

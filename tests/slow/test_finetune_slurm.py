@@ -5,6 +5,7 @@ RTE's rows in MNLI's layout (the shared data has no MNLI). Skips, saying why, wh
 lines and scripts of the same path are checked without SLURM in tests/integration/test_finetune.py."""
 
 import json
+import socket
 import subprocess
 import time
 
@@ -56,14 +57,15 @@ def test_slurm_trials_run_mnli_first_and_build_the_local_table(tiny_run, shared_
       assert (out / name).read_text().replace(str(out), "O") == (ref / name).read_text().replace(str(ref), "O")
     assert json.loads((out / "slurm" / "rte" / TRIAL / "exit.json").read_text())["rc"] == 0
 
-    # A trial that ends with exit 2 is named, not resubmitted: RTE's again (its result gone), held in SLURM's
-    # queue while its train split is moved away, then released: it refuses its input and exits 2.
+    # A trial that ends with exit 2 is named, not resubmitted: RTE's again (its result gone), queued while the node
+    # is drained and its train split moved away, then run: it refuses its input and exits 2.
     results[1].unlink()
-    run_module(argv, env={**env, "SBATCH_HOLD": "1"})
-    job = json.loads((out / "slurm" / "rte" / TRIAL / "job.json").read_text())["job"]
+    node = ["scontrol", "update", f"nodename={socket.gethostname().split('.')[0]}"]
+    subprocess.run([*node, "state=drain", "reason=test"], env=cluster.env, check=True, timeout=60)
+    run_module(argv, env=env)
     train = copy / "rte" / "train-00000-of-00001.parquet"
     train.rename(tmp_path / "rte_train.parquet")
-    subprocess.run(["scontrol", "release", job], env=cluster.env, check=True, timeout=60)
+    subprocess.run([*node, "state=resume"], env=cluster.env, check=True, timeout=60)
     exit_file = out / "slurm" / "rte" / TRIAL / "exit.json"
     deadline = time.time() + 300
     while time.time() < deadline and not exit_file.is_file():
