@@ -5,7 +5,8 @@
 #   make test-integration   in-process runs on shared session runs, real data (CROSSBERT_DATA defaults to ../shared/data)
 #   make test-slow   kill loops, clusters, multi-process, gs:// end to end (tests/slow and the cases marked slow)
 #   make test-beyond-unit   the integration and slow tiers in one session (what CI runs, with WORKERS=2)
-#   WORKERS=N   (any test target) N pytest-xdist worker processes, grouped tests kept together (docs/testing.md)
+#   WORKERS=N   (any test target) N pytest-xdist worker processes, grouped tests kept together; default 2 (the
+#               measured choice on 2 cores, docs/testing.md); WORKERS=1 runs serially
 #   make lint   ruff (pyproject's [tool.ruff]) and the yapf format check ([tool.yapf]); make format rewrites
 #   make setup-tpu   .venv-tpu: the pinned stack + jax[tpu]/libtpu (TPU VMs; on any host, the pre-flight
 #                    compile for a TPU topology: JAX_PLATFORMS=cpu .venv-tpu/bin/python -m crossbert_jax.compile)
@@ -20,7 +21,7 @@ TPU_VENV ?= .venv-tpu
 RUN ?= runs/demo
 KILLS ?= 50
 PYTEST_ARGS ?=
-WORKERS ?= 1
+WORKERS ?= 2
 # pytest-xdist's workers: tests marked xdist_group (sharing a session's expensive fixture) run on one worker.
 XDIST := $(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadgroup,)
 
