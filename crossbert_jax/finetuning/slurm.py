@@ -1,7 +1,7 @@
 """`finetune --executor=slurm`: every trial of the grid as its own SLURM batch job, one per device.
 
 Each unfinished trial gets --output_dir/slurm/<task>/<trial>/trial.sbatch (the sweep's batch script,
-scaling/slurm_jobs.job_script: one task holding `--trial_cpus` CPUs and `--trial_gpus` GPUs, SIGTERM 120 s
+run/slurm_jobs.job_script: one task holding `--trial_cpus` CPUs and `--trial_gpus` GPUs, SIGTERM 120 s
 before the time limit, requeued on exit 75, so a stopped trial resumes from its checkpoint) and is submitted
 with `sbatch --parsable`. The trials that start from MNLI's best (RTE, MRPC, STS-B, when MNLI runs) are
 submitted with `--dependency=afterok:<every unfinished MNLI trial's job>` and `--kill-on-invalid-dep=yes`, so
