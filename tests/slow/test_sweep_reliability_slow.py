@@ -41,16 +41,30 @@ def _no_partial_saves(workdir: pathlib.Path) -> None:
   assert not partial, f"{workdir}: a save was cut short: {partial}"
 
 
+def _wait_for_pending_sigterm(pid: int, driver, timeout: float = 120) -> None:
+  """Waits until SIGTERM is pending in the (stopped) process `pid`: the driver's stop has reached it."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    pending = {k: int(v, 16) for k, v in re.findall(r"^(SigPnd|ShdPnd):\s*([0-9a-f]+)$", status, re.M)}
+    if any(mask >> (signal.SIGTERM - 1) & 1 for mask in pending.values()):
+      return
+    assert driver.poll() is None, f"the driver exited {driver.returncode} before its stop reached the trainer"
+    time.sleep(0.1)
+  raise AssertionError(f"the driver's SIGTERM did not reach the trainer (pid {pid}) within {timeout:.0f} s")
+
+
 @pytest.mark.slow
 def test_sigterm_and_ctrl_c_to_the_ray_driver_save_every_trainer_and_exit_75(tmp_path, spm_model):
   """SIGTERM, then (after a rerun) SIGINT to the driver while its trainer trains: the driver exits 75 with
   one `stopped:` line, the trainer saved (exit 75, no partial checkpoint) and is gone, the attempt is
   closed as "stopped" (not left "running"), and a rerun resumes from the saved step.
   Before: rc 1 within 2 s (`SystemError` from ray.wait), the trainer killed mid-save.
-  1e11 FLOPs (~4,300 stable steps, 3,470 before the stable run's stop): at 1e10 the second attempt's trainer
-  once reached its last step (165 steps after the save the signal waits for) before the stop reached it, on
-  CI's loaded cores; at 3e10 the first attempt's did (1,020 steps after it), with two test workers."""
-  spec_file = _long_spec(tmp_path, "1e11")
+  The trainer is paused (SIGSTOP) from its save until the driver's SIGTERM is pending in it, so it cannot reach
+  its last step before the stop does, however loaded the cores: longer runs (1e10, 3e10, then 1e11 FLOPs) each
+  still lost that race once with two test workers (at 1e11, all 3,470 stable steps ran between the save and
+  the stop)."""
+  spec_file = _long_spec(tmp_path)
   root = tmp_path / "root"
   fault_inject_sweep.train_tokenizer(root, spm_model)
   stable = root / "runs" / "xs__bert_r15__s0__stable"
@@ -63,9 +77,14 @@ def test_sigterm_and_ctrl_c_to_the_ray_driver_save_every_trainer_and_exit_75(tmp
       trainer = _wait_for_checkpoint(stable, proc)
       while _saved(stable) <= saved:  # This attempt's own first save: its trainer is past startup.
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.5)
+        time.sleep(0.1)
       before = _saved(stable)
-      proc.send_signal(sig)
+      os.kill(trainer, signal.SIGSTOP)
+      try:
+        proc.send_signal(sig)
+        _wait_for_pending_sigterm(trainer, proc)
+      finally:
+        os.kill(trainer, signal.SIGCONT)
       out, err = proc.communicate(timeout=300)
       assert proc.returncode == 75, f"{sig.name}: rc {proc.returncode}\n{out[-2000:]}\n{err[-3000:]}"
       assert err.strip().splitlines()[-1].startswith(f"stopped: {sig.name} received"), err[-3000:]
