@@ -163,13 +163,23 @@ def test_bad_flags_are_one_line(tmp_path, capsys, argv, message):
   assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
 
 
-@pytest.mark.integration  # Imports datasets and huggingface_hub and waits on their offline failure: ~20 s.
 def test_the_hub_offline_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
-  """The real Hub loader (datasets.load_dataset at the pinned revision) with the Hub switched off."""
+  """The real Hub loader (datasets.load_dataset at the pinned revision) with the Hub switched off.
+
+  datasets and huggingface_hub read HF_HUB_OFFLINE and the cache folders once, when first imported: a test
+  session's earlier test may have imported them already, so their constants are set here too. With only
+  the environment set, this test then tried the network and waited 23 s on its timeouts (2026-12-07)."""
+  import datasets
+  import huggingface_hub
+
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")
   monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
   monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))  # An empty cache: nothing to fall back on.
   monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+  monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+  monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+  monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
   assert fetch_data.main([f"--output={tmp_path / 'o'}", "--datasets=wikitext-2"]) == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "Salesforce/wikitext@b08601e0" in err and "HF_HUB_OFFLINE" in err, err
