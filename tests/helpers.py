@@ -21,6 +21,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # only between programs built with the same flags.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
+# The suite's one compilation cache for every program (conftest.py): a test of a command's own default cache
+# (under its workdir, programs over run/compile_cache.MIN_COMPILE_SECONDS) leaves both out of the environment.
+SUITE_CACHE_VARS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+
+
+def users_cache_env(env: dict[str, str]) -> dict[str, str]:
+  """`env` without the suite's compilation-cache variables: the cache a user's command gets by default."""
+  return {k: v for k, v in env.items() if k not in SUITE_CACHE_VARS}
+
 
 def cpu_env(**extra: str) -> dict[str, str]:
   """This environment with one CPU device (no fake devices) and the repo importable."""

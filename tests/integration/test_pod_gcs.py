@@ -24,9 +24,8 @@ from etils import epath
 
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import corpus, tokenizer
-from crossbert_jax.run import compile_cache
 from crossbert_jax.run import lock as lock_lib
-from tests.helpers import cpu_env, run_module
+from tests.helpers import cpu_env, run_module, users_cache_env
 from tests.integration.test_reliability import check_two_breakers_of_one_dead_lease
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -65,7 +64,7 @@ def gcs(tmp_path_factory):
       # No credentials lookups: tensorstore takes this token, google-auth skips the metadata server.
       GOOGLE_AUTH_TOKEN_FOR_TESTING="test",
       NO_GCE_CHECK="True")
-  env.pop(compile_cache.ENV_VAR, None)  # The default cache under the gs:// workdir, not the suite's shared one.
+  env = users_cache_env(env)  # The default cache under the gs:// workdir, not the suite's shared one.
   yield env, url
   proc.terminate()
   proc.wait(timeout=30)
