@@ -12,6 +12,7 @@ command again runs only what is left. SIGTERM / Ctrl-C: every running trial gets
 """
 
 import dataclasses
+import pathlib
 from typing import Callable
 
 from crossbert_jax.finetuning import recipe
@@ -38,10 +39,12 @@ def waves(jobs: list[Job], mnli_start: bool) -> list[list[Job]]:
   return [[j for j in jobs if j not in later], later]
 
 
-def run_on_ray(jobs: list[Job], host_fn: Callable[[list[str], str, str], dict], *, cwd: str, cpus: float, gpus: float,
-               max_retries: int, mnli_start: bool, grace_s: float, log: Callable[[str], None]) -> list[Job]:
-  """Runs every job's trial as a Ray task of `host_fn(argv, cwd, log) -> {"rc": exit status, ...}` (the sweep's
-  `scaling/ray_host.train`, which a graceful cancel makes SIGTERM its process); returns the jobs that failed."""
+def run_on_ray(jobs: list[Job], host_fn: Callable[[list[str], str, str, str], dict], *, cwd: str, cpus: float,
+               gpus: float, max_retries: int, mnli_start: bool, grace_s: float, log: Callable[[str],
+                                                                                              None]) -> list[Job]:
+  """Runs every job's trial as a Ray task of `host_fn(argv, cwd, log, stop_file) -> {"rc": exit status, ...}` (the
+  sweep's `scaling/ray_host.train`, which SIGTERMs its process once `stop_file` exists); returns the jobs that
+  failed."""
   import ray  # pylint: disable=g-import-not-at-top  (only this executor needs Ray)
 
   task = ray.remote(host_fn).options(num_cpus=cpus, num_gpus=gpus, max_retries=0)
@@ -53,7 +56,9 @@ def run_on_ray(jobs: list[Job], host_fn: Callable[[list[str], str, str], dict], 
           j.outcome = "failed: waits for MNLI's trials, and one of them failed"
         failed += wave
         continue
-      running = {task.remote(j.argv, cwd, j.log): j for j in wave}
+      for j in wave:
+        _stop_file(j).unlink(missing_ok=True)  # An earlier command's stop.
+      running = {task.remote(j.argv, cwd, j.log, str(_stop_file(j))): j for j in wave}
       for j in wave:
         j.attempts = 1
       log(f"[ray] {len(wave)} trial(s) submitted ({cpus:g} CPU, {gpus:g} GPU each)")
@@ -81,13 +86,20 @@ def run_on_ray(jobs: list[Job], host_fn: Callable[[list[str], str, str], dict], 
             j.attempts += 1
             log(f"[ray] {j.trial.task} {j.trial.name}: {why}; starting it again "
                 f"({j.attempts - 1}/{max_retries}), from its checkpoint")
-            running[task.remote(j.argv, cwd, j.log)] = j
+            running[task.remote(j.argv, cwd, j.log, str(_stop_file(j)))] = j
   return failed
 
 
+def _stop_file(j: Job) -> pathlib.Path:
+  """Made by `_stop` beside the trial's log: its host task SIGTERMs the trial (Ray's graceful cancel is best effort)."""
+  return pathlib.Path(j.log).with_suffix(".stop")
+
+
 def _stop(ray, running: dict, grace_s: float, log: Callable[[str], None]) -> None:
-  """SIGTERM to every running trial (a graceful cancel of its task), then wait up to `grace_s` for their saves."""
+  """SIGTERM to every running trial (its stop file, which its task polls), then wait up to `grace_s` for their saves."""
   log(f"[ray] stopping: SIGTERM to {len(running)} trial(s); waiting up to {grace_s:.0f} s for their checkpoints")
-  for ref in running:
-    ray.cancel(ref, force=False)
+  for j in running.values():
+    _stop_file(j).write_text("stop\n")
   ray.wait(list(running), num_returns=len(running), timeout=grace_s)
+  for j in running.values():
+    _stop_file(j).unlink(missing_ok=True)

@@ -41,6 +41,7 @@ from crossbert_jax.scaling import ray_host
 from crossbert_jax.scaling import runner
 
 _POLL_S = 1.0  # The driver's reaction time.
+STOP_FILE = "sweep_stop"  # In a run's folder while the driver stops it (Driver.stop).
 _TICK_S = 5.0  # How often running attempts' wall times are written.
 _SUMMARY_S = 60.0  # How often the summary line is printed.
 
@@ -187,6 +188,10 @@ class Driver:
   def _dir(self, r: _Run) -> pathlib.Path:
     return self.root / "runs" / r.p.run.name
 
+  def _stop_file(self, r: _Run) -> pathlib.Path:
+    """Made by `stop`: the run's host tasks poll it and SIGTERM their trainers (ray_host.train)."""
+    return self._dir(r) / STOP_FILE
+
   def _ready(self, r: _Run) -> bool:
     after = self.runs.get(r.p.after)
     return (r.state == "queued" and (after is None or after.state == "done") and not _lock_busy(self._dir(r)))
@@ -222,11 +227,12 @@ class Driver:
     r.hosts.sort(key=lambda x: x[0])
     head = r.hosts[0][1]
     coordinator = f"{head['ip']}:{head['port']}"
+    self._stop_file(r).unlink(missing_ok=True)  # An earlier driver's stop.
     for i in range(r.p.hosts):
       cmd = placement_lib.host_command(r.p, self.spec, str(self._dir(r)), ray_host.PYTHON, i, coordinator)
       log = self._dir(r) / ("train.log" if i == 0 else f"train.host{i}.log")
       task = self._in_bundle(r, ray_host.train, i, **_task_options(r.p.bundle))
-      r.refs[task.remote(cmd, self.cwd, str(log))] = ("host", i)
+      r.refs[task.remote(cmd, self.cwd, str(log), str(self._stop_file(r)))] = ("host", i)
     r.state = "training"
 
   def _end_attempt(self, r: _Run, outcome: str, cause: str) -> None:
@@ -340,17 +346,18 @@ class Driver:
         f"{r.p.run.name} (waits for {r.p.after}, which failed)" for r in self.runs.values() if r.state == "queued"]
 
   def stop(self, why: str) -> None:
-    """After a stop request: every trainer gets SIGTERM (a graceful cancel of its task: it saves and exits 75),
-    the driver waits for them (up to ray_host.STOP_GRACE_S), frees their hosts and closes their attempts as
-    "stopped", so the same command resumes them from their checkpoints."""
+    """After a stop request: every trainer gets SIGTERM (its run's stop file, which the run's host tasks poll: it
+    saves and exits 75), the driver waits for them (up to ray_host.STOP_GRACE_S), frees their hosts and closes their
+    attempts as "stopped", so the same command resumes them from their checkpoints. (Not Ray's graceful cancel:
+    best effort, it once had not reached a running task after 120 s.)"""
     live = [r for r in self.runs.values() if r.state in ("placing", "starting", "training")]
     hosts = {ref: r for r in live for ref, what in r.refs.items() if what != "ready" and what[0] == "host"}
-    for ref in hosts:
-      ray.cancel(ref, force=False)
+    for r in {id(r): r for r in hosts.values()}.values():
+      self._stop_file(r).write_text(why + "\n")
     if hosts:
       self.log(f"[ray] stopping: SIGTERM to the trainers of {len({id(r) for r in hosts.values()})} run(s); "
                f"waiting up to {ray_host.STOP_GRACE_S:.0f} s for their checkpoints")
-      ray.wait(list(hosts), num_returns=len(hosts), timeout=ray_host.STOP_GRACE_S)
+      ray.wait(list(hosts), num_returns=len(hosts), timeout=ray_host.STOP_GRACE_S + 5)  # Past the hosts' own wait.
     for r in live:
       rcs, exits = [], []
       for ref, what in r.refs.items():
@@ -362,6 +369,7 @@ class Driver:
             exits.append(f"host {what[1]}: {type(e).__name__}")
         elif what != "ready":  # A zero-CPU "where" task: nothing to save.
           ray.cancel(ref, force=True)
+      self._stop_file(r).unlink(missing_ok=True)  # Its hosts have ended, or their grace is over.
       finished = len(rcs) + len(r.ended) == r.p.hosts and not any(rcs) and not any(r.ended.values())
       if r.record.attempts and r.record.attempts[-1].get("outcome") == "running":
         if finished and _last_step(self._dir(r)) >= r.p.run.end_step:  # It ended before the stop reached it.

@@ -39,10 +39,13 @@ def where() -> dict:
   return {"ip": ray.util.get_node_ip_address(), "port": port, "machine": host.describe()}
 
 
-def train(cmd: list[str], cwd: str, log: str) -> dict:
+def train(cmd: list[str], cwd: str, log: str, stop_file: str = "") -> dict:
   """Runs the trainer `cmd` in `cwd` to its end, output appended to `log`; {rc, spawned: its start time}.
 
-  A graceful cancel (KeyboardInterrupt in the task) sends it SIGTERM: it saves and exits 75.
+  Once `stop_file` exists (the driver's stop: every host of the run polls the same file on the shared root), or on a
+  graceful cancel (a KeyboardInterrupt in the task), the trainer gets SIGTERM: it saves and exits 75. The driver
+  relies on the file: Ray's graceful cancel is best effort, and once (2026-12-07, two test workers on 2 cores) it
+  had not reached a running task after 120 s.
   """
   cmd = [sys.executable if c == PYTHON else c for c in cmd]
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)}
@@ -52,14 +55,16 @@ def train(cmd: list[str], cwd: str, log: str) -> dict:
     f.flush()
     spawned = time.time()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+    rc = None
     try:
-      while True:  # Polled: Ray's graceful cancel is a KeyboardInterrupt raised between bytecodes, which a
-        try:  # blocking waitpid would only see once the trainer ended on its own.
+      while rc is None and not (stop_file and os.path.exists(stop_file)):
+        try:  # Polled: a KeyboardInterrupt is raised between bytecodes, which a blocking waitpid would hold back.
           rc = proc.wait(timeout=_POLL_S)
-          break
         except subprocess.TimeoutExpired:
           continue
     except KeyboardInterrupt:
+      pass
+    if rc is None:
       proc.send_signal(signal.SIGTERM)
       try:
         rc = proc.wait(timeout=STOP_GRACE_S)
