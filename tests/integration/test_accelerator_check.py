@@ -12,10 +12,12 @@ import sys
 import time
 
 import jax
+import pytest
 
 from tests import helpers
 
 
+@pytest.mark.slow  # Every step of the check in one script: 106-118 s in the integration tier (2026-12-07).
 def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   env = {**os.environ, "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu", "CROSSBERT_DATA": str(shared_data)}
   env.pop("OUT", None)
