@@ -60,10 +60,11 @@ def test_sigterm_and_ctrl_c_to_the_ray_driver_save_every_trainer_and_exit_75(tmp
   one `stopped:` line, the trainer saved (exit 75, no partial checkpoint) and is gone, the attempt is
   closed as "stopped" (not left "running"), and a rerun resumes from the saved step.
   Before: rc 1 within 2 s (`SystemError` from ray.wait), the trainer killed mid-save.
-  The trainer is paused (SIGSTOP) from its save until the driver's SIGTERM is pending in it, so it cannot reach
-  its last step before the stop does, however loaded the cores: longer runs (1e10, 3e10, then 1e11 FLOPs) each
-  still lost that race once with two test workers (at 1e11, all 3,470 stable steps ran between the save and
-  the stop)."""
+  The trainer is paused (SIGSTOP) from its save until the driver's SIGTERM is pending in it: it cannot reach its
+  last step first, however loaded the cores, and a stop that never reaches it fails by name. That is what made
+  this test fail before (its trainer "ended before the stop reached it" at 1e10, 3e10 and 1e11 FLOPs): the driver
+  relied on Ray's graceful cancel, which once had not reached the running task after 120 s; it now writes the
+  run's stop file, which the host task polls."""
   spec_file = _long_spec(tmp_path)
   root = tmp_path / "root"
   fault_inject_sweep.train_tokenizer(root, spm_model)
