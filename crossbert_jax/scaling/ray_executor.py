@@ -352,10 +352,11 @@ class Driver:
     best effort, it once had not reached a running task after 120 s.)"""
     live = [r for r in self.runs.values() if r.state in ("placing", "starting", "training")]
     hosts = {ref: r for r in live for ref, what in r.refs.items() if what != "ready" and what[0] == "host"}
-    for r in {id(r): r for r in hosts.values()}.values():
+    training = {id(r): r for r in hosts.values()}.values()
+    for r in training:
       self._stop_file(r).write_text(why + "\n")
     if hosts:
-      self.log(f"[ray] stopping: SIGTERM to the trainers of {len({id(r) for r in hosts.values()})} run(s); "
+      self.log(f"[ray] stopping: SIGTERM to the trainers of {len(training)} run(s); "
                f"waiting up to {ray_host.STOP_GRACE_S:.0f} s for their checkpoints")
       ray.wait(list(hosts), num_returns=len(hosts), timeout=ray_host.STOP_GRACE_S + 5)  # Past the hosts' own wait.
     for r in live:

@@ -61,7 +61,7 @@ def train(cmd: list[str], cwd: str, log: str, stop_file: str = "") -> dict:
         try:  # Polled: a KeyboardInterrupt is raised between bytecodes, which a blocking waitpid would hold back.
           rc = proc.wait(timeout=_POLL_S)
         except subprocess.TimeoutExpired:
-          continue
+          pass
     except KeyboardInterrupt:
       pass
     if rc is None:

@@ -180,14 +180,19 @@ def test_docs_commands_run_as_written(tour_clone):
   prelude = [l.strip().replace("$(PY)", "python").replace("$(RUN)", "runs/demo") for l in demo]
   ran = set()  # (env, argv as run): a command the clone already ran as written is not run again.
   for command in [l for l in prelude if l.startswith("python")]:
-    ran.add(((), tuple(_as_run(shlex.split(command)))))
-    tour.run_in(tour_clone, _as_run(shlex.split(command)), f"make demo: {command}")
+    argv = _as_run(shlex.split(command))
+    ran.add(((), tuple(argv)))
+    tour.run_in(tour_clone, argv, f"make demo: {command}")
   for doc, command, why in all_commands():
-    extra_env, argv = argv_of(command)
-    if why is not None or (tuple(sorted(extra_env.items())), tuple(_as_run(argv))) in ran:
+    if why is not None:
       continue
-    ran.add((tuple(sorted(extra_env.items())), tuple(_as_run(argv))))
-    tour.run_in(tour_clone, _as_run(argv), f"{doc}: {command}", {**tour.clone_env(), **extra_env})
+    extra_env, argv = argv_of(command)
+    argv = _as_run(argv)
+    key = (tuple(sorted(extra_env.items())), tuple(argv))
+    if key in ran:
+      continue
+    ran.add(key)
+    tour.run_in(tour_clone, argv, f"{doc}: {command}", {**tour.clone_env(), **extra_env})
   assert any((tour_clone / "runs" / "obs" / "profile").rglob("*.xplane.pb"))
   assert (tour_clone / "runs" / "obs" / "wandb").is_dir()
   assert '"step": 200' in (tour_clone / "runs" / "recipe" / "metrics.jsonl").read_text()
