@@ -37,6 +37,9 @@ def _save_trace(trace_dir: pathlib.Path, out: pathlib.Path, name: str) -> dict[s
 # ModernBERT-base's layer pattern: global attention every 3rd layer, the others a 128-token window.
 MB = {"model.global_every": 3, "model.local_window": 128}
 LEVERS = {"model.remat": "auto", "model.head_dtype": "bfloat16"}
+# The batch lever: 4x the bench's batch, as few micro-batches as fit (train.grad_accum=0); tokens/s per step
+# then count 4x the tokens, in the largest micro-batch the chip holds.
+BATCH = {"train.batch_size": 128, "train.grad_accum": 0}
 # (case, benchmark.CASES entry, config keys over `base`'s, traced). `base` as is: remat full, float32
 # head, attention auto (gpu_flash on a GPU: its window kernel runs the local layers where positions follow
 # indices, BERT's packed rows, and the reconstructor's cross-attention; CrossBERT's gathered encoder
@@ -48,6 +51,8 @@ BENCH_CASES = (
     ("cb_mb", "cb_r0.5_k1", MB, False),
     ("bert_mb_levers", "bert_r0.15", {**MB, **LEVERS}, True),
     ("cb_mb_levers", "cb_r0.5_k1", {**MB, **LEVERS}, True),
+    ("bert_mb_levers_batch", "bert_r0.15", {**MB, **LEVERS, **BATCH}, False),  # Every lever of this call.
+    ("cb_mb_levers_batch", "cb_r0.5_k1", {**MB, **LEVERS, **BATCH}, False),
     ("bert_mb_attention_cudnn", "bert_r0.15", {**MB, "model.attention": "cudnn"}, False),
     ("bert_mb_attention_xla", "bert_r0.15", {**MB, "model.attention": "xla"}, False),
     ("bert_mb_remat_auto", "bert_r0.15", {**MB, "model.remat": "auto"}, False),
@@ -58,7 +63,7 @@ BENCH_CASES = (
 BENCH_BUDGET_S = 230  # No case starts after this (the wrapper stops the check at 480 s).
 # The dry run's cases: every code path of the table (each lever, both patterns, both objectives) in
 # five compiles, not eleven.
-DRY_RUN_CASES = ("bert_r0.15", "cb_r0.5_k1", "bert_mb_levers", "cb_mb_levers", "bert_mb_attention_cudnn")
+DRY_RUN_CASES = ("bert_r0.15", "cb_r0.5_k1", "bert_mb_levers_batch", "cb_mb_levers", "bert_mb_attention_cudnn")
 
 
 def bench_config(name: str, dry_run: bool):
@@ -71,6 +76,8 @@ def bench_config(name: str, dry_run: bool):
                             dtype="bfloat16")
   if dry_run and "model.local_window" in keys:  # The tiny rows are 64 long: a window that masks something.
     keys = {**keys, "model.local_window": 16}
+  if dry_run and "train.batch_size" in keys:  # The same 4x over the dry run's batch.
+    keys = {**keys, "train.batch_size": 4 * batch}
   return plan_lib.with_keys(c, keys)
 
 
@@ -107,6 +114,7 @@ def bench(dry_run: bool, out: pathlib.Path, work: pathlib.Path,
         "keys": keys,
         "global_every": c.model.global_every,
         "remat": timing["remat"],
+        "grad_accum": timing["grad_accum"],
         "head_dtype": c.model.head_dtype,
         "attention": c.model.attention,
         "median_step_s": timing["median_s"],
@@ -152,7 +160,7 @@ def add_vs_peer(report: dict[str, Any]) -> None:
 def format_table(report: dict[str, Any]) -> str:
   """Ours and the peer: step ms, tokens/s, MFU, memory, vs the peer's best."""
   lines = [
-      f"{'case':<24} {'layers':<11} {'remat':<5} {'head':<8} {'attention':<9} {'step ms':>8} {'tok/s':>9} "
+      f"{'case':<24} {'layers':<11} {'batch':>9} {'remat':<5} {'head':<8} {'attention':<9} {'step ms':>8} {'tok/s':>9} "
       f"{'MFU':>6} {'GiB':>6} {'vs peer':>7}"]
   pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
   for name, r in report["steps"].get("bench", {}).get("cases", {}).items():
@@ -160,15 +168,18 @@ def format_table(report: dict[str, Any]) -> str:
       lines.append(f"{name:<24} {r.get('error', r.get('skipped', ''))[:80]}")
       continue
     layers = "all global" if r["global_every"] == 1 else f"global/{r['global_every']}"
-    lines.append(f"{name:<24} {layers:<11} {r['remat']:<5} {r['head_dtype'][:8]:<8} {r['attention']:<9} "
+    batch = f"{r['batch_size']}/{r.get('grad_accum', 1)}"  # Sequences a step / micro-batches.
+    lines.append(f"{name:<24} {layers:<11} {batch:>9} {r['remat']:<5} {r['head_dtype'][:8]:<8} {r['attention']:<9} "
                  f"{1e3 * r['median_step_s']:>8.1f} {r['tokens_per_s']:>9,.0f} {pct(r['mfu']):>6} "
                  f"{r['temp_bytes'] / 2**30:>6.2f} {r.get('vs_peer', 0):>6.2f}x")
+  peer_batch = f"{report['steps'].get('peer', {}).get('batch_size', '-')}/1"
   for name, r in report["steps"].get("peer", {}).get("variants", {}).items():
     if "tokens_per_s" not in r:
       lines.append(f"peer {name:<19} {r.get('error', r.get('skipped', ''))[:80]}")
       continue
     gib = "-" if r["peak_bytes_allocated"] is None else f"{r['peak_bytes_allocated'] / 2**30:.2f}"
-    lines.append(f"{'peer ' + name:<24} {'global/3':<11} {'-':<5} {'torch':<8} {name.split('+')[0][:9]:<9} "
+    lines.append(f"{'peer ' + name:<24} {'global/3':<11} {peer_batch:>9} {'-':<5} {'torch':<8} "
+                 f"{name.split('+')[0][:9]:<9} "
                  f"{1e3 * r['median_step_s']:>8.1f} {r['tokens_per_s']:>9,.0f} {pct(r['mfu']):>6} {gib:>6} "
                  f"{'':>7}")
   return "\n".join(lines)

@@ -131,8 +131,10 @@ def _validate_train(t: ml_collections.ConfigDict) -> None:
     raise config_error("train.stop_at_step", f"must be >= 0 (0 = run to train.steps), got {t.stop_at_step}")
   if t.batch_size < 1:
     raise config_error("train.batch_size", f"must be >= 1, got {t.batch_size}")
-  if t.grad_accum < 1 or t.batch_size % t.grad_accum:
-    raise config_error("train.grad_accum", f"{t.grad_accum} must be >= 1 and divide train.batch_size={t.batch_size}")
+  if t.grad_accum < 0 or (t.grad_accum and t.batch_size % t.grad_accum):
+    raise config_error(
+        "train.grad_accum", f"{t.grad_accum} must divide train.batch_size={t.batch_size} (or be 0: the fewest "
+        "micro-batches whose compiled step fits the device's memory)")
   if t.learning_rate <= 0:
     raise config_error("train.learning_rate", f"must be positive, got {t.learning_rate}")
   if t.warmup_steps < 0:

@@ -203,7 +203,9 @@ class Train(Section):
   # Empty init_from: the source's (a from_hf source's shape); another than the source's is refused.
   fork_from: str = ""
   stop_at_step: int = 0  # Checkpoint and stop after this step, schedule unchanged (0: run to steps).
-  grad_accum: int = 1  # Micro-batches per step; batch_size must divide evenly.
+  # Micro-batches per step; batch_size must divide evenly. 0 (auto): the fewest whose compiled step fits
+  # model.memory_budget_gib, else the device's memory (training/memory.py; it prints its choice).
+  grad_accum: int = 1
   seed: int = 0  # Params init and the masking base key.
   learning_rate: float
   warmup_steps: int

@@ -123,7 +123,8 @@ def _hints(c: plan_lib.Settings) -> str:
     tips.append("--config.model.remat=full")
   if not c.model.scan_layers:
     tips.append("--config.model.scan_layers=True")
-  tips.append(f"--config.train.grad_accum={2 * c.train.grad_accum}")
+  tips.append(f"--config.train.grad_accum={2 * c.train.grad_accum}" if c.train.grad_accum else
+              "more devices or a shorter data.seq_len (grad_accum=0 tried down to one sequence per device)")
   return ", ".join(tips)
 
 
@@ -186,7 +187,7 @@ def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str, c
   """The report of one (single-phase) config's train step on `mesh`."""
   sharding.check_batch_divisible(c.train.batch_size, c.train.grad_accum, mesh)
   train_program = program_lib.TrainProgram(c, mesh)
-  c = train_program.config  # remat=auto resolved.
+  c = train_program.config  # remat=auto and grad_accum=0 resolved.
   state, batch = train_program.shaped_inputs()
   device = mesh.devices.flat[0]
   where = topology or f"{mesh.size} local {device.platform} device(s)"
@@ -232,8 +233,8 @@ def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str, c
       "sequences_per_device": c.train.batch_size / mesh.size,
       "dtype": c.model.dtype,
       "scan_layers": c.model.scan_layers,
-      "remat": c.model.remat,  # remat=auto: what it chose.
-      "remat_choice": train_program.remat_choice,
+      "remat": c.model.remat,  # remat=auto: what it chose (grad_accum=0: above).
+      "fit_choice": train_program.fit_choice,
       "lower_seconds": t1 - t0,
       "compile_seconds": t2 - t1,
       "memory": memory,

@@ -150,8 +150,9 @@ def time_case(c: plan_lib.Settings, steps: int, warmup: int, trace_dir: str = ""
   del state
   return {
       "compile_s": compile_s, "temp_bytes": temp_bytes, "remat": train_program.config.model.remat,
-      "first_step_s": first_s, "step_times_s": times, "median_s": statistics.median(times), "min_s": min(times),
-      "loss": loss, "num_targets": float(metrics["num_targets"])}
+      "grad_accum": train_program.config.train.grad_accum, "first_step_s": first_s, "step_times_s": times,
+      "median_s": statistics.median(times), "min_s": min(times), "loss": loss,
+      "num_targets": float(metrics["num_targets"])}
 
 
 def case_summary(c: plan_lib.Settings, timing: dict[str, Any]) -> dict[str, Any]:

@@ -105,7 +105,7 @@ def _check_batch(run: plan_lib.Run, spec: dict, hosts: int, devices: int) -> Non
     raise UserError(f"{where}: {hosts} hosts do not divide {run.name}'s batch of {batch} sequences; set "
                     f"train.batch_size to a multiple of {hosts} or change hosts")
   shards = math.prod(sharding.mesh_shape(c.mesh, devices)[:2])  # data * fsdp over the run's devices.
-  micro = batch // c.train.grad_accum
+  micro = batch // max(c.train.grad_accum, 1)  # 0 (auto): its candidates start at the whole batch.
   if micro % shards:
     raise UserError(f"{where}: {run.name} has {devices} devices ({hosts} host(s) x {devices // hosts}), whose "
                     f"mesh data*fsdp = {shards} does not divide its micro-batch of {micro} sequences "

@@ -1,11 +1,14 @@
-"""A device's memory, what a compiled train step needs of it, and `model.remat="auto"`'s choice.
+"""A device's memory, what a compiled train step needs of it, and the choices of `model.remat="auto"`
+and `train.grad_accum=0` ("auto").
 
-`auto` compiles the train step with the least recomputation first ("none", then "dots", then
-"full") and keeps the first whose compiled program (`memory_analysis()`: arguments + outputs not
-aliased onto them + temporaries + code) fits the budget: `model.memory_budget_gib` when set, else
-the device's memory (the runtime's `bytes_limit`, else the HBM_GIB table). It says what it chose
-in one line. With no budget known (a CPU, an unknown chip) it chooses "none". Nothing fits: "full",
-and the line says by how much it is over (the compile command's check then names the fixes).
+Both compile the train step and keep the first candidate whose compiled program (`memory_analysis()`:
+arguments + outputs not aliased onto them + temporaries + code) fits the budget: `model.memory_budget_gib`
+when set, else the device's memory (the runtime's `bytes_limit`, else the HBM_GIB table). remat: the
+least recomputation first ("none", then "dots", then "full"). grad_accum: the fewest micro-batches
+first (the largest micro-batch per device), bisecting the batch's divisors. Each says what it chose in
+one line. With no budget known (a CPU, an unknown chip) they choose "none" and one micro-batch.
+Nothing fits: the most frugal, and the line says by how much it is over (the compile command's check
+then names the fixes).
 """
 
 from typing import Any, Callable
@@ -75,32 +78,86 @@ REMAT_ORDER = ("none", "dots", "full")
 
 
 def budget_bytes(c: plan_lib.Settings, device: jax.Device) -> int | None:
-  """remat=auto's memory budget per device: model.memory_budget_gib, else the device's memory."""
+  """The auto choices' memory budget per device: model.memory_budget_gib, else the device's memory."""
   if c.model.memory_budget_gib > 0:
     return int(c.model.memory_budget_gib * GIB)
   return hbm_bytes(device)
 
 
-def choose_remat(c: plan_lib.Settings, mesh: jax.sharding.Mesh, compile_step: Callable[[plan_lib.Settings], Any],
-                 say: Callable[[str], None] = print) -> tuple[plan_lib.Settings, list[dict[str, Any]]]:
-  """`c` with model.remat="auto" replaced by the least recomputation whose compiled step fits, and
-  the tried rows ({remat, total_bytes}); `compile_step(config)` returns the compiled train step."""
+def accum_candidates(batch_size: int, shards: int) -> list[int]:
+  """train.grad_accum=0's candidates, fewest micro-batches (largest micro-batch) first: the divisors
+  of batch_size whose micro-batch still splits over the mesh's data*fsdp shards."""
+  return [a for a in range(1, batch_size + 1) if batch_size % a == 0 and (batch_size // a) % shards == 0]
+
+
+def _fewest_that_fit(candidates: list[int], fits: Callable[[int], bool]) -> int | None:
+  """The first candidate that fits, memory falling along the list: the first (the common case, one
+  compile), else the last (none fits: None), else a bisection between them."""
+  if fits(candidates[0]):
+    return candidates[0]
+  if len(candidates) == 1 or not fits(candidates[-1]):
+    return None
+  lo, hi = 0, len(candidates) - 1  # candidates[lo] does not fit, candidates[hi] does.
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    if fits(candidates[mid]):
+      hi = mid
+    else:
+      lo = mid
+  return candidates[hi]
+
+
+def choose_fit(c: plan_lib.Settings, mesh: jax.sharding.Mesh, compile_step: Callable[[plan_lib.Settings], Any],
+               say: Callable[[str], None] = print) -> tuple[plan_lib.Settings, list[dict[str, Any]]]:
+  """`c` with model.remat="auto" and train.grad_accum=0 ("auto") resolved by compiling the train step,
+  and the compiled candidates ({remat, grad_accum, total_bytes}); `compile_step(config)` compiles it.
+
+  remat=auto: the least recomputation whose step fits. grad_accum=0: the fewest micro-batches (the
+  largest micro-batch per device) that fit. Both: the least recomputation at which some micro-batch
+  fits, and at it the fewest micro-batches (recomputing costs every step a third more FLOPs; a
+  smaller micro-batch costs less). With no budget known (a CPU) the first candidate: none, one
+  micro-batch. Nothing fits: the most frugal (full, the most micro-batches), and the line says so.
+  """
   budget = budget_bytes(c, mesh.devices.flat[0])
-  rows = []
-  for mode in REMAT_ORDER:
-    candidate = plan_lib.with_keys(c, {"model.remat": mode})
+  remats = REMAT_ORDER if c.model.remat == "auto" else (c.model.remat,)
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  accums = accum_candidates(c.train.batch_size, shards) if c.train.grad_accum == 0 else [c.train.grad_accum]
+  rows: list[dict[str, Any]] = []
+
+  def fits(remat: str, accum: int) -> bool:
+    candidate = plan_lib.with_keys(c, {"model.remat": remat, "train.grad_accum": accum})
     total = compiled_memory(compile_step(candidate))["total_bytes"]
-    rows.append({"remat": mode, "total_bytes": total})
-    if budget is None or total <= budget:
+    rows.append({"remat": remat, "grad_accum": accum, "total_bytes": total})
+    return budget is None or total <= budget
+
+  chosen = None
+  for remat in remats:
+    accum = _fewest_that_fit(accums, lambda a, r=remat: fits(r, a))
+    if accum is not None:
+      chosen = (remat, accum)
       break
-  chosen = rows[-1]
-  tried = ", ".join(f"{r['remat']} {r['total_bytes'] / GIB:.3f} GiB" for r in rows)
-  where = f"{mesh.devices.flat[0].device_kind}"
+  over = chosen is None
+  if over:
+    chosen = (remats[-1], accums[-1])
+  total = next(r["total_bytes"] for r in reversed(rows) if (r["remat"], r["grad_accum"]) == chosen)
+  say(_choice_line(c, chosen, total, budget, over, rows, mesh, c.train.batch_size))
+  return plan_lib.with_keys(c, {"model.remat": chosen[0], "train.grad_accum": chosen[1]}), rows
+
+
+def _choice_line(c: plan_lib.Settings, chosen: tuple[str, int], total: int, budget: int | None, over: bool,
+                 rows: list[dict[str, Any]], mesh: jax.sharding.Mesh, batch_size: int) -> str:
+  """One line: what the auto keys chose, whether it fits, and every compiled candidate."""
+  keys = []
+  if c.model.remat == "auto":
+    keys.append(("model.remat=auto", chosen[0]))
+  if c.train.grad_accum == 0:
+    micro = batch_size // chosen[1] / (mesh.shape["data"] * mesh.shape["fsdp"])
+    keys.append(("train.grad_accum=0 (auto)", f"{chosen[1]} ({micro:g} sequences per device a micro-batch)"))
+  what = "; ".join(f"{k}: chose {v}" for k, v in keys)
+  tried = ", ".join(f"{r['remat']}/{r['grad_accum']} {r['total_bytes'] / GIB:.3f} GiB" for r in rows)
+  where = mesh.devices.flat[0].device_kind
   if budget is None:
-    say(f"model.remat=auto: chose {chosen['remat']} (no memory size known for {where}: set "
-        f"model.memory_budget_gib to choose by a budget; compiled step {tried})")
-  else:
-    fits = "fits" if chosen["total_bytes"] <= budget else "DOES NOT FIT even so"
-    say(f"model.remat=auto: chose {chosen['remat']}, {fits} in {budget / GIB:.3f} GiB per device ({where}); "
-        f"compiled step: {tried}")
-  return plan_lib.with_keys(c, {"model.remat": chosen["remat"]}), rows
+    return (f"{what} (no memory size known for {where}: set model.memory_budget_gib to choose by a budget; "
+            f"compiled step (remat/grad_accum): {tried})")
+  fit = (f"DOES NOT FIT even so ({total / GIB:.3f} GiB)" if over else "fits")
+  return (f"{what}; {fit} in {budget / GIB:.3f} GiB per device ({where}); compiled step (remat/grad_accum): {tried}")

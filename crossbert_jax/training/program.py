@@ -77,12 +77,13 @@ class TrainProgram:
   """
   def __init__(self, c: plan_lib.Settings, mesh: Mesh, *, replacement_vocab: int | None = None,
                specials: SpecialIds = SENTENCEPIECE):
-    self.remat_choice: list[dict[str, Any]] = []  # remat=auto: the compiled candidates it tried.
-    if c.model.remat == "auto":
+    # remat=auto, grad_accum=0 (auto): the compiled candidates tried, {remat, grad_accum, total_bytes}.
+    self.fit_choice: list[dict[str, Any]] = []
+    if c.model.remat == "auto" or c.train.grad_accum == 0:
       from crossbert_jax.training import memory  # pylint: disable=g-import-not-at-top (it builds TrainPrograms)
       compile_step = lambda cand: TrainProgram(cand, mesh, replacement_vocab=replacement_vocab, specials=specials
                                               ).lower().compile()
-      c, self.remat_choice = memory.choose_remat(c, mesh, compile_step)
+      c, self.fit_choice = memory.choose_fit(c, mesh, compile_step)
     self.config = c
     self.mesh = mesh
     self.rules = sharding.logical_rules(c.mesh)

@@ -116,9 +116,10 @@ def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, ja
 
 
 def check_batch_divisible(batch_size: int, grad_accum: int, mesh: Mesh) -> None:
-  """The micro-batch must split evenly over the batch axes and over processes."""
+  """The micro-batch must split evenly over the batch axes and over processes (grad_accum 0, auto: its
+  largest candidate, the whole batch, must)."""
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
-  micro = batch_size // grad_accum
+  micro = batch_size // max(grad_accum, 1)
   if micro % shards:
     raise UserError(f"config train.batch_size: the micro-batch {micro} (batch_size / grad_accum) must be "
                     f"divisible by mesh data*fsdp = {shards}")

@@ -39,12 +39,14 @@ def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   peer = steps["peer"]  # transformers' ModernBERT at the tiny shape, on the CPU.
   assert peer["variants"]["sdpa"]["tokens_per_s"] > 0 and peer["best"] == "sdpa"
   cases = steps["bench"]["cases"]
-  assert list(cases) == ["bert_r0.15", "cb_r0.5_k1", "bert_mb_levers", "cb_mb_levers", "bert_mb_attention_cudnn"]
+  assert list(cases) == ["bert_r0.15", "cb_r0.5_k1", "cb_mb_levers", "bert_mb_levers_batch", "bert_mb_attention_cudnn"]
   assert all(case["tokens_per_s"] > 0 for case in cases.values())
   for case in cases.values():
     assert case["vs_peer"] == case["tokens_per_s"] / peer["best_tokens_per_s"]
-  assert cases["bert_mb_levers"]["global_every"] == 3 and cases["bert_mb_levers"]["head_dtype"] == "bfloat16"
-  assert cases["bert_mb_levers"]["remat"] == "none"  # auto, with no memory size known on a CPU.
+  every = cases["bert_mb_levers_batch"]
+  assert every["global_every"] == 3 and every["head_dtype"] == "bfloat16" and every["batch_size"] == 32
+  # remat auto and grad_accum 0 (auto), with no memory size known on a CPU: none, one micro-batch.
+  assert every["remat"] == "none" and every["grad_accum"] == 1
   assert "case " in log and "peer sdpa" in log  # The table.
   for case in (c for c in cases.values() if "trace" in c):  # Each case's trace came back and parses with jax's reader.
     xspace = gzip.decompress((tmp_path / "out" / case["trace"]).read_bytes())
@@ -54,8 +56,8 @@ def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   assert resumed["killed_before_it_finished"] and resumed["final_steps"] == [12, 12] and resumed["bitwise"]
   assert "verified" in steps["export"]["verify_lines"][0]
   assert sorted(os.listdir(tmp_path / "out")) == [
-      "accelerator_check.json", "accelerator_check.log", "profile_bert_mb_levers.xplane.pb.gz",
-      "profile_bert_r0.15.xplane.pb.gz", "profile_cb_mb_levers.xplane.pb.gz", "profile_cb_r0.5_k1.xplane.pb.gz"]
+      "accelerator_check.json", "accelerator_check.log", "profile_bert_r0.15.xplane.pb.gz",
+      "profile_cb_mb_levers.xplane.pb.gz", "profile_cb_r0.5_k1.xplane.pb.gz"]
 
 
 def _wrapper(*args: str, tmp_path, out_env: str | None = None, wait: bool = True):

@@ -50,7 +50,7 @@ INVALID = [
     ("crossbert", {"masking.reconstruct_ratio": 0.0}, "masking.reconstruct_ratio"),
     ("mlm", {"masking.reconstruct_ratio": 0.5}, "masking.reconstruct_ratio"),
     ("crossbert", {"train.grad_accum": 3}, "train.grad_accum"),
-    ("crossbert", {"train.grad_accum": 0}, "train.grad_accum"),
+    ("crossbert", {"train.grad_accum": -1}, "train.grad_accum"),  # 0 is auto (training/memory.py).
     ("crossbert", {"train.decay": "exponential"}, "train.decay"),
     ("crossbert", {"model.remat": "some"}, "model.remat"),
     ("crossbert", {"model.dtype": "float16"}, "model.dtype"),

@@ -1,4 +1,7 @@
-"""model.remat="auto": the least recomputation whose compiled train step fits the memory budget."""
+"""model.remat="auto" and train.grad_accum=0 ("auto"): the least recomputation, and the fewest micro-batches,
+whose compiled train step fits the memory budget."""
+
+import types
 
 import jax
 import pytest
@@ -13,11 +16,12 @@ from crossbert_jax.training import memory, program, sharding
 GIB = memory.GIB
 
 
-def _plan(budget_gib: float = 0.0, remat: str = "auto") -> plan_lib.RunPlan:
+def _plan(budget_gib: float = 0.0, remat: str = "auto", grad_accum: int = 1) -> plan_lib.RunPlan:
   c = config_lib.get_config("crossbert", "tiny")
   c.unlock()
   c.model.num_layers, c.model.scan_layers = 4, True  # Scanned, as the pod variants.
   c.model.remat, c.model.memory_budget_gib = remat, budget_gib
+  c.train.grad_accum = grad_accum
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
   c.lock()
   return plan_lib.build(c)
@@ -49,16 +53,17 @@ def test_auto_chooses_the_least_recompute_that_fits(mesh, totals, expect, capsys
   p = program.TrainProgram(_plan(budget / GIB), mesh)
   chosen = "full" if expect == "over" else expect
   assert p.config.model.remat == chosen
-  assert [r["remat"] for r in p.remat_choice] == list(memory.REMAT_ORDER[:memory.REMAT_ORDER.index(chosen) + 1])
-  assert [r["total_bytes"] for r in p.remat_choice] == [totals[r["remat"]] for r in p.remat_choice]
+  assert [r["remat"] for r in p.fit_choice] == list(memory.REMAT_ORDER[:memory.REMAT_ORDER.index(chosen) + 1])
+  assert [r["total_bytes"] for r in p.fit_choice] == [totals[r["remat"]] for r in p.fit_choice]
+  assert {r["grad_accum"] for r in p.fit_choice} == {1}
   line = capsys.readouterr().out.strip().splitlines()[-1]
-  assert line.startswith(f"model.remat=auto: chose {chosen}, ")
+  assert line.startswith(f"model.remat=auto: chose {chosen}; ")
   assert ("DOES NOT FIT" in line) == (expect == "over"), line
 
 
 def test_no_budget_known_chooses_none(mesh, capsys):
   p = program.TrainProgram(_plan(0.0), mesh)  # A CPU has no memory size.
-  assert p.config.model.remat == "none" and len(p.remat_choice) == 1
+  assert p.config.model.remat == "none" and len(p.fit_choice) == 1
   assert "no memory size known for cpu" in capsys.readouterr().out
 
 
@@ -69,9 +74,13 @@ def test_compile_reports_the_choice():
   c.unlock()
   c.mesh.fsdp = -1
   c.lock()
+  c.train.grad_accum = 0
+  c.lock()
   report = aot.compile_train_step(plan_lib.build(c))
-  assert report["remat"] == "none" and [r["remat"] for r in report["remat_choice"]] == ["none"]
-  assert "remat=none" in aot.format_report(report, params=False)
+  assert report["remat"] == "none" and report["grad_accum"] == 1
+  assert [(r["remat"], r["grad_accum"]) for r in report["fit_choice"]] == [("none", 1)]
+  text = aot.format_report(report, params=False)
+  assert "remat=none" in text and "grad_accum 1)" in text
 
 
 def test_a_negative_budget_is_refused():
@@ -84,3 +93,69 @@ def test_a_negative_budget_is_refused():
 def test_auto_is_none_outside_a_train_program():
   """Forwards (init, evaluation, export) of a run trained with auto recompute nothing."""
   assert layers.remat(layers.GeGLU, "auto") is layers.GeGLU
+
+
+@pytest.mark.integration  # Six compiles of a 4-layer tiny step: about 30 s.
+def test_grad_accum_auto_chooses_the_largest_micro_batch_that_fits(mesh, capsys):
+  """A budget between the compiled sizes at 2 and 4 micro-batches picks 4; the program then steps with 4."""
+  size = lambda a: memory.compiled_memory(
+      program.TrainProgram(_plan(remat="none", grad_accum=a), mesh).lower().compile())["total_bytes"]
+  at2, at4 = size(2), size(4)
+  assert at2 > at4, (at2, at4)
+  p = program.TrainProgram(_plan((at2 + at4) / 2 / GIB, remat="none", grad_accum=0), mesh)
+  assert p.config.train.grad_accum == 4 and p.config.model.remat == "none"
+  assert [r["grad_accum"] for r in p.fit_choice] == [1, 16, 4, 2]  # First, last, then a bisection.
+  line = capsys.readouterr().out.strip().splitlines()[-1]
+  assert line.startswith("train.grad_accum=0 (auto): chose 4 (4 sequences per device a micro-batch); fits"), line
+  state = p.init_state()
+  rows = {
+      k: jax.numpy.zeros(s.shape, s.dtype) + (1 if k == "segment_ids" else 5) for k, s in p.shaped_inputs()[1].items()}
+  _, metrics = p.jitted_step(state, p.global_batch(jax.tree.map(lambda a: jax.device_get(a), rows)))
+  assert jax.numpy.isfinite(metrics["loss"])
+
+
+def _fake_compile(per_sequence: dict[str, int], batch: int, fixed: int = 1000):
+  """A stand-in for XLA's compile whose memory analysis grows with the micro-batch and the remat's
+  activations: the search's order and bisection, without compiles."""
+  def compile_step(c):
+    temp = per_sequence[c.model.remat] * batch // c.train.grad_accum
+    return types.SimpleNamespace(memory_analysis=lambda: types.SimpleNamespace(
+        argument_size_in_bytes=fixed, output_size_in_bytes=fixed, alias_size_in_bytes=fixed, temp_size_in_bytes=temp,
+        generated_code_size_in_bytes=0))
+
+  return compile_step
+
+
+PER_SEQUENCE = {"none": 4000, "dots": 200, "full": 100}  # Bytes a sequence of activations, by remat.
+
+
+@pytest.mark.parametrize(
+    "remat,budget,chosen,tried",
+    [
+        # grad_accum auto alone (remat none): 1 does not fit, 16 does, bisection 4 (fits), 2 (does not).
+        ("none", 1000 + 4000 * 16 // 4, ("none", 4), [("none", 1), ("none", 16), ("none", 4), ("none", 2)]),
+        # Both auto: none fits at no micro-batch, dots at 2 (its first and last, then 4 and 2 fit).
+        ("auto", 1000 + 200 * 16 // 2, ("dots", 2), [("none", 1), ("none", 16), ("dots", 1), ("dots", 16), ("dots", 4),
+                                                     ("dots", 2)]),
+        # The whole batch fits at once: one compile.
+        ("auto", 10 ** 9, ("none", 1), [("none", 1)]),])
+def test_the_search_compiles_first_last_then_bisects(mesh, remat, budget, chosen, tried):
+  c = plan_lib.with_keys(_plan(budget / GIB, remat=remat, grad_accum=0), {})
+  out, rows = memory.choose_fit(c, mesh, _fake_compile(PER_SEQUENCE, c.train.batch_size), say=lambda line: None)
+  assert (out.model.remat, out.train.grad_accum) == chosen
+  assert [(r["remat"], r["grad_accum"]) for r in rows] == tried
+
+
+def test_nothing_fits_takes_the_most_frugal_and_says_so(mesh):
+  c = _plan(500 / GIB, remat="auto", grad_accum=0)  # Below the fixed 1,000 bytes: nothing fits.
+  lines = []
+  out, _ = memory.choose_fit(c, mesh, _fake_compile(PER_SEQUENCE, c.train.batch_size), say=lines.append)
+  assert (out.model.remat, out.train.grad_accum) == ("full", 16)
+  assert "model.remat=auto: chose full; train.grad_accum=0 (auto): chose 16" in lines[0]
+  assert "DOES NOT FIT even so" in lines[0]
+
+
+def test_accum_candidates_keep_the_micro_batch_divisible_by_the_shards():
+  assert memory.accum_candidates(16, 1) == [1, 2, 4, 8, 16]
+  assert memory.accum_candidates(16, 4) == [1, 2, 4]
+  assert memory.accum_candidates(12, 2) == [1, 2, 3, 6]
