@@ -25,8 +25,12 @@ Steps, each recorded (passed or not, seconds, figures) and none stopping the oth
              difference).
   export     `export --verify` of that run (transformers and sentence-transformers on the CPU).
   tests      the suite's sharding and masking tests on the default device.
+  curves     `small` (L=256, ModernBERT's pattern) trained 200 steps per path for BERT and CrossBERT:
+             the dense reference, another seed (the noise), gpu_flash, cudnn and the bf16 head; each
+             path's late loss against the reference's (tools/accelerator_curves.py).
 The default steps are the speed table (peer, versions, attention, attention_speed, bench: about
-6 minutes on an H200); `--steps=all` adds resume, export and tests (run2 and run5 passed them).
+7 minutes on an H200); `--steps=all` adds resume, export, tests and curves (a second call:
+`--steps=curves`, a few minutes).
 --dry_run: every step at tiny shapes on this machine's CPU (the suite runs it, so the script stays
 working between loans). tools/accelerator_check.sh is the wrapper that installs wheels and
 keeps the log; docs/benchmarks.md says how the figures are read.
@@ -57,9 +61,10 @@ from crossbert_jax.core import xla_flags  # noqa: E402
 from crossbert_jax.core.errors import UserError  # noqa: E402
 from crossbert_jax.model import attention as attention_lib  # noqa: E402
 from accelerator_bench import _python, _tail, add_vs_peer, bench, format_table, peer  # noqa: E402  (tools/)
+import accelerator_curves  # noqa: E402  (tools/)
 
 DEFAULT_STEPS = "peer,versions,attention,attention_speed,bench"
-ALL_STEPS = DEFAULT_STEPS + ",resume,export,tests"
+ALL_STEPS = DEFAULT_STEPS + ",resume,export,tests,curves"
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "ml-collections", "transformers", "torch")
 
 
@@ -181,16 +186,21 @@ def attention_speed(dry_run: bool) -> dict[str, Any]:
       "passed": all("median_ms" in r for n, r in rows.items() if not n.startswith("cudnn (reference)"))}
 
 
+def make_tokenizer(path: pathlib.Path) -> str | None:
+  """The runs' 1,024-piece tokenizer of the built-in text at `path`; None, or why it failed."""
+  made = _python("-m", "crossbert_jax.tokenizer", "--input=builtin", "--vocab_size=1024", f"--output={path}",
+                 timeout=300)
+  return _tail(made) if made.returncode else None
+
+
 def resume(dry_run: bool, work: pathlib.Path) -> dict[str, Any]:
   """A straight run and a killed-then-resumed run of the same config; their final params compared."""
   from crossbert_jax.run import load  # pylint: disable=g-import-not-at-top
 
   variant, steps, every = ("tiny", 12, 4) if dry_run else ("small", 200, 50)
   tokenizer = work / "spm.model"
-  made = _python("-m", "crossbert_jax.tokenizer", "--input=builtin", "--vocab_size=1024", f"--output={tokenizer}",
-                 timeout=300)
-  if made.returncode:
-    return {"passed": False, "error": "tokenizer: " + _tail(made)}
+  if error := make_tokenizer(tokenizer):
+    return {"passed": False, "error": "tokenizer: " + error}
   args = [
       "-m", "crossbert_jax.train", f"--config=configs/crossbert.py:{variant}", f"--config.data.tokenizer={tokenizer}",
       f"--config.train.steps={steps}", f"--config.checkpoint.every_steps={every}",
@@ -290,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
       "peer": lambda: peer(a.dry_run, out), "versions": versions, "attention": lambda: attention(a.dry_run),
       "attention_speed": lambda: attention_speed(a.dry_run),
       "bench": lambda: bench(a.dry_run, out, work, on_case=partial), "resume": lambda: resume(a.dry_run, work),
-      "export": lambda: export(a.dry_run, work), "tests": lambda: tests(a.dry_run)}
+      "export": lambda: export(a.dry_run, work), "tests": lambda: tests(a.dry_run),
+      "curves": lambda: accelerator_curves.curves(a.dry_run, work, make_tokenizer, on_run=partial_curves)}
   asked = (ALL_STEPS if a.steps == "all" or (a.dry_run and not a.steps) else a.steps or DEFAULT_STEPS).split(",")
   refusal = _refusal(asked, list(steps), out, a.dry_run)
   if a.xla_gpu_preset and not refusal:
@@ -317,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     add_vs_peer(report)
     path.write_text(json.dumps(report, indent=1))
 
+  def partial_curves(result: dict[str, Any]) -> None:
+    report["steps"]["curves"] = {**result, "partial": True}
+    path.write_text(json.dumps(report, indent=1))
+
   for name in asked:
     t0 = time.perf_counter()
     try:
@@ -333,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(report, indent=1))  # After every step: a killed check keeps what it measured.
   if "bench" in report["steps"] or "peer" in report["steps"]:
     print(format_table(report), flush=True)
+  if "curves" in report["steps"]:
+    print("\n".join(accelerator_curves.format_lines(report["steps"]["curves"])), flush=True)
   failed = [n for n, r in report["steps"].items() if r.get("passed") is False]
   print(f"wrote {path}; " + (f"FAILED: {', '.join(failed)}" if failed else "every step passed"), flush=True)
   return 1 if failed else 0

@@ -30,7 +30,7 @@ def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   report = json.loads((tmp_path / "out" / "accelerator_check.json").read_text())
   steps = report["steps"]
   assert report["dry_run"] and list(steps) == [
-      "peer", "versions", "attention", "attention_speed", "bench", "resume", "export", "tests"]
+      "peer", "versions", "attention", "attention_speed", "bench", "resume", "export", "tests", "curves"]
   assert all(r.get("passed", True) for r in steps.values()), json.dumps(steps)[:3000]
   assert set(steps["attention"]
              ["backends"]) == {"chunked", "gpu_flash", "gpu_flash_local", "gpu_flash_cross", "cudnn_bf16"}
@@ -52,6 +52,10 @@ def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
     xspace = gzip.decompress((tmp_path / "out" / case["trace"]).read_bytes())
     planes = [plane.name for plane in jax.profiler.ProfileData.from_serialized_xspace(xspace).planes]
     assert any(name.startswith("/host:CPU") for name in planes), planes
+  curves = steps["curves"]["objectives"]["bert"]  # Two tiny runs: the reference and one lever (chunked here).
+  assert list(curves) == ["reference", "cudnn"] and curves["cudnn"]["tracks"], curves
+  assert curves["cudnn"]["gap"] < 1e-3 and curves["cudnn"]["tolerance"] == 0.02  # No seed run: the floor.
+  assert len(curves["reference"]["loss"]) == 4 and "curves bert" in log
   resumed = steps["resume"]
   assert resumed["killed_before_it_finished"] and resumed["final_steps"] == [12, 12] and resumed["bitwise"]
   assert "verified" in steps["export"]["verify_lines"][0]
