@@ -41,9 +41,8 @@ LEVERS = {"model.remat": "auto", "model.head_dtype": "bfloat16"}
 # then count 4x the tokens, in the largest micro-batch the chip holds.
 BATCH = {"train.batch_size": 128, "train.grad_accum": 0}
 # (case, benchmark.CASES entry, config keys over `base`'s, traced). `base` as is: remat full, float32
-# head, attention auto (gpu_flash on a GPU: its window kernel runs the local layers where positions follow
-# indices, BERT's packed rows, and the reconstructor's cross-attention; CrossBERT's gathered encoder
-# tokens take the chunked fallback on local layers).
+# head, attention auto (gpu_flash on a GPU: its window kernel, by position, runs every local layer, BERT's
+# packed rows and CrossBERT's gathered encoder tokens, and the reconstructor's cross-attention).
 BENCH_CASES = (
     ("bert_r0.15", "bert_r0.15", {}, True),  # All global: run1-run5's rows.
     ("cb_r0.5_k1", "cb_r0.5_k1", {}, True),

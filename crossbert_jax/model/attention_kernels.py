@@ -11,8 +11,8 @@ How `attention.mask` maps onto each:
   visible tokens of CrossBERT's encoder).
 - gpu_flash: global self-attention runs JAX's stock Pallas GPU kernel (one segment-id array; pad
   queries match pad keys there and are zeroed); cross-attention and local windows run
-  `attention_window_gpu` (query and key segment ids, a window by index that skips the blocks
-  outside it), the window with the same position check and chunked fallback as splash.
+  `attention_window_gpu` (query and key segment ids, a window by position that skips the key
+  blocks outside it), exact on packed rows and gathered tokens alike: no position check.
 Shape letters: B batch, T queries, S keys, H heads, K head dim.
 """
 
@@ -88,7 +88,8 @@ def _splash_kernel(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, q_seg_BxT, kv_seg_BxS, *, wi
 
 
 def _sharded(fn, qkv_axes: tuple[str | None, ...], *args):
-  """`fn` over batch and heads under shard_map on the context mesh (logical rules give the specs)."""
+  """`fn(q, k, v, *rows)` over batch and heads under shard_map on the context mesh (logical rules give
+  the specs); `rows`: B x length integers (segment ids, positions), split over the batch only."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return fn(*args)
@@ -96,7 +97,8 @@ def _sharded(fn, qkv_axes: tuple[str | None, ...], *args):
   # never names a mesh axis. Lengths and head dims stay whole inside each shard.
   qkv_spec = nn.logical_to_mesh_axes(qkv_axes)
   seg_spec = nn.logical_to_mesh_axes(("batch", None))
-  return jax.shard_map(fn, in_specs=(qkv_spec,) * 3 + (seg_spec,) * 2, out_specs=qkv_spec, check_vma=False)(*args)
+  return jax.shard_map(fn, in_specs=(qkv_spec,) * 3 + (seg_spec,) * (len(args) - 3), out_specs=qkv_spec,
+                       check_vma=False)(*args)
 
 
 def splash_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_seg_BxT: Array, kv_seg_BxS: Array,
@@ -167,7 +169,8 @@ def gpu_flash_attention(q_BxTxHxK: Array, k_BxSxHxK: Array, v_BxSxHxK: Array, q_
 
 def _gpu_window_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS, q_pos_BxT, kv_pos_BxS, *, window,
                           block_q, block_kv, interpret):
-  """Cross-attention and local windows through `attention_window_gpu` (window by index, checked)."""
+  """Cross-attention and local windows through `attention_window_gpu` (a window by position: exact on
+  packed rows and on CrossBERT's gathered tokens alike, skipping the key blocks outside it)."""
   from crossbert_jax.model import attention_window_gpu
   t, s = q_BxTxHxK.shape[1], k_BxSxHxK.shape[1]
   # Tiles of up to 128 (64 under a window: a query block then visits (window + 64) / S of the keys).
@@ -179,14 +182,13 @@ def _gpu_window_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS
   # Pad queries have segment 0, pad keys -1: no query sees a pad key, and a keyless query outputs 0.
   q_seg = _pad_to(q_seg_BxT, tp, 0)
   kv_seg = _pad_to(jnp.where(kv_seg_BxS > 0, kv_seg_BxS, -1), sp, -1)
-
-  def run(win):
-    fn = functools.partial(attention_window_gpu.flash_attention, window=win, blocks=blocks, interpret=interpret)
-    return _sharded(fn, ("batch", None, "heads", None), q, kk, v, q_seg, kv_seg)[:, :t]
-
   if window is None:
-    return run(None)
-  fallback = lambda: attention_chunked.chunked_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_seg_BxT, kv_seg_BxS,
-                                                         q_pos_BxT, kv_pos_BxS, window=window, block_kv=block_kv)
-  exact = positions_follow_indices(q_seg_BxT, q_pos_BxT, kv_seg_BxS, kv_pos_BxS)
-  return jax.lax.cond(exact, lambda: run(window), fallback)
+    fn = functools.partial(attention_window_gpu.flash_attention, window=None, blocks=blocks, interpret=interpret)
+    return _sharded(fn, ("batch", None, "heads", None), q, kk, v, q_seg, kv_seg)[:, :t]
+  q_pos, kv_pos = _pad_to(q_pos_BxT, tp, 0), _pad_to(kv_pos_BxS, sp, 0)
+
+  def fn(q, kk, v, q_seg, kv_seg, q_pos, kv_pos):
+    return attention_window_gpu.flash_attention(q, kk, v, q_seg, kv_seg, window=window, q_pos_BxT=q_pos,
+                                                kv_pos_BxS=kv_pos, blocks=blocks, interpret=interpret)
+
+  return _sharded(fn, ("batch", None, "heads", None), q, kk, v, q_seg, kv_seg, q_pos, kv_pos)[:, :t]

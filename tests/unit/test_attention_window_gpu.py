@@ -1,7 +1,8 @@
 """The Pallas GPU window kernel (`attention_window_gpu`, Pallas interpret mode on CPU).
 
 Its loop bounds against the mask they must cover (no block with a visible entry skipped, every
-block wholly outside the window skipped, and the fraction visited at ModernBERT's window), the
+block wholly outside the window skipped, and the fraction visited at ModernBERT's window; by index
+and on CrossBERT's gathered tokens), the
 kernel against the dense reference (windowed cross-attention with distinct query and key segments,
 pads and a keyless query segment; forward and gradients), and that the kernels never read a block
 outside the window (NaNs there would reach the output). `test_attention.py` checks `gpu_flash`
@@ -25,19 +26,23 @@ H, K = 2, 16
 SMALL = wgpu.Blocks(q=16, kv=16, q_bwd=16, kv_bwd=16)
 
 
+def _blocks_visited(row_key: np.ndarray, col_key: np.ndarray, rows: int, cols: int, half: int | None) -> np.ndarray:
+  """B x row blocks x column blocks bool: the column blocks each row block's loop runs over (`window_bounds`)."""
+  lo, hi = (np.asarray(a) for a in wgpu.window_bounds(jnp.asarray(row_key), jnp.asarray(col_key), half, rows, cols))
+  cols_n = col_key.shape[1] // cols
+  return (np.arange(cols_n)[None, None, :] >= lo[:, :, None]) & (np.arange(cols_n)[None, None, :] < hi[:, :, None])
+
+
 def _visited(rows: int, cols: int, n_rows: int, n_cols: int, half: int | None) -> np.ndarray:
-  """n_rows x n_cols bool: the column blocks each row block's loop runs over (`block_range`)."""
-  out = np.zeros((n_rows, n_cols), bool)
-  for i in range(n_rows):
-    lo, hi = wgpu.block_range(jnp.int32(i), rows, cols, n_cols, half)
-    out[i, int(lo):int(hi)] = True
-  return out
+  """n_rows x n_cols bool: the blocks visited when positions are the indices (one segment)."""
+  index = lambda n: np.arange(n, dtype=np.int32)[None, :]
+  return _blocks_visited(index(n_rows * rows), index(n_cols * cols), rows, cols, half)[0]
 
 
 @pytest.mark.parametrize("t, s, rows, cols, window", [(1024, 1024, 64, 64, 128), (1024, 1024, 32, 32, 128),
                                                       (96, 160, 16, 32, 8), (160, 96, 32, 16, 8), (64, 64, 16, 16, 0),
                                                       (64, 48, 16, 16, 200)])
-def test_block_range_covers_exactly_the_window(t, s, rows, cols, window):
+def test_window_bounds_cover_exactly_the_window_by_index(t, s, rows, cols, window):
   """A block is visited iff some (row, col) in it has |row - col| <= window // 2 (rows and cols both ways)."""
   half = window // 2
   idx_r, idx_c = np.arange(t)[:, None], np.arange(s)[None, :]
@@ -110,3 +115,59 @@ def test_gpu_flash_lowers_to_triton_for_a_gpu(window, t, s):
   assert re.findall(r'name = "(window_mha_\w+)"',
                     text) == ["window_mha_forward", "window_mha_backward_dkv", "window_mha_backward_dq"]
   assert text.count("xla.gpu.triton") == 3
+
+
+def _gathered_rows(length: int, keep: int, docs: tuple[int, ...], seed: int = 0):
+  """B=2 rows of `keep` tokens: a sorted random subset of a packed row of `length` (CrossBERT's visible
+  tokens keep their documents' positions), pads after the last document."""
+  rng = np.random.default_rng(seed)
+  segs, poss = [], []
+  for _ in range(2):
+    seg, pos, start = np.zeros(length, np.int32), np.zeros(length, np.int32), 0
+    for i, n in enumerate(docs):
+      seg[start:start + n], pos[start:start + n] = i + 1, np.arange(n)
+      start += n
+    idx = np.sort(rng.permutation(length)[:keep])
+    segs.append(seg[idx])
+    poss.append(pos[idx])
+  return np.stack(segs), np.stack(poss)
+
+
+def test_bounds_on_gathered_tokens_cover_the_window_and_skip_the_rest():
+  """Half of a 1,024-token row kept (r = 0.5), window 128 by position: every block with a visible pair is
+  visited, both ways, and a query block of 64 visits about (64 + 64) / 512 of the keys, not all."""
+  seg, pos = _gathered_rows(1024, 512, (400, 300, 250))  # 74 pads at the end, some kept.
+  q_key, kv_key = wgpu.window_keys(jnp.asarray(seg), jnp.asarray(np.where(seg > 0, seg, -1)), jnp.asarray(pos),
+                                   jnp.asarray(pos), 64)
+  allowed = np.asarray(attn.mask(jnp.asarray(seg), jnp.asarray(seg), jnp.asarray(pos), jnp.asarray(pos), 128))
+  needed = allowed.reshape(2, 8, 64, 8, 64).any(axis=(2, 4))
+  visited = _blocks_visited(np.asarray(q_key), np.asarray(kv_key), 64, 64, 64)
+  assert not (needed & ~visited).any(), "a block holding a visible pair was skipped"
+  back = _blocks_visited(np.asarray(kv_key), np.asarray(q_key), 64, 64, 64)  # dK/dV: key blocks over query blocks.
+  assert not (needed.transpose(0, 2, 1) & ~back).any()
+  assert visited.mean() < 0.4, visited.mean()  # Each query block: its own key block and about one each side.
+
+
+def test_bounds_visit_every_block_where_keys_are_not_sorted():
+  """Segments numbered out of order along a row: the binary search cannot be trusted, so no skipping."""
+  seg = np.array([[2] * 32 + [1] * 32, [1] * 32 + [2] * 32], np.int32)
+  pos = np.tile(np.arange(32, dtype=np.int32), (2, 2))
+  q_key, kv_key = wgpu.window_keys(jnp.asarray(seg), jnp.asarray(seg), jnp.asarray(pos), jnp.asarray(pos), 4)
+  visited = _blocks_visited(np.asarray(q_key), np.asarray(kv_key), 16, 16, 4)
+  assert visited[0].all() and not visited[1].all()
+
+
+def test_gathered_tokens_through_the_kernel_match_dense():
+  """A local layer of CrossBERT's encoder (gathered tokens, window by position) in the kernel, with blocks
+  skipped: forward and gradients against the dense reference."""
+  seg_np, pos_np = _gathered_rows(256, 128, (100, 90, 40), seed=3)
+  seg, pos = jnp.asarray(seg_np), jnp.asarray(pos_np)
+  q, k, v, dout = _qkv(128, 128, seed=4)
+  ref = lambda q, k, v: attn.dense(q, k, v, attn.mask(seg, seg, pos, pos, 16))
+  fn = lambda q, k, v: wgpu.flash_attention(q, k, v, seg, jnp.where(seg > 0, seg, -1), window=16, q_pos_BxT=pos,
+                                            kv_pos_BxS=pos, blocks=SMALL, interpret=True)
+  want, got = jax.jit(lambda *a: (_run(ref, *a), _run(fn, *a)))(q, k, v, dout)
+  for name, g, w in zip(("output", "dq", "dk", "dv"), got, want):
+    np.testing.assert_allclose(g, w, atol=2e-5 * max(1.0, float(jnp.max(jnp.abs(w)))), err_msg=name)
+  q_key, kv_key = wgpu.window_keys(seg, jnp.where(seg > 0, seg, -1), pos, pos, 8)
+  assert _blocks_visited(np.asarray(q_key), np.asarray(kv_key), 16, 16, 8).mean() < 0.5, "blocks were skipped"
