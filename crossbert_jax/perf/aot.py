@@ -196,15 +196,12 @@ def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str, c
   t0 = time.perf_counter()
   lowered = train_program.lower(state, batch)
   t1 = time.perf_counter()
-  log(f"compile: lowered in {t1 - t0:.1f} s; compiling (XLA: minutes for a pod-sized model)")
-  try:
-    compiled = lowered.compile()
-  except Exception as e:  # noqa: BLE001 - XLA reports OOM as a runtime error; anything else re-raises.
-    message = " ".join(str(e).split())
-    if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
-      raise
-    raise UserError(f"the train step does not fit on {where} ({message[:300]}); try {_hints(c)}") from None
-  t2 = time.perf_counter()
+  if chosen := train_program.chosen_compiled():  # remat=auto / grad_accum=0 compiled it already.
+    compiled, compile_seconds = chosen
+  else:
+    log(f"compile: lowered in {t1 - t0:.1f} s; compiling (XLA: minutes for a pod-sized model)")
+    compiled = _compile(lowered, where, c)
+    compile_seconds = time.perf_counter() - t1
 
   memory = memory_lib.compiled_memory(compiled)
   hbm = hbm_bytes(device)
@@ -236,7 +233,7 @@ def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str, c
       "remat": c.model.remat,  # remat=auto: what it chose (grad_accum=0: above).
       "fit_choice": train_program.fit_choice,
       "lower_seconds": t1 - t0,
-      "compile_seconds": t2 - t1,
+      "compile_seconds": compile_seconds,
       "memory": memory,
       "flops": {
           "analytic_per_device": per_step / mesh.size, "xla_per_device": xla_flops,
@@ -247,6 +244,17 @@ def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str, c
           "total": counts["total"], "non_embedding": counts["non_embedding"],
           "table": param_table(c, state.params, train_program.shardings.params)},
       "jax_version": jax.__version__,}
+
+
+def _compile(lowered: jax.stages.Lowered, where: str, c: plan_lib.Settings) -> jax.stages.Compiled:
+  """`lowered.compile()`; XLA's out-of-memory as one UserError line naming the fixes."""
+  try:
+    return lowered.compile()
+  except Exception as e:  # noqa: BLE001 - XLA reports OOM as a runtime error; anything else re-raises.
+    message = " ".join(str(e).split())
+    if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
+      raise
+    raise UserError(f"the train step does not fit on {where} ({message[:300]}); try {_hints(c)}") from None
 
 
 def check_fits(report: dict[str, Any], c: plan_lib.Settings) -> None:

@@ -121,8 +121,11 @@ def time_case(c: plan_lib.Settings, steps: int, warmup: int, trace_dir: str = ""
   jax.block_until_ready((state, batch))
 
   t0 = time.perf_counter()
-  compiled = train_program.lower(state, batch).compile()
-  compile_s = time.perf_counter() - t0
+  if chosen := train_program.chosen_compiled():  # remat=auto / grad_accum=0 compiled it already.
+    compiled, compile_s = chosen
+  else:
+    compiled = train_program.lower(state, batch).compile()
+    compile_s = time.perf_counter() - t0
   # XLA's buffer assignment: the step's peak temporaries (activations, scores, logits).
   temp_bytes = compiled.memory_analysis().temp_size_in_bytes
 

@@ -13,6 +13,8 @@ then names the fixes).
 
 from typing import Any, Callable
 
+import time
+
 import jax
 
 from crossbert_jax.core import plan as plan_lib
@@ -108,9 +110,10 @@ def _fewest_that_fit(candidates: list[int], fits: Callable[[int], bool]) -> int 
 
 
 def choose_fit(c: plan_lib.Settings, mesh: jax.sharding.Mesh, compile_step: Callable[[plan_lib.Settings], Any],
-               say: Callable[[str], None] = print) -> tuple[plan_lib.Settings, list[dict[str, Any]]]:
+               say: Callable[[str], None] = print) -> tuple[plan_lib.Settings, list[dict[str, Any]], Any]:
   """`c` with model.remat="auto" and train.grad_accum=0 ("auto") resolved by compiling the train step,
-  and the compiled candidates ({remat, grad_accum, total_bytes}); `compile_step(config)` compiles it.
+  the compiled candidates ({remat, grad_accum, total_bytes, compile_seconds}) and the chosen one's
+  compiled step (its callers need not compile it again); `compile_step(config)` compiles it.
 
   remat=auto: the least recomputation whose step fits. grad_accum=0: the fewest micro-batches (the
   largest micro-batch per device) that fit. Both: the least recomputation at which some micro-batch
@@ -123,12 +126,20 @@ def choose_fit(c: plan_lib.Settings, mesh: jax.sharding.Mesh, compile_step: Call
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
   accums = accum_candidates(c.train.batch_size, shards) if c.train.grad_accum == 0 else [c.train.grad_accum]
   rows: list[dict[str, Any]] = []
+  compiled: dict[tuple[str, int], Any] = {}  # The last candidate that fits (the chosen one, when one fits).
 
   def fits(remat: str, accum: int) -> bool:
     candidate = plan_lib.with_keys(c, {"model.remat": remat, "train.grad_accum": accum})
-    total = compiled_memory(compile_step(candidate))["total_bytes"]
-    rows.append({"remat": remat, "grad_accum": accum, "total_bytes": total})
-    return budget is None or total <= budget
+    t0 = time.perf_counter()
+    step = compile_step(candidate)
+    total = compiled_memory(step)["total_bytes"]
+    rows.append({
+        "remat": remat, "grad_accum": accum, "total_bytes": total, "compile_seconds": time.perf_counter() - t0})
+    ok = budget is None or total <= budget
+    if ok:
+      compiled.clear()
+      compiled[(remat, accum)] = step
+    return ok
 
   chosen = None
   for remat in remats:
@@ -141,7 +152,7 @@ def choose_fit(c: plan_lib.Settings, mesh: jax.sharding.Mesh, compile_step: Call
     chosen = (remats[-1], accums[-1])
   total = next(r["total_bytes"] for r in reversed(rows) if (r["remat"], r["grad_accum"]) == chosen)
   say(_choice_line(c, chosen, total, budget, over, rows, mesh, c.train.batch_size))
-  return plan_lib.with_keys(c, {"model.remat": chosen[0], "train.grad_accum": chosen[1]}), rows
+  return plan_lib.with_keys(c, {"model.remat": chosen[0], "train.grad_accum": chosen[1]}), rows, compiled.get(chosen)
 
 
 def _choice_line(c: plan_lib.Settings, chosen: tuple[str, int], total: int, budget: int | None, over: bool,

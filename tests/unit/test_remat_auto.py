@@ -79,6 +79,8 @@ def test_compile_reports_the_choice():
   report = aot.compile_train_step(plan_lib.build(c))
   assert report["remat"] == "none" and report["grad_accum"] == 1
   assert [(r["remat"], r["grad_accum"]) for r in report["fit_choice"]] == [("none", 1)]
+  # The chosen candidate's compile is the report's: the step was not compiled twice.
+  assert report["compile_seconds"] == report["fit_choice"][0]["compile_seconds"]
   text = aot.format_report(report, params=False)
   assert "remat=none" in text and "grad_accum 1)" in text
 
@@ -141,18 +143,21 @@ PER_SEQUENCE = {"none": 4000, "dots": 200, "full": 100}  # Bytes a sequence of a
         ("auto", 10 ** 9, ("none", 1), [("none", 1)]),])
 def test_the_search_compiles_first_last_then_bisects(mesh, remat, budget, chosen, tried):
   c = plan_lib.with_keys(_plan(budget / GIB, remat=remat, grad_accum=0), {})
-  out, rows = memory.choose_fit(c, mesh, _fake_compile(PER_SEQUENCE, c.train.batch_size), say=lambda line: None)
+  out, rows, compiled = memory.choose_fit(c, mesh, _fake_compile(PER_SEQUENCE, c.train.batch_size),
+                                          say=lambda line: None)
   assert (out.model.remat, out.train.grad_accum) == chosen
   assert [(r["remat"], r["grad_accum"]) for r in rows] == tried
+  temp = compiled.memory_analysis().temp_size_in_bytes  # The chosen candidate's program, kept.
+  assert temp == PER_SEQUENCE[chosen[0]] * c.train.batch_size // chosen[1]
 
 
 def test_nothing_fits_takes_the_most_frugal_and_says_so(mesh):
   c = _plan(500 / GIB, remat="auto", grad_accum=0)  # Below the fixed 1,000 bytes: nothing fits.
   lines = []
-  out, _ = memory.choose_fit(c, mesh, _fake_compile(PER_SEQUENCE, c.train.batch_size), say=lines.append)
+  out, _, compiled = memory.choose_fit(c, mesh, _fake_compile(PER_SEQUENCE, c.train.batch_size), say=lines.append)
   assert (out.model.remat, out.train.grad_accum) == ("full", 16)
   assert "model.remat=auto: chose full; train.grad_accum=0 (auto): chose 16" in lines[0]
-  assert "DOES NOT FIT even so" in lines[0]
+  assert "DOES NOT FIT even so" in lines[0] and compiled is None  # Its caller compiles (and refuses) it.
 
 
 def test_accum_candidates_keep_the_micro_batch_divisible_by_the_shards():
