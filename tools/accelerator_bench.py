@@ -80,17 +80,19 @@ def bench_config(name: str, dry_run: bool):
   return plan_lib.with_keys(c, keys)
 
 
-def bench(dry_run: bool, out: pathlib.Path, work: pathlib.Path,
-          on_case: Callable[[dict[str, Any]], None] = lambda rows: None) -> dict[str, Any]:
-  """The bf16 train step of each case on one device: time, tokens/s, MFU, memory; then, for the traced
-  cases, a jax.profiler trace of benchmark.TRACED_STEPS more steps, saved into OUT. `on_case(rows)`
-  after each case (the JSON is rewritten: a check stopped mid-bench keeps the cases it measured)."""
+def bench(dry_run: bool, out: pathlib.Path, work: pathlib.Path, on_case: Callable[[dict[str, Any]],
+                                                                                  None] = lambda rows: None,
+          cases: list[str] | None = None) -> dict[str, Any]:
+  """The bf16 train step of each case on one device (`cases`: those of BENCH_CASES only): time, tokens/s,
+  MFU, memory; then, for the traced cases, a jax.profiler trace of benchmark.TRACED_STEPS more steps,
+  saved into OUT. `on_case(rows)` after each case (the JSON is rewritten: a check stopped mid-bench keeps
+  the cases it measured)."""
   device = jax.devices()[0]
   chip = roofline.chip_for(device.device_kind)
   rows = {}
   t0 = time.perf_counter()
   for name, _, keys, traced in BENCH_CASES:
-    if dry_run and name not in DRY_RUN_CASES:
+    if (dry_run and not cases and name not in DRY_RUN_CASES) or (cases and name not in cases):
       continue
     if not dry_run and time.perf_counter() - t0 > BENCH_BUDGET_S:
       rows[name] = {"skipped": f"past the bench's {BENCH_BUDGET_S} s"}

@@ -60,7 +60,7 @@ import numpy as np  # noqa: E402
 from crossbert_jax.core import xla_flags  # noqa: E402
 from crossbert_jax.core.errors import UserError  # noqa: E402
 from crossbert_jax.model import attention as attention_lib  # noqa: E402
-from accelerator_bench import _python, _tail, add_vs_peer, bench, format_table, peer  # noqa: E402  (tools/)
+from accelerator_bench import BENCH_CASES, _python, _tail, add_vs_peer, bench, format_table, peer  # noqa: E402
 import accelerator_curves  # noqa: E402  (tools/)
 
 DEFAULT_STEPS = "peer,versions,attention,attention_speed,bench"
@@ -282,6 +282,13 @@ def _refusal(asked: list[str], known: list[str], out: pathlib.Path, dry_run: boo
   return None
 
 
+def _case_refusal(cases: list[str]) -> str | None:
+  """Why --cases cannot run (names no bench case); None when it can."""
+  known = [row[0] for row in BENCH_CASES]
+  unknown = [c for c in cases if c not in known]
+  return f"--cases {','.join(unknown)}: use some of {','.join(known)}" if unknown else None
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="folder for accelerator_check.json and the runs")
@@ -291,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
       "--xla_gpu_preset", default="", help="an XLA:GPU flag preset of core/xla_flags.GPU_PRESETS "
       "for this call (its steps and the runs it starts): a second call measures it")
   parser.add_argument(
+      "--cases", default="", help="comma-separated bench cases (BENCH_CASES), in their order: a second "
+      "call measures the cases the first left past its budget (default: all)")
+  parser.add_argument(
       "--steps", default="", help="comma-separated steps, in order, or 'all' (default: the "
       f"speed table, {DEFAULT_STEPS}; with --dry_run: all)")
   a = parser.parse_args(argv)
@@ -299,11 +309,13 @@ def main(argv: list[str] | None = None) -> int:
   steps: dict[str, Callable[[], dict[str, Any]]] = {
       "peer": lambda: peer(a.dry_run, out), "versions": versions, "attention": lambda: attention(a.dry_run),
       "attention_speed": lambda: attention_speed(a.dry_run),
-      "bench": lambda: bench(a.dry_run, out, work, on_case=partial), "resume": lambda: resume(a.dry_run, work),
-      "export": lambda: export(a.dry_run, work), "tests": lambda: tests(a.dry_run),
+      "bench": lambda: bench(a.dry_run, out, work, on_case=partial, cases=cases),
+      "resume": lambda: resume(a.dry_run, work), "export": lambda: export(a.dry_run, work),
+      "tests": lambda: tests(a.dry_run),
       "curves": lambda: accelerator_curves.curves(a.dry_run, work, make_tokenizer, on_run=partial_curves)}
   asked = (ALL_STEPS if a.steps == "all" or (a.dry_run and not a.steps) else a.steps or DEFAULT_STEPS).split(",")
-  refusal = _refusal(asked, list(steps), out, a.dry_run)
+  cases = [c for c in a.cases.split(",") if c]
+  refusal = _refusal(asked, list(steps), out, a.dry_run) or _case_refusal(cases)
   if a.xla_gpu_preset and not refusal:
     os.environ[xla_flags.GPU_PRESET_ENV] = a.xla_gpu_preset
     try:

@@ -2,7 +2,7 @@
 # The accelerator check in one command: versions found, wheels installed from .whl/ only (no
 # network), then tools/accelerator_check.py, its log and JSON under OUT (default results/accelerator).
 #
-#   bash tools/accelerator_check.sh [OUT] [--dry_run] [--steps=a,b|all] [--xla_gpu_preset=NAME]
+#   bash tools/accelerator_check.sh [OUT] [--dry_run] [--steps=a,b|all] [--cases=a,b] [--xla_gpu_preset=NAME]
 #
 # OUT defaults to $OUT when set (the folder a lent machine sends back), else results/accelerator;
 # the runs it trains go to a temporary folder, deleted at the end, so OUT holds only the JSON and
@@ -22,7 +22,7 @@ dry_run=0
 for arg in "$@"; do
   case "$arg" in
     --dry_run) dry_run=1 ;;
-    --steps=?*|--xla_gpu_preset=?*) ;;
+    --steps=?*|--cases=?*|--xla_gpu_preset=?*) ;;
     *) fail "unknown option $arg: use bash tools/accelerator_check.sh [OUT] [--dry_run] [--steps=a,b]" ;;
   esac
 done

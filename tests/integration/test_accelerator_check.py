@@ -102,6 +102,19 @@ def test_dry_run_alone_is_a_flag_and_out_comes_from_the_environment(tmp_path):
   assert not (helpers.ROOT / "--dry_run").exists() and not any((tmp_path / "tmp").iterdir())  # Its runs' folder: gone.
 
 
+def test_cases_pick_the_bench_rows_of_a_second_call(tmp_path):
+  """--cases runs those bench rows only (a second call measures what the first left past its budget); a name
+  that is no case is one line in the log, exit 2, before any step (as an unknown --steps)."""
+  out = tmp_path / "out"
+  proc = _wrapper(str(out), "--dry_run", "--steps=bench", "--cases=nope,cb_mb", tmp_path=tmp_path)
+  assert proc.returncode == 2 and "error: --cases nope: use some of bert_r0.15," in proc.stdout, proc.stdout[-2000:]
+  assert sorted(os.listdir(out)) == ["accelerator_check.log"]
+  proc = _wrapper(str(out), "--dry_run", "--steps=bench", "--cases=cb_mb", tmp_path=tmp_path)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  cases = json.loads((out / "accelerator_check.json").read_text())["steps"]["bench"]["cases"]
+  assert list(cases) == ["cb_mb"] and cases["cb_mb"]["global_every"] == 3 and cases["cb_mb"]["tokens_per_s"] > 0
+
+
 def _ours(tmp_path) -> list[str]:
   """Command lines of the live processes that name tmp_path (the check, its runs; not zombies)."""
   found = []
