@@ -9,8 +9,8 @@ Steps, each recorded (passed or not, seconds, figures) and none stopping the oth
              torch.compile'd.
   versions   Python, jax, jaxlib, flax, optax, orbax, grain; the devices.
   attention  every attention backend (xla, chunked, gpu_flash; splash on a TPU) against dense,
-             forward and gradients, on the default device; gpu_flash also on a local window and on
-             cross-attention (its window kernel).
+             forward and gradients, on the default device; gpu_flash also on a local window (on
+             packed and on gathered positions) and on cross-attention (its window kernel).
   attention_speed  forward + backward time of each backend in bf16 at the bench's shape, and of
              cuDNN's fused attention on a GPU (the reference); chunked and gpu_flash on a local
              layer (window 128) too.
@@ -97,12 +97,15 @@ def attention(dry_run: bool) -> dict[str, Any]:
   on_cpu = jax.default_backend() == "cpu"
   backends = ["chunked", "gpu_flash"] + (["splash"] if jax.default_backend() == "tpu" else [])
 
-  # gpu_flash's window kernel: a local layer (ModernBERT's window by index) and cross-attention (half as
-  # many queries as keys, their own segment array).
+  # gpu_flash's window kernel: a local layer (ModernBERT's window), on positions that follow the indices and
+  # on gathered ones (CrossBERT's visible tokens: every other position or so, rising), and cross-attention
+  # (half as many queries as keys, their own segment array).
   window = 32 if dry_run else 128
   pos = jnp.broadcast_to(jnp.arange(length), seg.shape)
+  gathered = 2 * pos + jax.random.bernoulli(jax.random.key(7), 0.5, seg.shape).astype(pos.dtype)
   cases = {backend: (backend, {}) for backend in backends}
   cases["gpu_flash_local"] = ("gpu_flash", {"window": window, "q_pos_BxT": pos})
+  cases["gpu_flash_gathered"] = ("gpu_flash", {"window": window, "q_pos_BxT": gathered})
   cases["gpu_flash_cross"] = ("gpu_flash", {"kv_seg_BxS": seg, "cross": True})
 
   def run(backend: str, kw: dict):

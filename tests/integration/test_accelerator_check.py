@@ -32,8 +32,8 @@ def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   assert report["dry_run"] and list(steps) == [
       "peer", "versions", "attention", "attention_speed", "bench", "resume", "export", "tests", "curves"]
   assert all(r.get("passed", True) for r in steps.values()), json.dumps(steps)[:3000]
-  assert set(steps["attention"]
-             ["backends"]) == {"chunked", "gpu_flash", "gpu_flash_local", "gpu_flash_cross", "cudnn_bf16"}
+  assert set(steps["attention"]["backends"]
+            ) == {"chunked", "gpu_flash", "gpu_flash_local", "gpu_flash_gathered", "gpu_flash_cross", "cudnn_bf16"}
   assert {"cudnn", "gpu_flash local 32", "chunked local 32"} <= set(steps["attention_speed"]["backends"])
   assert all(r["median_ms"] > 0 for r in steps["attention_speed"]["backends"].values())
   peer = steps["peer"]  # transformers' ModernBERT at the tiny shape, on the CPU.
