@@ -181,6 +181,34 @@ def _row(n, tiled):  # B x H x T statistics (log-sum-exp, delta).
   return pl.BlockSpec((None, None, n), (lambda i, b, h: (b, h, i)) if tiled else (lambda i, b, h: (b, h, 0)))
 
 
+def _query_tiled(bq: int, s: int, kp: int) -> list[pl.BlockSpec]:
+  """Specs of (q, k, v, q_seg, kv_seg, q_pos, kv_pos, lo, hi) over a grid of query blocks: the forward's, dQ's."""
+  return [
+      _tile(bq, kp),
+      _whole(s, kp),
+      _whole(s, kp),
+      _seg(bq, True),
+      _seg(s, False),
+      _seg(bq, True),
+      _seg(s, False),
+      _bound(),
+      _bound()]
+
+
+def _key_tiled(t: int, bkv: int, kp: int) -> list[pl.BlockSpec]:
+  """Specs of (q, k, v, q_seg, kv_seg, q_pos, kv_pos, lo, hi) over a grid of key blocks: dK/dV's."""
+  return [
+      _whole(t, kp),
+      _tile(bkv, kp),
+      _tile(bkv, kp),
+      _seg(t, False),
+      _seg(bkv, True),
+      _seg(t, False),
+      _seg(bkv, True),
+      _bound(),
+      _bound()]
+
+
 def _params(head_dim):
   return plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
 
@@ -203,19 +231,11 @@ def _forward(q, k, v, q_seg, kv_seg, q_pos, kv_pos, half, blocks, interpret):
   q_key, kv_key = window_keys(q_seg, kv_seg, q_pos, kv_pos, half)
   lo, hi = window_bounds(q_key, kv_key, half, bq, bkv)
   kernel = functools.partial(_fwd_kernel, scale=kd ** -0.5, half=half, block_kv=bkv, head_dim=kd)
-  return pl.pallas_call(
-      kernel, grid=(t // bq, b, h), in_specs=[
-          _tile(bq, kp),
-          _whole(s, kp),
-          _whole(s, kp),
-          _seg(bq, True),
-          _seg(s, False),
-          _seg(bq, True),
-          _seg(s, False),
-          _bound(),
-          _bound()], out_specs=[_tile(bq, kp), _row(bq, True)],
-      out_shape=[q, jax.ShapeDtypeStruct((b, h, t), jnp.float32)], compiler_params=_params(kd), interpret=interpret,
-      name="window_mha_forward")(q, k, v, q_seg, kv_seg, q_pos, kv_pos, lo, hi)
+  return pl.pallas_call(kernel, grid=(t // bq, b, h), in_specs=_query_tiled(bq, s, kp),
+                        out_specs=[_tile(bq, kp),
+                                   _row(bq, True)], out_shape=[q, jax.ShapeDtypeStruct(
+                                       (b, h, t), jnp.float32)], compiler_params=_params(kd), interpret=interpret,
+                        name="window_mha_forward")(q, k, v, q_seg, kv_seg, q_pos, kv_pos, lo, hi)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
@@ -239,38 +259,19 @@ def _attention_bwd(half, blocks, interpret, residuals, do):
   # delta = rowsum(dO * O): the softmax Jacobian's correction, one number per query (BxHxT).
   delta = jnp.einsum("bthk,bthk->bht", do.astype(jnp.float32), out.astype(jnp.float32))
   common = dict(scale=kd ** -0.5, half=half, head_dim=kd)
-  dk, dv = pl.pallas_call(
-      functools.partial(_dkv_kernel, block_q=bq, **common), grid=(s // bkv, b, h), in_specs=[
-          _whole(t, kp),
-          _tile(bkv, kp),
-          _tile(bkv, kp),
-          _seg(t, False),
-          _seg(bkv, True),
-          _seg(t, False),
-          _seg(bkv, True),
-          _bound(),
-          _bound(),
-          _whole(t, kp),
-          _row(t, False),
-          _row(t, False)], out_specs=[_tile(bkv, kp), _tile(bkv, kp)], out_shape=[k, v], compiler_params=_params(kd),
-      interpret=interpret, name="window_mha_backward_dkv")(q, k, v, q_seg, kv_seg, q_pos, kv_pos, kv_lo, kv_hi, do, lse,
-                                                           delta)
-  dq = pl.pallas_call(
-      functools.partial(_dq_kernel, block_kv=bkv, **common), grid=(t // bq, b, h), in_specs=[
-          _tile(bq, kp),
-          _whole(s, kp),
-          _whole(s, kp),
-          _seg(bq, True),
-          _seg(s, False),
-          _seg(bq, True),
-          _seg(s, False),
-          _bound(),
-          _bound(),
-          _tile(bq, kp),
-          _row(bq, True),
-          _row(bq, True)], out_specs=_tile(bq, kp), out_shape=jax.ShapeDtypeStruct(q.shape, jnp.float32),
-      compiler_params=_params(kd), interpret=interpret,
-      name="window_mha_backward_dq")(q, k, v, q_seg, kv_seg, q_pos, kv_pos, q_lo, q_hi, do, lse, delta)
+  dk, dv = pl.pallas_call(functools.partial(_dkv_kernel, block_q=bq,
+                                            **common), grid=(s // bkv, b, h), in_specs=_key_tiled(t, bkv, kp) +
+                          [_whole(t, kp), _row(t, False), _row(t, False)], out_specs=[_tile(bkv, kp),
+                                                                                      _tile(bkv, kp)], out_shape=[k, v],
+                          compiler_params=_params(kd), interpret=interpret,
+                          name="window_mha_backward_dkv")(q, k, v, q_seg, kv_seg, q_pos, kv_pos, kv_lo, kv_hi, do, lse,
+                                                          delta)
+  dq = pl.pallas_call(functools.partial(_dq_kernel, block_kv=bkv,
+                                        **common), grid=(t // bq, b, h), in_specs=_query_tiled(bq, s, kp) +
+                      [_tile(bq, kp), _row(bq, True), _row(bq, True)], out_specs=_tile(bq, kp),
+                      out_shape=jax.ShapeDtypeStruct(q.shape, jnp.float32), compiler_params=_params(kd),
+                      interpret=interpret, name="window_mha_backward_dq")(q, k, v, q_seg, kv_seg, q_pos, kv_pos, q_lo,
+                                                                          q_hi, do, lse, delta)
   return dq.astype(q.dtype), dk, dv, None, None, None, None
 
 
