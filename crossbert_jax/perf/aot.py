@@ -251,9 +251,9 @@ def _compile(lowered: jax.stages.Lowered, where: str, c: plan_lib.Settings) -> j
   try:
     return lowered.compile()
   except Exception as e:  # noqa: BLE001 - XLA reports OOM as a runtime error; anything else re-raises.
-    message = " ".join(str(e).split())
-    if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
+    if not memory_lib.is_out_of_memory(e):
       raise
+    message = " ".join(str(e).split())
     raise UserError(f"the train step does not fit on {where} ({message[:300]}); try {_hints(c)}") from None
 
 

@@ -11,9 +11,8 @@ Nothing fits: the most frugal, and the line says by how much it is over (the com
 then names the fixes).
 """
 
-from typing import Any, Callable
-
 import time
+from typing import Any, Callable
 
 import jax
 
@@ -131,7 +130,14 @@ def choose_fit(c: plan_lib.Settings, mesh: jax.sharding.Mesh, compile_step: Call
   def fits(remat: str, accum: int) -> bool:
     candidate = plan_lib.with_keys(c, {"model.remat": remat, "train.grad_accum": accum})
     t0 = time.perf_counter()
-    step = compile_step(candidate)
+    try:
+      step = compile_step(candidate)
+    except Exception as e:  # noqa: BLE001 - XLA may refuse a program over the chip's memory as it compiles.
+      if not is_out_of_memory(e):
+        raise
+      rows.append({
+          "remat": remat, "grad_accum": accum, "total_bytes": None, "compile_seconds": time.perf_counter() - t0})
+      return False
     total = compiled_memory(step)["total_bytes"]
     rows.append({
         "remat": remat, "grad_accum": accum, "total_bytes": total, "compile_seconds": time.perf_counter() - t0})
@@ -155,7 +161,17 @@ def choose_fit(c: plan_lib.Settings, mesh: jax.sharding.Mesh, compile_step: Call
   return plan_lib.with_keys(c, {"model.remat": chosen[0], "train.grad_accum": chosen[1]}), rows, compiled.get(chosen)
 
 
-def _choice_line(c: plan_lib.Settings, chosen: tuple[str, int], total: int, budget: int | None, over: bool,
+def is_out_of_memory(e: Exception) -> bool:
+  """Whether XLA refused a program for the device's memory (it reports that as a runtime error)."""
+  message = str(e)
+  return "RESOURCE_EXHAUSTED" in message or "out of memory" in message.lower()
+
+
+def _gib_or_oom(total: int | None) -> str:
+  return "out of memory in XLA's compile" if total is None else f"{total / GIB:.3f} GiB"
+
+
+def _choice_line(c: plan_lib.Settings, chosen: tuple[str, int], total: int | None, budget: int | None, over: bool,
                  rows: list[dict[str, Any]], mesh: jax.sharding.Mesh, batch_size: int) -> str:
   """One line: what the auto keys chose, whether it fits, and every compiled candidate."""
   keys = []
@@ -165,10 +181,10 @@ def _choice_line(c: plan_lib.Settings, chosen: tuple[str, int], total: int, budg
     micro = batch_size // chosen[1] / (mesh.shape["data"] * mesh.shape["fsdp"])
     keys.append(("train.grad_accum=0 (auto)", f"{chosen[1]} ({micro:g} sequences per device a micro-batch)"))
   what = "; ".join(f"{k}: chose {v}" for k, v in keys)
-  tried = ", ".join(f"{r['remat']}/{r['grad_accum']} {r['total_bytes'] / GIB:.3f} GiB" for r in rows)
+  tried = ", ".join(f"{r['remat']}/{r['grad_accum']} {_gib_or_oom(r['total_bytes'])}" for r in rows)
   where = mesh.devices.flat[0].device_kind
   if budget is None:
     return (f"{what} (no memory size known for {where}: set model.memory_budget_gib to choose by a budget; "
             f"compiled step (remat/grad_accum): {tried})")
-  fit = (f"DOES NOT FIT even so ({total / GIB:.3f} GiB)" if over else "fits")
+  fit = f"DOES NOT FIT even so ({_gib_or_oom(total)})" if over else "fits"
   return (f"{what}; {fit} in {budget / GIB:.3f} GiB per device ({where}); compiled step (remat/grad_accum): {tried}")

@@ -160,6 +160,27 @@ def test_nothing_fits_takes_the_most_frugal_and_says_so(mesh):
   assert "DOES NOT FIT even so" in lines[0] and compiled is None  # Its caller compiles (and refuses) it.
 
 
+def test_a_candidate_xla_refuses_for_memory_does_not_fit(mesh):
+  """XLA may refuse a program over the chip's memory as it compiles (RESOURCE_EXHAUSTED): the search goes on."""
+  c = _plan(10 ** 9 / GIB, remat="none", grad_accum=0)
+  fake = _fake_compile(PER_SEQUENCE, c.train.batch_size)
+
+  def compile_step(cand):
+    if cand.train.grad_accum < 4:
+      raise RuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm.")
+    return fake(cand)
+
+  lines = []
+  out, rows, _ = memory.choose_fit(c, mesh, compile_step, say=lines.append)
+  assert out.train.grad_accum == 4 and [(r["grad_accum"], r["total_bytes"] is None) for r in rows] == [(1, True),
+                                                                                                       (16, False),
+                                                                                                       (4, False),
+                                                                                                       (2, True)]
+  assert "none/1 out of memory in XLA's compile" in lines[0]
+  with pytest.raises(ValueError, match="not memory"):  # Any other compile error is not swallowed.
+    memory.choose_fit(c, mesh, lambda cand: (_ for _ in ()).throw(ValueError("not memory")), say=lines.append)
+
+
 def test_accum_candidates_keep_the_micro_batch_divisible_by_the_shards():
   assert memory.accum_candidates(16, 1) == [1, 2, 4, 8, 16]
   assert memory.accum_candidates(16, 4) == [1, 2, 4]
