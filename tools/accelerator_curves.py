@@ -1,7 +1,7 @@
 """The accelerator check's `curves` step: does each fast path train like the dense reference?
 
-For BERT r=0.15 and CrossBERT r=0.5 K=1, `small` (L=256) with ModernBERT's layer pattern (global every
-3rd layer, window 128) trains CURVE_STEPS steps on the built-in text in this process, once per path of
+For BERT r=0.15 and CrossBERT r=0.5 K=1, `small` (L=256, bf16 compute) with ModernBERT's layer pattern
+(global every 3rd layer, window 128) trains CURVE_STEPS steps on the built-in text in this process, once per path of
 PATHS: the reference (`model.attention=xla`: dense scores, float32 vocabulary head), the reference with
 another seed (its distance from the reference is the noise: other init, masks and data order), and each
 lever alone (the `gpu_flash` kernels, `cudnn`, the bf16 head). Every path but `seed` shares the
@@ -50,6 +50,7 @@ def curve_config(case: str, keys: dict[str, Any], tokenizer: pathlib.Path, dry_r
   edit(c)
   c.data.tokenizer = str(tokenizer)
   c.model.vocab_size = 1024  # The tokenizer's.
+  c.model.dtype = "bfloat16"  # As the bench: cuDNN's attention takes bf16 only (float32 runs its XLA form).
   c.train.steps = DRY_RUN_STEPS if dry_run else CURVE_STEPS
   c.train.warmup_steps = 2 if dry_run else 20
   c.metrics.log_every = DRY_RUN_LOG_EVERY if dry_run else LOG_EVERY

@@ -39,7 +39,8 @@ def test_each_path_changes_only_its_keys_over_the_reference(tmp_path):
   ref = accelerator_curves.curve_config("bert_r0.15", {}, tmp_path / "spm.model", dry_run=False)
   assert (ref.model.global_every, ref.model.local_window, ref.model.attention, ref.model.head_dtype) == (3, 128, "xla",
                                                                                                          "float32")
-  assert (ref.objective, ref.train.steps, ref.data.seq_len) == ("mlm", accelerator_curves.CURVE_STEPS, 256)
+  assert (ref.objective, ref.train.steps, ref.data.seq_len, ref.model.dtype) == ("mlm", accelerator_curves.CURVE_STEPS,
+                                                                                 256, "bfloat16")
   flat = lambda p: {f"{s}.{k}": v for s, d in p.to_dict().items() if isinstance(d, dict) for k, v in d.items()}
   for name, keys in accelerator_curves.PATHS:
     c = accelerator_curves.curve_config("bert_r0.15", keys, tmp_path / "spm.model", dry_run=False)
