@@ -161,13 +161,15 @@ def attention_speed(dry_run: bool) -> dict[str, Any]:
     mask = (seg[:, None, :, None] == seg[:, None, None, :])
     fns["cudnn (reference)"] = lambda q, kk, v: jax.nn.dot_product_attention(q, kk, v, mask=mask, implementation="cudnn"
                                                                             )
-  # gpu_flash on a local layer (window 128 by index, the bench's ModernBERT pattern): its block-skipping
-  # kernel should take about (window + 64) / L of a global layer's time; chunked's local layer beside it.
+  # gpu_flash on a local layer (window 128, the bench's ModernBERT pattern): its block-skipping kernel should
+  # take about (window + 64) / L of a global layer's time; chunked's local layer beside it. `gathered`: the
+  # positions of CrossBERT's visible tokens at r = 0.5 (about every other one), a window of about 64 indices.
   window, pos = (32 if dry_run else 128), jnp.broadcast_to(jnp.arange(length), seg.shape)
-  for backend in ("chunked", "gpu_flash"):
+  gathered = 2 * pos + jax.random.bernoulli(jax.random.key(7), 0.5, seg.shape).astype(pos.dtype)
+  for backend, name, positions in (("chunked", "", pos), ("gpu_flash", "", pos), ("gpu_flash", " gathered", gathered)):
     spec = attention_lib.AttentionSpec(backend=backend, interpret=on_cpu and backend == "gpu_flash")
-    fns[f"{backend} local {window}"] = functools.partial(attention_lib.attention, q_seg_BxT=seg, spec=spec,
-                                                         q_pos_BxT=pos, window=window)
+    fns[f"{backend} local {window}{name}"] = functools.partial(attention_lib.attention, q_seg_BxT=seg, spec=spec,
+                                                               q_pos_BxT=positions, window=window)
   flops_step = 3 * 4 * b * heads * length * length * k
   rows = {}
   for name, fn in fns.items():

@@ -34,7 +34,8 @@ def test_the_accelerator_check_dry_run_passes_every_step(tmp_path, shared_data):
   assert all(r.get("passed", True) for r in steps.values()), json.dumps(steps)[:3000]
   assert set(steps["attention"]["backends"]
             ) == {"chunked", "gpu_flash", "gpu_flash_local", "gpu_flash_gathered", "gpu_flash_cross", "cudnn_bf16"}
-  assert {"cudnn", "gpu_flash local 32", "chunked local 32"} <= set(steps["attention_speed"]["backends"])
+  assert {"cudnn", "gpu_flash local 32", "chunked local 32",
+          "gpu_flash local 32 gathered"} <= set(steps["attention_speed"]["backends"])
   assert all(r["median_ms"] > 0 for r in steps["attention_speed"]["backends"].values())
   peer = steps["peer"]  # transformers' ModernBERT at the tiny shape, on the CPU.
   assert peer["variants"]["sdpa"]["tokens_per_s"] > 0 and peer["best"] == "sdpa"
