@@ -9,7 +9,11 @@ With K = 1 (random masking at ratio r) the row shows n - round(r*n) ranks.
 Slots are static: T = L/K (K > 1) or L - round(r*L) (K = 1) visible slots, Q = L - T
 reconstruction slots (times `reconstruct_ratio`, CrossMAE partial reconstruction). A row with
 pads fills spare visible slots with pad positions (segment 0, so attention ignores them) and
-marks spare reconstruction slots invalid (weight 0 in the loss).
+marks spare reconstruction slots invalid (weight 0 in the loss). The visible slots are in row
+order (valid ones first, by position index; the pad ones after): the encoder and the
+reconstructor are indifferent to their order (positions travel with the tokens), and a local
+layer's window kernel then finds each block's neighbours by binary search and skips the rest
+(`model/attention_window_gpu.py`); reconstruction slots stay in rank order.
 
 `targetable_BxL` (optional) marks the real tokens that may be predicted ([CLS]/[SEP] are not,
 by default). CrossBERT ranks and shows every real token as above, so the views still partition
@@ -78,7 +82,14 @@ def _view(perm_BxL: Array, n_real_B: Array, lo_B: Array, hi_B: Array, n_vis: int
   rec_rank_BxQ = jnp.where(j_Q < lo_Bx1, j_Q, j_Q + c_Bx1)
   rec_valid_BxQ = rec_rank_BxQ < n_Bx1
   take = lambda r: jnp.take_along_axis(perm_BxL, jnp.clip(r, 0, seq_len - 1), axis=-1)
-  return take(vis_rank_BxT), vis_valid_BxT, take(rec_rank_BxQ), rec_valid_BxQ
+  vis_idx_BxT, vis_valid_BxT = _in_row_order(take(vis_rank_BxT), vis_valid_BxT, seq_len)
+  return vis_idx_BxT, vis_valid_BxT, take(rec_rank_BxQ), rec_valid_BxQ
+
+
+def _in_row_order(idx_BxT: Array, valid_BxT: Array, seq_len: int) -> tuple[Array, Array]:
+  """The slots sorted by position index, valid ones first (pad slots keep theirs after them)."""
+  order_BxT = jnp.argsort(jnp.where(valid_BxT, idx_BxT, seq_len + idx_BxT), axis=-1)
+  return jnp.take_along_axis(idx_BxT, order_BxT, axis=-1), jnp.take_along_axis(valid_BxT, order_BxT, axis=-1)
 
 
 def crossbert_masks(key: Array, segment_ids_BxL: Array, ratio: float, views: int, reconstruct_ratio: float = 1.0,

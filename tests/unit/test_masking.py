@@ -401,3 +401,31 @@ def test_invariants_with_high_special_ids():
   assert len(replaced) > 500 and not np.isin(replaced, reserved).any() and replaced.max() < 1011, (
       f"replacements must be regular ids below the tokenizer's 1011: {np.intersect1d(replaced, reserved)}")
   assert len(np.unique(replaced)) > 300, "replacements must spread over the regular ids"
+
+
+@pytest.mark.parametrize("views,ratio", [(1, 0.5), (2, 0.5), (1, 0.75)])
+def test_visible_slots_are_in_row_order_so_local_windows_skip_blocks(views, ratio):
+  """Valid visible slots rise along the row (pad slots after them), so the gathered tokens' window keys
+  (segment, position) rise and the GPU window kernel's binary search holds: its bounds then skip blocks."""
+  from crossbert_jax.model import attention_window_gpu  # pylint: disable=g-import-not-at-top
+
+  seq_len = 256
+  seg = _segments([256, 200, 131, 0], seq_len)
+  pos = np.zeros_like(seg)
+  for b in range(seg.shape[0]):  # Positions restart at each document, as packing writes them.
+    for s in np.unique(seg[b][seg[b] > 0]):
+      where = np.flatnonzero(seg[b] == s)
+      pos[b, where] = np.arange(len(where))
+  m = masking.crossbert_masks(jax.random.key(3), jnp.asarray(seg), ratio, views)
+  for k in range(views):
+    idx, ok = np.asarray(m.vis_idx_KxBxT[k]), np.asarray(m.vis_valid_KxBxT[k])
+    for b in range(seg.shape[0]):
+      n = int(ok[b].sum())
+      assert ok[b, :n].all() and not ok[b, n:].any(), "valid slots first"
+      assert (np.diff(idx[b, :n]) > 0).all(), "valid slots in row order"
+    g_seg, g_pos = np.take_along_axis(seg, idx, axis=1), np.take_along_axis(pos, idx, axis=1)
+    q_key, kv_key = attention_window_gpu.window_keys(jnp.asarray(g_seg), jnp.asarray(np.where(g_seg > 0, g_seg, -1)),
+                                                     jnp.asarray(g_pos), jnp.asarray(g_pos), 16)
+    assert (np.diff(np.asarray(kv_key), axis=1) >= 0).all() and (np.diff(np.asarray(q_key), axis=1) >= 0).all()
+    lo, hi = attention_window_gpu.window_bounds(q_key, kv_key, 16, 8, 8)
+    assert float(jnp.mean((hi - lo)[:2])) < idx.shape[1] // 8 / 2, "the full rows' blocks are mostly skipped"
