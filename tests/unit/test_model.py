@@ -374,3 +374,17 @@ def test_strict_rank_promotion(part):
     emb = jnp.ones((VOCAB, spec.embed_dim))
     logits = jax.eval_shape(lambda: MlmHead(spec).init_with_output(jax.random.key(0), x, emb)[0])
     assert logits.shape == (2, 3, VOCAB)
+
+
+@pytest.mark.parametrize("global_every", [1, 2], ids=["global", "local_layers"])
+def test_the_order_of_the_visible_slots_changes_no_output(global_every):
+  """masking puts the visible slots in row order (for the window kernel's binary search); the model must
+  be indifferent to that order: any permutation of them gives the same reconstruction logits."""
+  c = _config(reconstructor__self_attention=True, reconstructor__feature_mixing=True, model__global_every=global_every,
+              model__local_window=4)
+  model, params, (tokens, pos, seg), (vis_idx, rec_idx, rec_valid) = _crossbert_setup(c)
+  shuffled = jax.vmap(
+      lambda key, row: jax.random.permutation(key, row))(jax.random.split(jax.random.key(9), vis_idx.shape[0]), vis_idx)
+  assert not np.array_equal(shuffled, vis_idx)
+  logits = jax.jit(lambda v: model.apply({"params": params}, tokens, pos, seg, v, rec_idx, rec_valid))
+  np.testing.assert_allclose(logits(shuffled), logits(vis_idx), atol=1e-5, rtol=1e-5)
