@@ -89,6 +89,11 @@ def _attention_inputs(shape: tuple[int, int, int, int], dtype, seed: int):
   return q, kk, v, seg
 
 
+def _gathered_positions(pos_BxL: jax.Array) -> jax.Array:
+  """Positions about two apart and rising, as CrossBERT's visible tokens at r = 0.5 keep them."""
+  return 2 * pos_BxL + jax.random.bernoulli(jax.random.key(7), 0.5, pos_BxL.shape).astype(pos_BxL.dtype)
+
+
 def attention(dry_run: bool) -> dict[str, Any]:
   """Max |difference| to dense of each backend's output and gradients (float32 inputs, two segments)."""
   b, length, heads, k = (2, 128, 2, 32) if dry_run else (4, 2048, 12, 64)
@@ -102,7 +107,7 @@ def attention(dry_run: bool) -> dict[str, Any]:
   # (half as many queries as keys, their own segment array).
   window = 32 if dry_run else 128
   pos = jnp.broadcast_to(jnp.arange(length), seg.shape)
-  gathered = 2 * pos + jax.random.bernoulli(jax.random.key(7), 0.5, seg.shape).astype(pos.dtype)
+  gathered = _gathered_positions(pos)
   cases = {backend: (backend, {}) for backend in backends}
   cases["gpu_flash_local"] = ("gpu_flash", {"window": window, "q_pos_BxT": pos})
   cases["gpu_flash_gathered"] = ("gpu_flash", {"window": window, "q_pos_BxT": gathered})
@@ -165,7 +170,7 @@ def attention_speed(dry_run: bool) -> dict[str, Any]:
   # take about (window + 64) / L of a global layer's time; chunked's local layer beside it. `gathered`: the
   # positions of CrossBERT's visible tokens at r = 0.5 (about every other one), a window of about 64 indices.
   window, pos = (32 if dry_run else 128), jnp.broadcast_to(jnp.arange(length), seg.shape)
-  gathered = 2 * pos + jax.random.bernoulli(jax.random.key(7), 0.5, seg.shape).astype(pos.dtype)
+  gathered = _gathered_positions(pos)
   for backend, name, positions in (("chunked", "", pos), ("gpu_flash", "", pos), ("gpu_flash", " gathered", gathered)):
     spec = attention_lib.AttentionSpec(backend=backend, interpret=on_cpu and backend == "gpu_flash")
     fns[f"{backend} local {window}{name}"] = functools.partial(attention_lib.attention, q_seg_BxT=seg, spec=spec,
@@ -314,10 +319,10 @@ def main(argv: list[str] | None = None) -> int:
   steps: dict[str, Callable[[], dict[str, Any]]] = {
       "peer": lambda: peer(a.dry_run, out), "versions": versions, "attention": lambda: attention(a.dry_run),
       "attention_speed": lambda: attention_speed(a.dry_run),
-      "bench": lambda: bench(a.dry_run, out, work, on_case=partial, cases=cases),
+      "bench": lambda: bench(a.dry_run, out, work, on_case=lambda rows: partial("bench", {"cases": rows}), cases=cases),
       "resume": lambda: resume(a.dry_run, work), "export": lambda: export(a.dry_run, work),
-      "tests": lambda: tests(a.dry_run),
-      "curves": lambda: accelerator_curves.curves(a.dry_run, work, make_tokenizer, on_run=partial_curves)}
+      "tests": lambda: tests(a.dry_run), "curves": lambda: accelerator_curves.curves(
+          a.dry_run, work, make_tokenizer, on_run=lambda result: partial("curves", result))}
   asked = (ALL_STEPS if a.steps == "all" or (a.dry_run and not a.steps) else a.steps or DEFAULT_STEPS).split(",")
   cases = [c for c in a.cases.split(",") if c]
   refusal = _refusal(asked, list(steps), out, a.dry_run) or _case_refusal(cases)
@@ -340,13 +345,9 @@ def main(argv: list[str] | None = None) -> int:
       "xla_flags": os.environ.get("XLA_FLAGS", ""), "steps": {}}
   path = out / "accelerator_check.json"
 
-  def partial(rows: dict[str, Any]) -> None:
-    report["steps"]["bench"] = {"cases": rows, "partial": True}
+  def partial(step: str, result: dict[str, Any]) -> None:  # A step's rows so far: a stopped check keeps them.
+    report["steps"][step] = {**result, "partial": True}
     add_vs_peer(report)
-    path.write_text(json.dumps(report, indent=1))
-
-  def partial_curves(result: dict[str, Any]) -> None:
-    report["steps"]["curves"] = {**result, "partial": True}
     path.write_text(json.dumps(report, indent=1))
 
   for name in asked:

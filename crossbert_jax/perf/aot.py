@@ -196,7 +196,7 @@ def _compile_one(c: plan_lib.Settings, mesh: jax.sharding.Mesh, topology: str, c
   t0 = time.perf_counter()
   lowered = train_program.lower(state, batch)
   t1 = time.perf_counter()
-  if chosen := train_program.chosen_compiled():  # remat=auto / grad_accum=0 compiled it already.
+  if chosen := train_program.fit_compiled:  # remat=auto / grad_accum=0 compiled it already.
     compiled, compile_seconds = chosen
   else:
     log(f"compile: lowered in {t1 - t0:.1f} s; compiling (XLA: minutes for a pod-sized model)")

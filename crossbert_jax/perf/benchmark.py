@@ -121,7 +121,7 @@ def time_case(c: plan_lib.Settings, steps: int, warmup: int, trace_dir: str = ""
   jax.block_until_ready((state, batch))
 
   t0 = time.perf_counter()
-  if chosen := train_program.chosen_compiled():  # remat=auto / grad_accum=0 compiled it already.
+  if chosen := train_program.fit_compiled:  # remat=auto / grad_accum=0 compiled it already.
     compiled, compile_s = chosen
   else:
     compiled = train_program.lower(state, batch).compile()

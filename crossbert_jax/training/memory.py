@@ -111,8 +111,9 @@ def _fewest_that_fit(candidates: list[int], fits: Callable[[int], bool]) -> int 
 def choose_fit(c: plan_lib.Settings, mesh: jax.sharding.Mesh, compile_step: Callable[[plan_lib.Settings], Any],
                say: Callable[[str], None] = print) -> tuple[plan_lib.Settings, list[dict[str, Any]], Any]:
   """`c` with model.remat="auto" and train.grad_accum=0 ("auto") resolved by compiling the train step,
-  the compiled candidates ({remat, grad_accum, total_bytes, compile_seconds}) and the chosen one's
-  compiled step (its callers need not compile it again); `compile_step(config)` compiles it.
+  the compiled candidates ({remat, grad_accum, total_bytes, compile_seconds}) and (the chosen one's
+  compiled step, its compile seconds), so its callers need not compile it again (None when nothing
+  fits); `compile_step(config)` compiles it.
 
   remat=auto: the least recomputation whose step fits. grad_accum=0: the fewest micro-batches (the
   largest micro-batch per device) that fit. Both: the least recomputation at which some micro-batch
@@ -125,7 +126,8 @@ def choose_fit(c: plan_lib.Settings, mesh: jax.sharding.Mesh, compile_step: Call
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
   accums = accum_candidates(c.train.batch_size, shards) if c.train.grad_accum == 0 else [c.train.grad_accum]
   rows: list[dict[str, Any]] = []
-  compiled: dict[tuple[str, int], Any] = {}  # The last candidate that fits (the chosen one, when one fits).
+  # The last candidate that fits, (compiled step, seconds): the chosen one, when one fits.
+  compiled: dict[tuple[str, int], tuple[Any, float]] = {}
 
   def fits(remat: str, accum: int) -> bool:
     candidate = plan_lib.with_keys(c, {"model.remat": remat, "train.grad_accum": accum})
@@ -138,13 +140,12 @@ def choose_fit(c: plan_lib.Settings, mesh: jax.sharding.Mesh, compile_step: Call
       rows.append({
           "remat": remat, "grad_accum": accum, "total_bytes": None, "compile_seconds": time.perf_counter() - t0})
       return False
-    total = compiled_memory(step)["total_bytes"]
-    rows.append({
-        "remat": remat, "grad_accum": accum, "total_bytes": total, "compile_seconds": time.perf_counter() - t0})
+    seconds, total = time.perf_counter() - t0, compiled_memory(step)["total_bytes"]
+    rows.append({"remat": remat, "grad_accum": accum, "total_bytes": total, "compile_seconds": seconds})
     ok = budget is None or total <= budget
     if ok:
       compiled.clear()
-      compiled[(remat, accum)] = step
+      compiled[(remat, accum)] = (step, seconds)
     return ok
 
   chosen = None

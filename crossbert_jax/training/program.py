@@ -79,7 +79,9 @@ class TrainProgram:
                specials: SpecialIds = SENTENCEPIECE):
     # remat=auto, grad_accum=0 (auto): the compiled candidates tried, {remat, grad_accum, total_bytes}.
     self.fit_choice: list[dict[str, Any]] = []
-    self.fit_compiled = None  # The chosen candidate's compiled step (shaped inputs): not compiled twice.
+    # The chosen candidate's (compiled step, compile seconds), from the shaped inputs: the program
+    # `lower().compile()` gives, so compile and bench do not compile it twice. None without auto keys.
+    self.fit_compiled: tuple[jax.stages.Compiled, float] | None = None
     if c.model.remat == "auto" or c.train.grad_accum == 0:
       from crossbert_jax.training import memory  # pylint: disable=g-import-not-at-top (it builds TrainPrograms)
       compile_step = lambda cand: TrainProgram(cand, mesh, replacement_vocab=replacement_vocab, specials=specials
@@ -180,17 +182,6 @@ class TrainProgram:
         k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self.batch_sharding)
         for k, shape in objectives.batch_shapes(self.config).items()}
     return state, batch
-
-  def chosen_compiled(self) -> tuple[jax.stages.Compiled, float] | None:
-    """remat=auto / grad_accum=0: the chosen candidate's compiled step (from the shaped inputs, the same
-    program `lower().compile()` gives) and its compile seconds, so no caller compiles it twice; else None."""
-    if self.fit_compiled is None:
-      return None
-    c = self.config
-    seconds = next(r["compile_seconds"]
-                   for r in reversed(self.fit_choice)
-                   if (r["remat"], r["grad_accum"]) == (c.model.remat, c.train.grad_accum))
-    return self.fit_compiled, seconds
 
   def lower(self, state: Any = None, batch: Any = None) -> jax.stages.Lowered:
     """The train step lowered for (state, batch): real arrays, or by default the shaped inputs."""
