@@ -8,7 +8,7 @@
 #   WORKERS=N   (any test target) N pytest-xdist worker processes, grouped tests kept together; default 2 (the
 #               measured choice on 2 cores, docs/testing.md); WORKERS=1 runs serially
 #   make lint   ruff (pyproject's [tool.ruff]) and the yapf format check ([tool.yapf]); make format rewrites
-#   make setup-tpu   .venv-tpu: the pinned stack + jax[tpu]/libtpu (TPU VMs; on any host, the pre-flight
+#   make setup-tpu   .venv-tpu: .venv's pinned stack + jax[tpu]/libtpu (on any host, the pre-flight
 #                    compile for a TPU topology: JAX_PLATFORMS=cpu .venv-tpu/bin/python -m crossbert_jax.compile)
 #   make setup-gpu   .venv with jax[cuda12] on top (NVIDIA hosts)
 #   make test-tpu    the libtpu tests (compile for v5p:2x2x2) in .venv-tpu
@@ -49,11 +49,15 @@ lint: $(VENV)/.installed-lint
 format: $(VENV)/.installed-lint
 	$(PY) -m yapf --in-place --recursive --parallel $(FORMATTED)
 
-# A second venv: libtpu in the main one would make every CPU run probe for a TPU.
-$(TPU_VENV)/.installed: requirements.txt requirements-tpu.txt pyproject.toml
+# A second venv for libtpu (in the main one it would make every CPU run probe for a TPU), layered on the main one:
+# a .pth file adds .venv's site-packages (and runs its .pth files: the editable install), so the pinned stack is
+# installed once and pip adds only what requirements-tpu.txt has beyond it (libtpu). On a TPU VM, launch/tpu.sh
+# installs the whole stack into .venv-tpu instead (there is no .venv there).
+$(TPU_VENV)/.installed: $(VENV)/.installed requirements-tpu.txt
 	test -x $(TPU_VENV)/bin/python || $(PYTHON) -m venv $(TPU_VENV)
-	$(TPU_VENV)/bin/python -m pip install -q -r requirements.txt -r requirements-tpu.txt
-	$(TPU_VENV)/bin/python -m pip install -q --no-deps -e .
+	echo "import site; site.addsitedir('$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+	    > "$$($(TPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/crossbert_main_venv.pth"
+	$(TPU_VENV)/bin/python -m pip install -q -r requirements-tpu.txt
 	touch $@
 
 setup-tpu: $(TPU_VENV)/.installed

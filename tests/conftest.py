@@ -60,9 +60,26 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
       item.add_marker(getattr(pytest.mark, tier))
     if item.get_closest_marker("timeout") is None:
       item.add_marker(pytest.mark.timeout(TIMEOUTS[tier]))
+  _keep_xdist_groups_on_one_worker(config, items)
   if misplaced:
     raise pytest.UsageError(f"tests/{', tests/'.join(sorted(misplaced))}: outside the tier folders; move it to "
                             "tests/unit, tests/integration or tests/slow (docs/testing.md)")
+
+
+def _keep_xdist_groups_on_one_worker(config, items) -> None:
+  """`--dist loadgroup` sends the tests of one `xdist_group` to one worker by the '@group' suffix of their node ids,
+  which pytest-xdist 3.8 appends to `item._nodeid`; pytest 9.2 keeps the id in `item._id` and no longer reads
+  `_nodeid`, so the suffix was lost and the group's tests spread over the workers (each then built the group's
+  session fixture: two README tours a session). The suffix is set here where xdist's did not take."""
+  if not getattr(config.option, "loadgroup", False):  # Set on xdist's workers only (xdist/remote.py).
+    return
+  from _pytest.nodeid import NodeId  # pylint: disable=g-import-not-at-top
+
+  for item in items:
+    groups = sorted({
+        str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")})
+    if groups and "@" not in item.nodeid.rpartition("]")[2]:
+      item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")  # pylint: disable=protected-access
 
 
 _UNIT_TEST = None  # The node id of the unit-tier test being set up, run or torn down.

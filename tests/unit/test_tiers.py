@@ -46,3 +46,13 @@ def test_a_command_runs_in_process_as_its_cli(command, tmp_path):
   assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
   assert proc.stderr.startswith("error: unknown config key 'nope' in the override --config.model.nope"), proc.stderr
   assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.xdist_group("tiers_probe")
+def test_an_xdist_group_reaches_the_scheduler(request):
+  """Under `--dist loadgroup` (every tier's `WORKERS=2`), a grouped test's node id carries '@group', which is what
+  sends the group to one worker (the README tour and the docs commands test share one session clone that way);
+  pytest 9.2 had dropped xdist 3.8's suffix, and both workers ran the tour (conftest.py)."""
+  if not getattr(request.config.option, "loadgroup", False):
+    pytest.skip("not on an xdist worker with --dist loadgroup (WORKERS=1)")
+  assert request.node.nodeid.endswith("@tiers_probe"), request.node.nodeid
