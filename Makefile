@@ -53,10 +53,11 @@ format: $(VENV)/.installed-lint
 # a .pth file adds .venv's site-packages (and runs its .pth files: the editable install), so the pinned stack is
 # installed once and pip adds only what requirements-tpu.txt has beyond it (libtpu). On a TPU VM, launch/tpu.sh
 # installs the whole stack into .venv-tpu instead (there is no .venv there).
+# A venv's site-packages, printed by its python.
+PURELIB := -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
 $(TPU_VENV)/.installed: $(VENV)/.installed requirements-tpu.txt
 	test -x $(TPU_VENV)/bin/python || $(PYTHON) -m venv $(TPU_VENV)
-	echo "import site; site.addsitedir('$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
-	    > "$$($(TPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/crossbert_main_venv.pth"
+	echo "import site; site.addsitedir('$$($(PY) $(PURELIB))')" > "$$($(TPU_VENV)/bin/python $(PURELIB))/crossbert_main_venv.pth"
 	$(TPU_VENV)/bin/python -m pip install -q -r requirements-tpu.txt
 	touch $@
 
