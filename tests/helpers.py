@@ -5,6 +5,7 @@ boundary is the point (kill -9, signals, several processes, locks) and for each 
 import os
 import pathlib
 import shutil
+import signal
 import contextlib
 import importlib
 import io
@@ -58,7 +59,7 @@ def run_main(module: str, *argv: str, env: dict[str, str] | None = None) -> int:
   an earlier call, are dropped first: commands share flag names such as --config), parsed as its CLI
   parses them (`parse_flags_or_exit`: a bad flag or config is one line and exit 2), then its main
   runs with `env` added to os.environ; stdout and stderr are the caller's (capsys, `run_command`). The
-  flags and the environment are reset afterwards. The command sees this process's devices (conftest's 8
+  flags, the environment and the SIGTERM/SIGINT handlers are reset afterwards. The command sees this process's devices (conftest's 8
   fake CPU devices, where a subprocess sees 1): a batch that does not divide by 8 is refused for that.
   """
   from absl import flags  # pylint: disable=g-import-not-at-top
@@ -75,6 +76,8 @@ def run_main(module: str, *argv: str, env: dict[str, str] | None = None) -> int:
   sys.modules.pop("config_config", None)
   saved_argv, sys.argv = sys.argv, [module, *argv]  # ml_collections reads --config.key=value overrides here.
   saved_env, saved_quiet = dict(os.environ), errors._quiet_stderr  # pylint: disable=protected-access
+  # A command may install SIGTERM/SIGINT handlers (the sweep's driver does): this process gets its own back.
+  saved_handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
   errors._quiet_stderr = lambda: None  # A command's exit silences fd 2: the test session's stderr here.
   os.environ.update(env or {})
   try:
@@ -86,6 +89,8 @@ def run_main(module: str, *argv: str, env: dict[str, str] | None = None) -> int:
     os.environ.clear()
     os.environ.update(saved_env)  # main's XLA flags and the like stay the command's.
     errors._quiet_stderr = saved_quiet  # pylint: disable=protected-access
+    for sig, handler in saved_handlers.items():
+      signal.signal(sig, handler)
     fv.unparse_flags()
     _drop_command_flags(fv)  # As before the call: a test that defines a command's flags itself can.
     fv.mark_as_parsed()

@@ -23,6 +23,8 @@ RUN = [
     "--config.model.remat=none", "--config.train.warmup_steps=2", "--config.train.steps=20",
     "--config.checkpoint.every_steps=10", "--config.metrics.progress_bar=False", "--config.metrics.tensorboard=False",
     "--config.checkpoint.async_save=False"]
+# A train command run in process (tests/helpers.py's run_command) sees 8 fake CPU devices: a batch they divide.
+IN_PROCESS = ["--config.train.batch_size=8"]
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.", "[MASK] and [CLS] spelled in text, <|endoftext|> too.",
     "She ordered a café crème. 😀", "  leading spaces\tand tabs\n\nand blank lines  ", ""]
@@ -51,10 +53,12 @@ def test_from_hf_cpu_is_from_hf_with_the_cpu_trial_run_settings(path):
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-  """(the ModernBertForMaskedLM folder, the `export import` folder made from it by the CLI)."""
+  """(the ModernBertForMaskedLM folder, the `export import` folder made from it by the CLI, in process: export's
+  subprocess smoke tests are in test_export.py)."""
   root = tmp_path_factory.mktemp("mb")
   hf = hf_models.tiny_modernbert(root / "hf")
-  run_module(["crossbert_jax.export", "import", f"--hf={hf}", f"--output={root / 'imp'}"])
+  proc = run_command("crossbert_jax.export", "import", f"--hf={hf}", f"--output={root / 'imp'}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
   return hf, root / "imp"
 
 
@@ -116,11 +120,12 @@ def _wait_for_checkpoint(proc, workdir, step: int, timeout: float = 400) -> None
 
 
 def _export_and_check(workdir, out, hf) -> dict:
-  """`export --verify` of the run; the tokenizer gives the imported folder's ids; config.json its special ids."""
+  """`export --verify` of the run (in process: the command reads the finished run); the tokenizer gives the
+  imported folder's ids; config.json its special ids."""
   import transformers  # pylint: disable=g-import-not-at-top
 
-  proc = run_module(["crossbert_jax.export", f"--workdir={workdir}", f"--output={out}", "--verify"])
-  assert "verified" in proc.stdout, proc.stdout
+  proc = run_command("crossbert_jax.export", f"--workdir={workdir}", f"--output={out}", "--verify")
+  assert proc.returncode == 0 and "verified" in proc.stdout, proc.stdout + proc.stderr[-2000:]
   ours, theirs = (transformers.AutoTokenizer.from_pretrained(str(p)) for p in (out, hf))
   assert ours(TEXTS)["input_ids"] == theirs(TEXTS)["input_ids"]
   assert ours(TEXTS[:2], TEXTS[2:4])["input_ids"] == theirs(TEXTS[:2], TEXTS[2:4])["input_ids"]
@@ -195,9 +200,8 @@ def test_a_tokenizer_other_than_the_imports_is_refused(imported, tmp_path):
   spm = tokenizer.train_tokenizer(corpus.builtin_documents()[:60], 340, tmp_path / "spm.model", num_threads=1)
   workdir = tmp_path / "run"
   _refused(
-      run_module([
-          "crossbert_jax.train", "--config=configs/crossbert.py:from_hf", f"--workdir={workdir}",
-          f"--config.train.init_from={imp}", f"--config.data.tokenizer={spm}", *RUN], check=False),
+      run_command("crossbert_jax.train", "--config=configs/crossbert.py:from_hf", f"--workdir={workdir}",
+                  f"--config.train.init_from={imp}", f"--config.data.tokenizer={spm}", *RUN, *IN_PROCESS),
       f"config train.init_from={imp} was trained with the tokenizer {imp}")
   assert not workdir.exists()
   bare = tmp_path / "bare"  # An import of a folder without tokenizer files.
@@ -217,15 +221,14 @@ def test_bert_over_an_import_without_mlm_head_is_refused(tmp_path):
   `export import --objective=mlm` does, instead of training a fresh head."""
   hf = hf_models.tiny_modernbert(tmp_path / "hf", with_head=False)
   imp = tmp_path / "imp"
-  run_module(["crossbert_jax.export", "import", f"--hf={hf}", f"--output={imp}"])
+  assert run_command("crossbert_jax.export", "import", f"--hf={hf}", f"--output={imp}").returncode == 0
   _refused(
       run_command("crossbert_jax.export", "import", f"--hf={hf}", f"--output={tmp_path / 'mlm'}", "--objective=mlm"),
       "holds no MLM head")
   workdir = tmp_path / "run"
   _refused(
-      run_module([
-          "crossbert_jax.train", "--config=configs/bert.py:from_hf", f"--workdir={workdir}",
-          f"--config.train.init_from={imp}", *RUN], check=False), f"train.init_from={imp} holds no MLM head")
+      run_command("crossbert_jax.train", "--config=configs/bert.py:from_hf", f"--workdir={workdir}",
+                  f"--config.train.init_from={imp}", *RUN, *IN_PROCESS), f"train.init_from={imp} holds no MLM head")
   assert not workdir.exists()
 
 
@@ -260,7 +263,7 @@ def test_a_fork_takes_its_sources_init_from_and_refuses_another(imported, tmp_pa
     fork._check_init_from("key", str(source), saved, r)  # pylint: disable=protected-access
 
 
-@pytest.mark.slow  # About 60 s on 2 idle cores (105 s under load): five short runs.
+@pytest.mark.slow  # About 60 s on 2 idle cores (105 s under load): four short runs and a refusal in process.
 def test_a_fork_of_a_from_hf_run_trains_on_from_the_sources_step(imported, tmp_path):
   """A from_hf run stopped at step 4, forked with its own command plus train.fork_from (train.init_from as
   the source had it, or left out), trains steps 5-6 as the source resumed does; another train.init_from is
@@ -277,14 +280,16 @@ def test_a_fork_of_a_from_hf_run_trains_on_from_the_sources_step(imported, tmp_p
   run_module([*train, f"--workdir={source}", f"--config.train.init_from={imp}", "--config.train.stop_at_step=4"])
   fork = f"--config.train.fork_from={source}"
   procs = {
-      "given": [*train, f"--workdir={tmp_path / 'given'}", f"--config.train.init_from={imp}",
-                fork], "left_out": [*train, f"--workdir={tmp_path / 'left_out'}", fork],
-      "another": [*train, f"--workdir={tmp_path / 'another'}", f"--config.train.init_from={other}", fork]}
+      "given": [*train, f"--workdir={tmp_path / 'given'}", f"--config.train.init_from={imp}", fork],
+      "left_out": [*train, f"--workdir={tmp_path / 'left_out'}", fork]}
   procs = {name: run_module(args, wait=False) for name, args in procs.items()}
+  # The refused fork in process (run_command; a batch the 8 fake devices divide) while the two forks train.
+  another = run_command(*train, f"--workdir={tmp_path / 'another'}", f"--config.train.init_from={other}", fork,
+                        *IN_PROCESS)
   done = {name: (p.wait(timeout=600), *p.communicate()) for name, p in procs.items()}
   run_module([*train, f"--workdir={source}", f"--config.train.init_from={imp}"])  # The source resumed to step 6.
 
-  rc, _, err = done["another"]
+  rc, err = another.returncode, another.stderr
   assert rc == 2 and len(err.strip().splitlines()) == 1, err[-2000:]
   assert err.startswith(f"error: config train.fork_from={source}: the fork gives train.init_from={other}, but the "
                         f"source started from train.init_from={imp}; "), err

@@ -37,17 +37,19 @@ def test_bad_options_and_an_earlier_out_are_one_line_before_any_work(tmp_path):
 
 def test_another_models_export_is_refused_and_the_runs_own_is_timed(tiny_run, tmp_path):
   """An export whose final norm is 1% off (another model of the same shape) is one line before any timing;
-  the run's own export is timed, its parity recorded, and an earlier --out replaced with --force."""
+  the run's own export is timed, its parity recorded, and an earlier --out replaced with --force. The export and
+  the refusal run in process (run_command); the timed run is the command's one subprocess smoke test."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
 
   own, other = tmp_path / "hf", tmp_path / "other"
-  run_module(["crossbert_jax.export", f"--workdir={tiny_run}", f"--output={own}"])
+  proc = run_command("crossbert_jax.export", f"--workdir={tiny_run}", f"--output={own}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
   shutil.copytree(own, other)
   tensors = st_numpy.load_file(other / "model.safetensors")
   tensors["final_norm.weight"] = tensors["final_norm.weight"] * np.float32(1.01)
   st_numpy.save_file(tensors, other / "model.safetensors", metadata={"format": "pt"})
-  proc = _embed_bench(tiny_run, other)
+  proc = _embed_bench(tiny_run, other, in_process=True)
   assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
   assert proc.stderr.startswith(f"error: --hf={other} is not this run's export: its embeddings of 40 texts differ "
                                 "from --workdir's by up to "), proc.stderr

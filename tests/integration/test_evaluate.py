@@ -16,10 +16,11 @@ import pytest
 
 from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.data import corpus, tokenizer
-from tests.helpers import copy_run, cpu_env
+from tests.helpers import copy_run, cpu_env, run_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENV = cpu_env(HF_HUB_OFFLINE="1")
+OFFLINE = {"HF_HUB_OFFLINE": "1"}  # ENV's addition, for the commands run in process (tests/helpers.py's run_command).
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +153,8 @@ def _run_embedder(run_dir, max_length=64):
 
 def test_generic_pair_regression_and_task_file_cli(run_dir, shared_data, tmp_path):
   """One command, no --tasks/--data_dir: a generic pair-regression TSV (zero-shot cosine Spearman,
-  equal to the cosine computed here) plus a task file of three tasks, one model load, one cache."""
+  equal to the cosine computed here) plus a task file of three tasks, one model load, one cache. In process
+  (run_command): evaluate's subprocess smoke test is test_cli_end_to_end."""
   from crossbert_jax.evaluation import probes, tasks as eval_tasks
 
   sts_train = eval_tasks.read_sts_benchmark(shared_data, "train").subset(300, 0)
@@ -183,12 +185,11 @@ def test_generic_pair_regression_and_task_file_cli(run_dir, shared_data, tmp_pat
                       "name": "nli", "type": "pair_classification", "train": "data/snli.tsv",
                       "columns": {"text": "premise", "pair": "hypothesis", "label": "label"}}]}))
   out, cache = tmp_path / "results.json", tmp_path / "cache"
-  cmd = [
-      sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={run_dir}", f"--generic_train={train}",
-      f"--generic_eval={test}", "--generic_text=sentence1", "--generic_pair=sentence2", "--generic_label=score",
-      "--generic_type=regression", "--generic_name=sts_pairs", f"--task_file={task_file}", "--max_length=64",
-      f"--output={out}", "--noprogress", f"--cache_dir={cache}"]
-  proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+  proc = run_command("crossbert_jax.evaluate", f"--workdir={run_dir}", f"--generic_train={train}",
+                     f"--generic_eval={test}", "--generic_text=sentence1", "--generic_pair=sentence2",
+                     "--generic_label=score", "--generic_type=regression", "--generic_name=sts_pairs",
+                     f"--task_file={task_file}", "--max_length=64", f"--output={out}", "--noprogress",
+                     f"--cache_dir={cache}", env=OFFLINE)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(out.read_text())["models"]["run@5"]["tasks"]
   assert list(result) == ["sts_pairs", "sst", "para", "nli"]
@@ -196,10 +197,11 @@ def test_generic_pair_regression_and_task_file_cli(run_dir, shared_data, tmp_pat
   side_a, side_b = (np.load(next(cache.glob(f"sts_pairs-eval-{part}-*.npy"))) for part in ("a", "b"))
   cli_cosine = probes.cosine(side_a, side_b)
   assert result["sts_pairs"]["scores"]["cosine/eval/spearman"] == probes.spearman(cli_cosine, sts_test.labels)
-  # And those embeddings are this process's, to float32 rounding: the CLI runs on 1 CPU device, this
-  # process on 8 fake ones, so the per-device batch shapes (and XLA's CPU kernels) differ. Measured
-  # on AMD EPYC: max |diff| 1.8e-7 in the embeddings and cosines; the sorted cosines have gaps of
-  # 6e-8, so ranks of near-ties flip and Spearman moves by 4.9e-5. Compare the continuous cosines.
+  # And those embeddings are this process's, to float32 rounding. The command runs in this process now (8 fake
+  # devices, as the embedder below); as a subprocess it ran on 1 CPU device, so the per-device batch shapes (and
+  # XLA's CPU kernels) differed. Measured then on AMD EPYC: max |diff| 1.8e-7 in the embeddings and cosines; the
+  # sorted cosines have gaps of 6e-8, so ranks of near-ties flip and Spearman moves by 4.9e-5. Compare the
+  # continuous cosines, within the tolerance either side holds.
   emb, _ = _run_embedder(run_dir)
   here_cosine = probes.cosine(emb.embed(sts_test.texts), emb.embed(sts_test.pairs))
   np.testing.assert_allclose(cli_cosine, here_cosine, rtol=0, atol=1e-6)
@@ -285,11 +287,9 @@ def test_pooler_cli_export_and_side_by_side(run_dir, shared_data, tmp_path):
   ours = pooler.PoolerEmbedder(emb, pooler.load_pooler(str(out))).embed(sts.texts)
   np.testing.assert_allclose(st.encode(sts.texts, convert_to_numpy=True), ours, atol=1e-4)
   res = tmp_path / "results.json"
-  cmd = [
-      sys.executable, "-m", "crossbert_jax.evaluate", f"--workdir={run_dir}", f"--pooler={out}",
-      f"--data_dir={shared_data}", "--tasks=stsb", "--max_examples=200", "--max_length=64", "--noprogress",
-      f"--output={res}", "--nocache"]
-  proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+  proc = run_command("crossbert_jax.evaluate", f"--workdir={run_dir}", f"--pooler={out}", f"--data_dir={shared_data}",
+                     "--tasks=stsb", "--max_examples=200", "--max_length=64", "--noprogress", f"--output={res}",
+                     "--nocache", env=OFFLINE)  # In process: it reads what the pooler CLI (the subprocess) wrote.
   assert proc.returncode == 0, proc.stderr[-3000:]
   models = json.loads(res.read_text())["models"]
   assert list(models) == ["run@5", "run@5+pooler"]
@@ -298,18 +298,17 @@ def test_pooler_cli_export_and_side_by_side(run_dir, shared_data, tmp_path):
 
 
 def test_mteb_offline_matches_our_stsb(run_dir, shared_data, tmp_path):
-  """mteb's own STSBenchmark evaluator on the local layout (HF_HUB_OFFLINE=1) agrees with our figure."""
+  """mteb's own STSBenchmark evaluator on the local layout (HF_HUB_OFFLINE=1) agrees with our figure. The layout
+  is the converter's (tools/mteb_local_data.py's STSBenchmark, called here) and mteb_eval runs in process
+  (run_command): the script's and the command's subprocess runs are test_mteb.py's."""
   from crossbert_jax.evaluation import probes, tasks as eval_tasks
+  from tools import mteb_local_data
 
   local = tmp_path / "local"
-  proc = subprocess.run([sys.executable, "tools/mteb_local_data.py", f"--data_dir={shared_data}", f"--out={local}"],
-                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  cmd = [
-      sys.executable, "-m", "crossbert_jax.mteb_eval", f"--workdir={run_dir}", "--tasks=STSBenchmark",
-      f"--data_dir={local}", "--max_length=64", f"--output_dir={tmp_path / 'mteb'}"]
-  proc = subprocess.run(cmd, cwd=ROOT, env={**ENV, "HF_DATASETS_OFFLINE": "1"}, capture_output=True, text=True,
-                        timeout=600)
+  assert mteb_local_data.sts_benchmark(shared_data, local) == 1379
+  proc = run_command("crossbert_jax.mteb_eval", f"--workdir={run_dir}", "--tasks=STSBenchmark", f"--data_dir={local}",
+                     "--max_length=64", f"--output_dir={tmp_path / 'mteb'}",
+                     env={**OFFLINE, "HF_DATASETS_OFFLINE": "1"})
   assert proc.returncode == 0, proc.stderr[-3000:]
   theirs = float(next(l for l in proc.stdout.splitlines() if l.startswith("[1/1] STSBenchmark: ")).split()[2])
   test = eval_tasks.read_sts_benchmark(shared_data, "test")
@@ -329,8 +328,8 @@ def test_pooler_and_task_file_user_errors(tmp_path):
              "--pairs_columns=a,b"], "line 2 has 1 tab-separated fields"),
            (["crossbert_jax.evaluate", f"--workdir={tmp_path}",
              f"--task_file={task_file}"], "line 2 has 1 tab-separated fields")]
-  for args, message in cases:
-    proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+  for args, message in cases:  # In process (run_command): refused before any work.
+    proc = run_command(*args, env=OFFLINE)
     lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr

@@ -14,7 +14,7 @@ from absl import flags as absl_flags
 from crossbert_jax import evaluate
 from tests.helpers import cpu_env, run_module
 from tests.integration.test_glue import OFFLINE, _datasets_cache, write_hub_copy  # noqa: F401 - _datasets_cache: autouse.
-from tests.integration.test_mteb import local_data  # noqa: F401 - a fixture.
+from tests.integration.test_mteb import local_data, small_data  # noqa: F401 - fixtures (small_data reads local_data).
 
 
 class _Flags:
@@ -208,10 +208,11 @@ def test_an_extra_column_in_one_split_is_read(evaluate_cli, runs, rte_copy, tmp_
   assert code is None and "[1/1] rte: linear " in out, err
 
 
-def test_mteb_superseded_note_is_printed_once(runs, local_data, tmp_path):  # noqa: F811 - local_data: a fixture.
-  """mteb warned twice per model and task (a log line and a UserWarning); now one note, before any work."""
+def test_mteb_superseded_note_is_printed_once(runs, small_data, tmp_path):  # noqa: F811 - small_data: a fixture.
+  """mteb warned twice per model and task (a log line and a UserWarning); now one note, before any work. On
+  test_mteb.py's `small_data` (200 STSBenchmark pairs): mteb warns per task evaluated, whatever its size."""
   proc = run_module([
-      "crossbert_jax.mteb_eval", f"--workdir={runs[0]}", f"--data_dir={local_data}", "--max_length=64",
+      "crossbert_jax.mteb_eval", f"--workdir={runs[0]}", f"--data_dir={small_data}", "--max_length=64",
       f"--output_dir={tmp_path / 'mteb'}", "--tasks=STSBenchmark"], env=cpu_env(**OFFLINE))
   both = proc.stdout + proc.stderr
   assert both.count("superseded") == 1, both[-3000:]

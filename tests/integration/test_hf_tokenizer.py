@@ -10,7 +10,7 @@ import pytest
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import corpus, hf_tokenizer, shards, special_ids, tokenizer
 from tests import hf_models
-from tests.helpers import run_command, run_module
+from tests.helpers import run_command
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,8 @@ def test_tokenizer_that_cannot_encode_is_refused_before_any_work(tmp_path, text_
 
 def test_prepare_failing_to_encode_leaves_nothing_in_the_way(tmp_path, text_input, bpe_folder):
   """A tokenizer that passes the load check but fails on a document: one line, and the folder is gone, so the
-  command with a working tokenizer then runs (no stopped prepare of other flags left to finish)."""
+  command with a working tokenizer then runs (no stopped prepare of other flags left to finish). In process
+  (run_command)."""
   from tokenizers import pre_tokenizers  # pylint: disable=g-import-not-at-top
 
   probe = [w for w, _ in pre_tokenizers.Whitespace().pre_tokenize_str(hf_tokenizer._PROBE)]  # pylint: disable=protected-access
@@ -156,9 +157,10 @@ def test_prepare_failing_to_encode_leaves_nothing_in_the_way(tmp_path, text_inpu
   tokenizer.Tokenizer.load(bad)
   out = tmp_path / "shards"
   args = ["crossbert_jax.prepare", f"--input={text_input}", f"--output={out}", "--shards=1", "--progress=false"]
-  _one_error_line(run_module([*args, f"--tokenizer={bad}"], check=False), "could not encode a document of shard 0")
+  _one_error_line(run_command(*args, f"--tokenizer={bad}"), "could not encode a document of shard 0")
   assert not out.exists()
-  assert "wrote 1 shards" in run_module([*args, f"--tokenizer={bpe_folder}"]).stdout
+  proc = run_command(*args, f"--tokenizer={bpe_folder}")
+  assert proc.returncode == 0 and "wrote 1 shards" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_ids_past_the_token_count_set_the_vocab_size(tmp_path, text_input):
@@ -167,9 +169,9 @@ def test_ids_past_the_token_count_set_the_vocab_size(tmp_path, text_input):
   big = hf_models.wordlevel_tokenizer(tmp_path / "gap" / "tokenizer.json", ["the", "a"], ids={"zebra": 70_000})
   tok = tokenizer.Tokenizer.load(big)
   assert tok.vocab_size == 70_001 and tok.encode("a zebra") == [6, 70_000]
-  run_module([
-      "crossbert_jax.prepare", f"--input={text_input}", f"--output={tmp_path / 'shards'}", "--shards=1",
-      "--progress=false", f"--tokenizer={big}"])
+  proc = run_command("crossbert_jax.prepare", f"--input={text_input}", f"--output={tmp_path / 'shards'}", "--shards=1",
+                     "--progress=false", f"--tokenizer={big}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
   assert shards.read_manifest(tmp_path / "shards")["dtype"] == "uint32"
   _one_error_line(_train(tmp_path, big, "--config.model.vocab_size=2048"), "model.vocab_size=2048 is smaller")
   assert not (tmp_path / "run").exists()

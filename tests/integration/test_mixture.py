@@ -13,7 +13,7 @@ from crossbert_jax.core import plan as plan_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import mixture, pipeline, prepare, tokenizer as tokenizer_lib
 from crossbert_jax.run import elastic, metrics, resume
-from tests.helpers import run_module
+from tests.helpers import run_command
 
 _WORDS = "the model reads every document of each source and counts the tokens it packs in rows".split()
 
@@ -221,23 +221,27 @@ def test_resume_refuses_another_mixture_and_another_process_count(corpus):
     elastic.reshard("w", 5, 2, saved, c, 1)
 
 
-@pytest.mark.slow  # Three starts (about 60 s); make test keeps the in-process source-token cases.
+@pytest.mark.slow  # Three starts (about 60 s as subprocesses); make test keeps the in-process source-token cases.
 def test_train_logs_tokens_per_source_over_the_run(tmp_path, spm_model, shared_data):
   """A short `train` on two real sources, in two phases (L=128 for step 1, then L=64: another stream),
-  stopped after steps 1 and 2 and resumed: metrics.jsonl rows carry tokens_seen/<source>, counted over the run."""
+  stopped after steps 1 and 2 and resumed: metrics.jsonl rows carry tokens_seen/<source>, counted over the run.
+
+  The three starts are the train command in this process (`run_command`): each resume restores from the
+  checkpoint on disk, so no process boundary is needed (and a process start per step cost more than the step)."""
   wiki = shared_data / "wikitext-2" / "valid.txt"
   book = shared_data / "gutenberg" / "Abraham Lincoln___Lincoln Letters.txt"
   mix = ({"path": str(wiki), "weight": 3, "name": "wiki"}, {"path": str(book), "weight": 1, "name": "lincoln"})
   # A batch of 64 rows is one packing round (64 bins): every step's tokens are counted by its row.
   args = [
-      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}",
-      "--config.metrics.progress_bar=False", f"--config.data.tokenizer={spm_model}", "--config.train.steps=3",
-      "--config.train.batch_size=64", "--config.checkpoint.every_steps=100", "--config.data.path=",
-      "--config.data.seq_len=128", "--config.train.phases=({'steps': 1}, {'data.seq_len': 64})",
-      f"--config.data.mixture={mix!r}"]
-  run_module([*args, "--config.train.stop_at_step=1"])
-  run_module([*args, "--config.train.stop_at_step=2"])  # Restores step 1 (phase 0's stream), then starts phase 1's.
-  run_module(args)  # Restores step 2: phase 0's counts from the checkpoint's meta.
+      "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path / 'run'}", "--config.metrics.progress_bar=False",
+      f"--config.data.tokenizer={spm_model}", "--config.train.steps=3", "--config.train.batch_size=64",
+      "--config.checkpoint.every_steps=100", "--config.data.path=", "--config.data.seq_len=128",
+      "--config.train.phases=({'steps': 1}, {'data.seq_len': 64})", f"--config.data.mixture={mix!r}"]
+  for stop in (["--config.train.stop_at_step=1"], ["--config.train.stop_at_step=2"], []):
+    # Stop 2 restores step 1 (phase 0's stream), then starts phase 1's; the last restores step 2: phase 0's counts
+    # from the checkpoint's meta.
+    proc = run_command("crossbert_jax.train", *args, *stop)
+    assert proc.returncode == 0, proc.stderr[-3000:]
   rows = metrics.read_metrics(str(tmp_path / "run"))
   assert [(r["step"], r["phase"]) for r in rows] == [(1, 0), (2, 1), (3, 1)]
   for a, b in zip(rows, rows[1:]):  # Phase 1's new stream adds to phase 0's counts: no reset.

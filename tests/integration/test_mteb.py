@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, cpu_env, run_module
+from tests.helpers import ROOT, cpu_env, run_command, run_module
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
@@ -31,20 +31,51 @@ def local_data(tmp_path_factory, shared_data):
   return out
 
 
+@pytest.fixture(scope="module")
+def small_data(local_data, tmp_path_factory):
+  """`local_data` cut down for the commands' runs, whose checks hold at any size: STSBenchmark's first 200 pairs
+  (of 1,379), SciFact's corpus cut to the documents its qrels name plus the first 300 (566 of 5,183; every query
+  keeps its relevant documents). An mteb_eval run of both tasks then embeds 1,266 texts instead of 8,241."""
+  out = tmp_path_factory.mktemp("mteb_small")
+  (out / "STSBenchmark").mkdir()
+  sts = (local_data / "STSBenchmark" / "test.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+  (out / "STSBenchmark" / "test.tsv").write_text("".join(sts[:201]), encoding="utf-8")  # The header and 200 pairs.
+  src, dst = local_data / "SciFact", out / "SciFact"
+  (dst / "qrels").mkdir(parents=True)
+  for name in ("queries.jsonl", "qrels/test.tsv"):
+    (dst / name).write_bytes((src / name).read_bytes())
+  relevant = {line.split("\t")[1] for line in (src / "qrels" / "test.tsv").read_text().splitlines()[1:]}
+  corpus = (src / "corpus.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+  kept = [line for i, line in enumerate(corpus) if i < 300 or json.loads(line)["_id"] in relevant]
+  assert len(kept) == 566, len(kept)
+  (dst / "corpus.jsonl").write_text("".join(kept), encoding="utf-8")
+  return out
+
+
+def _args(run_dir, data, out, *flags):
+  return [f"--workdir={run_dir}", f"--data_dir={data}", "--max_length=64", f"--output_dir={out}", *flags]
+
+
 def _mteb_eval(run_dir, local_data, out, *flags, wait=True, check=True):
-  args = [
-      "crossbert_jax.mteb_eval", f"--workdir={run_dir}", f"--data_dir={local_data}", "--max_length=64",
-      f"--output_dir={out}", *flags]
-  return run_module(args, env=cpu_env(**OFFLINE), wait=wait, check=check)
+  """The command as a subprocess (its smoke test, and where a kill is the point)."""
+  return run_module(["crossbert_jax.mteb_eval", *_args(run_dir, local_data, out, *flags)], env=cpu_env(**OFFLINE),
+                    wait=wait, check=check)
 
 
-def test_benchmark_offline_layout_and_result_cache(run_dir, local_data, tmp_path):
+def _in_process(run_dir, local_data, out, *flags):
+  """The command in this process (tests/helpers.py's run_command): refusals, and commands reading earlier results."""
+  return run_command("crossbert_jax.mteb_eval", *_args(run_dir, local_data, out, *flags), env=OFFLINE)
+
+
+def test_benchmark_offline_layout_and_result_cache(run_dir, small_data, tmp_path):
   """MTEB(eng, v2) offline: STSBenchmark runs from the local layout, the other 40 are named in one line
-  and skipped; mteb.ResultCache reads the written folder back with the table's scores."""
+  and skipped; mteb.ResultCache reads the written folder back with the table's scores. The command's one
+  subprocess smoke test (on `small_data`: the layout and the read-back do not depend on the data's size);
+  --strict's refusal runs in process."""
   import mteb
 
   out = tmp_path / "mteb"
-  proc = _mteb_eval(run_dir, local_data, out, "--benchmark=MTEB(eng, v2)")
+  proc = _mteb_eval(run_dir, small_data, out, "--benchmark=MTEB(eng, v2)")
   skipped = [l for l in proc.stdout.splitlines() if l.startswith("skipping ")]
   assert len(skipped) == 1 and skipped[0].startswith("skipping 40 task(s)"), proc.stdout[-2000:]
   assert "STSBenchmark" not in skipped[0] and "ArguAna" in skipped[0]
@@ -61,8 +92,9 @@ def test_benchmark_offline_layout_and_result_cache(run_dir, local_data, tmp_path
   assert abs(100 * model.task_results[0].get_score() - ours) < 1e-9
   assert "| STSBenchmark | STS |" in (out / "mteb_table.md").read_text()
 
-  proc = _mteb_eval(run_dir, local_data, tmp_path / "strict", "--benchmark=MTEB(eng, v2)", "--strict", check=False)
-  assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --strict: 40 task(s)")
+  proc = _in_process(run_dir, small_data, tmp_path / "strict", "--benchmark=MTEB(eng, v2)", "--strict")
+  assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --strict: 40 task(s)"), proc.stderr[-2000:]
+  assert not (tmp_path / "strict").exists()
 
 
 def test_local_sts_layout_matches_direct_loader(run_dir, local_data, shared_data):
@@ -93,40 +125,72 @@ def test_local_sts_layout_matches_direct_loader(run_dir, local_data, shared_data
   assert (len(scifact["corpus"]), len(scifact["queries"]), len(scifact["relevant_docs"])) == (5183, 300, 300)
 
 
-@pytest.mark.slow  # About 60 s on 2 cores: three runs of two tasks.
-def test_killed_during_second_task_resumes_to_the_same_table(run_dir, local_data, tmp_path):
+def _tamper(out) -> list:
+  """Sets every main_score saved in `out`'s results to 0.123456 (what a cached result's table cell would then show);
+  returns the result files."""
+  files = sorted(out.glob("results/crossbert_jax__run/*/*.json"))
+  files = [f for f in files if f.name != "model_meta.json"]
+  for f in files:
+    result = json.loads(f.read_text())
+    for split in result["scores"].values():
+      for row in split:
+        row["main_score"] = 0.123456
+    f.write_text(json.dumps(result))
+  return files
+
+
+@pytest.mark.slow  # Three runs of two tasks (on `small_data`), one killed.
+def test_killed_during_second_task_resumes_to_the_same_table(run_dir, small_data, tmp_path):
   """SIGKILL while the second task runs; the rerun loads the first, runs the second, writes the same
-  table as an uninterrupted run; --force redoes both."""
-  whole = tmp_path / "whole"
-  _mteb_eval(run_dir, local_data, whole, "--tasks=STSBenchmark,SciFact")
+  table as an uninterrupted run; --force redoes both.
+
+  The uninterrupted run is the --force run: both tasks embedded and scored in one process (no "(cached", each
+  line counts its documents), over saved results first tampered with (every main_score 0.123456, which a
+  table built from them would show): its table equals the resumed one byte for byte only if both tasks were
+  recomputed and the resume was right. (Before, a separate uninterrupted run into a fresh folder was the
+  reference: a fourth run of both tasks.) On `small_data` SciFact takes seconds, still far longer than the
+  kill takes to land after the "[1/2]" line (a late kill fails the table check, it cannot pass silently)."""
+  import mteb
+
+  tasks = "--tasks=STSBenchmark,SciFact"
   killed = tmp_path / "killed"
-  proc = _mteb_eval(run_dir, local_data, killed, "--tasks=STSBenchmark,SciFact", wait=False)
+  proc = _mteb_eval(run_dir, small_data, killed, tasks, wait=False)
   for line in proc.stdout:
     if line.startswith("[1/2] STSBenchmark"):
       proc.send_signal(signal.SIGKILL)
       break
   assert proc.wait(timeout=600) == -signal.SIGKILL
   assert not (killed / "mteb_table.json").exists()
-  resumed = _mteb_eval(run_dir, local_data, killed, "--tasks=STSBenchmark,SciFact")
+  resumed = _mteb_eval(run_dir, small_data, killed, tasks)
   assert "[1/2] STSBenchmark" in resumed.stdout and "(cached" in resumed.stdout
   assert "[2/2] SciFact" in resumed.stdout and " docs, " in resumed.stdout.split("[2/2] SciFact")[1].splitlines()[0]
-  for name in ("mteb_table.json", "mteb_table.md"):
-    assert (killed / name).read_bytes() == (whole / name).read_bytes()
-  forced = _mteb_eval(run_dir, local_data, killed, "--tasks=STSBenchmark,SciFact", "--force")
-  assert "(cached" not in forced.stdout
-  assert (killed / "mteb_table.json").read_bytes() == (whole / "mteb_table.json").read_bytes()
+  tables = {name: (killed / name).read_bytes() for name in ("mteb_table.json", "mteb_table.md")}
+
+  files = _tamper(killed)
+  assert sorted(f.stem for f in files) == ["STSBenchmark", "SciFact"]
+  (model,) = mteb.ResultCache(killed).load_results(models=["crossbert_jax/run"]).model_results
+  assert {r.task_name: r.get_score() for r in model.task_results} == {"STSBenchmark": 0.123456, "SciFact": 0.123456}
+  forced = _mteb_eval(run_dir, small_data, killed, tasks, "--force")
+  assert "(cached" not in forced.stdout, forced.stdout[-2000:]
+  for task in ("[1/2] STSBenchmark", "[2/2] SciFact"):
+    assert " docs, " in forced.stdout.split(task)[1].splitlines()[0], forced.stdout[-2000:]
+  for name, table in tables.items():
+    assert (killed / name).read_bytes() == table, name
 
 
-def test_runs_with_the_same_folder_name_get_their_own_results(run_dir, local_data, tmp_path):
+def test_runs_with_the_same_folder_name_get_their_own_results(run_dir, small_data, tmp_path):
   """A second run whose folder has the same name, scored into an --output_dir holding the first's results:
-  it is embedded and scored (not served the first's result), kept apart in results/, its own column."""
+  it is embedded and scored (not served the first's result), kept apart in results/, its own column. Both
+  commands run in process (the second reads the first's results; no float is compared between them)."""
   import shutil
 
   other = tmp_path / "elsewhere" / run_dir.name
   shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("eval_cache"))
   out = tmp_path / "mteb"
-  _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark")
-  proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", f"--workdir={other}")
+  proc = _in_process(run_dir, small_data, out, "--tasks=STSBenchmark")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  proc = _in_process(run_dir, small_data, out, "--tasks=STSBenchmark", f"--workdir={other}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
   first, second = [l for l in proc.stdout.splitlines() if l.startswith("[1/1] STSBenchmark")]
   assert "(cached" in first and " docs, " in second, proc.stdout[-2000:]
   table = json.loads((out / "mteb_table.json").read_text())
@@ -138,7 +202,7 @@ def test_runs_with_the_same_folder_name_get_their_own_results(run_dir, local_dat
 def test_a_model_given_twice_is_refused_before_loading(run_dir, local_data, tmp_path):
   """The same run twice (two spellings of one path) would be two identical columns: one line, exit 2."""
   out = tmp_path / "twice"
-  proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", f"--workdir={run_dir}/.", check=False)
+  proc = _in_process(run_dir, local_data, out, "--tasks=STSBenchmark", f"--workdir={run_dir}/.")
   assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
   assert proc.stderr.startswith(f"error: --workdir={run_dir}/. is --workdir={run_dir} again"), proc.stderr
   assert not out.exists()
@@ -161,8 +225,8 @@ def test_a_tokenizer_that_is_not_the_runs_is_refused(run_dir, local_data, shared
            ([
                "crossbert_jax.pooler", f"--workdir={run_dir}", f"--tokenizer={same_size}",
                f"--pairs={shared_data}/senteval/downstream/SNLI", f"--output={tmp_path / 'pooler'}"], same_size)]
-  for args, given in cases:
-    proc = run_module(args, env=cpu_env(**OFFLINE), check=False)
+  for args, given in cases:  # In process (run_command): each is refused before any work.
+    proc = run_command(*args, env=OFFLINE)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
     assert proc.stderr.startswith(f"error: --workdir {run_dir} (step 5) was trained with the tokenizer "), proc.stderr
     assert f"--tokenizer={given} differs" in proc.stderr, proc.stderr
@@ -172,7 +236,7 @@ def test_a_tokenizer_that_is_not_the_runs_is_refused(run_dir, local_data, shared
 def test_output_dir_in_an_input_or_a_run_is_refused_and_a_failed_start_leaves_no_folder(run_dir, local_data, tmp_path):
   """--output_dir may not be, contain or sit inside an input (--workdir, --data_dir) nor hold or sit inside a
   training run, as export's and pooler's outputs: one line, exit 2, nothing made. A start that fails later (a
-  --layers the encoder lacks, found at the first batch) takes back the folders it made."""
+  --layers the encoder lacks, found at the first batch) takes back the folders it made. In process (run_command)."""
   other_run = tmp_path / "other_run"
   (other_run / "checkpoints").mkdir(parents=True)
   cases = {
@@ -182,11 +246,11 @@ def test_output_dir_in_an_input_or_a_run_is_refused_and_a_failed_start_leaves_no
       run_dir.parent: f"contains --workdir {run_dir}"}
   for out, expected in cases.items():
     made = not out.exists()
-    proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", check=False)
+    proc = _in_process(run_dir, local_data, out, "--tasks=STSBenchmark")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
     assert proc.stderr.startswith(f"error: --output_dir {out} ") and expected in proc.stderr, proc.stderr
     assert not (made and out.exists())
   out = tmp_path / "new" / "mteb"
-  proc = _mteb_eval(run_dir, local_data, out, "--tasks=STSBenchmark", "--layers=9", check=False)
+  proc = _in_process(run_dir, local_data, out, "--tasks=STSBenchmark", "--layers=9")
   assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
   assert proc.stderr.startswith("error: --layers: 9 is out of range") and not (tmp_path / "new").exists()

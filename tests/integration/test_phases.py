@@ -1,8 +1,9 @@
 """Training phases and the batch ramp: validation, the lr across phases, tokens per step,
 resume checks, and real runs: exact resume at and across phase boundaries, a kill -9 near one.
 
-The runs are subprocesses on one CPU device sharing one compilation cache (each phase's step
-compiles once for the whole test), so the several starts of the resumed run stay cheap.
+The exact-resume runs are the train command in this process (`run_command`: the tests' 8 fake CPU devices and
+the session's compilation cache, so each phase's step compiles once), where the process boundary is not the
+point; the kill -9 and the elastic resume (2 processes, then 1) are subprocesses.
 """
 
 import json
@@ -184,19 +185,22 @@ def test_resume_check_restarts_a_stream_read_in_another_batch():
 
 # -- Real runs ----------------------------------------------------------------------------------
 
-# Steps 1-2: batch 4 x 64 (a ramp stair), 3-4: 8 x 64 (same stream), 5-7: 4 x 128 (its own stream, lr 1e-3).
-_PHASES = ("--config.train.steps=7", "--config.train.batch_size=8", "--config.train.warmup_steps=2",
-           "--config.train.batch_ramp.start=4", "--config.train.batch_ramp.steps=2",
+# Steps 1-2: batch 8 x 64 (a ramp stair), 3-4: 16 x 64 (same stream), 5-7: 8 x 128 (its own stream, lr 1e-3).
+# (In a subprocess on one device this was 4 / 8 / 4 rows; in this process every batch divides by the 8 devices.)
+_PHASES = ("--config.train.steps=7", "--config.train.batch_size=16", "--config.train.warmup_steps=2",
+           "--config.train.batch_ramp.start=8", "--config.train.batch_ramp.steps=2",
            "--config.train.batch_ramp.stages=1",
-           "--config.train.phases=({'steps': 4}, {'data.seq_len': 128, 'train.batch_size': 4, "
+           "--config.train.phases=({'steps': 4}, {'data.seq_len': 128, 'train.batch_size': 8, "
            "'train.learning_rate': 1e-3, 'model.rope_theta': 10000.0})")
 
 
-def _train(workdir, cache, spm, *extra, check=True):
-  return run_module([
-      "crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
-      f"--compilation_cache={cache}", f"--config.data.tokenizer={spm}", "--config.metrics.progress_bar=False",
-      "--config.metrics.tensorboard=False", "--config.checkpoint.every_steps=100", *_PHASES, *extra], check=check)
+def _train(workdir, spm, *extra):
+  """The train command in this process (the session's compilation cache: each phase's step compiles once)."""
+  proc = run_command("crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+                     f"--config.data.tokenizer={spm}", "--config.metrics.progress_bar=False",
+                     "--config.metrics.tensorboard=False", "--config.checkpoint.every_steps=100", *_PHASES, *extra)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
 
 
 def _rows(workdir) -> dict[int, dict]:
@@ -215,12 +219,11 @@ def _params(workdir, step):
 # run that had not stopped before it; it trained the straight run again and was dropped for the tiers' time.)
 @pytest.mark.slow
 def test_resume_at_phase_boundaries_is_bitwise_and_rows_carry_the_phase(tmp_path, spm_model):
-  cache = tmp_path / "cache"
-  _train(tmp_path / "straight", cache, spm_model)
+  _train(tmp_path / "straight", spm_model)
   split = tmp_path / "split"
   for stop in (2, 4, 5):
-    _train(split, cache, spm_model, f"--config.train.stop_at_step={stop}")
-  _train(split, cache, spm_model)
+    _train(split, spm_model, f"--config.train.stop_at_step={stop}")
+  _train(split, spm_model)
   a, b = _rows(tmp_path / "straight"), _rows(split)
   assert sorted(a) == sorted(b) == list(range(1, 8))
   for s in a:
@@ -228,7 +231,7 @@ def test_resume_at_phase_boundaries_is_bitwise_and_rows_carry_the_phase(tmp_path
       assert a[s][k] == b[s][k], f"step {s}: {k} {a[s][k]} (straight) != {b[s][k]} (resumed)"
   assert [a[s]["phase"] for s in a] == [0, 0, 1, 1, 2, 2, 2]
   tokens = [a[s]["tokens_seen"] - a.get(s - 1, {"tokens_seen": 0})["tokens_seen"] for s in sorted(a)]
-  assert tokens == [4 * 64] * 2 + [8 * 64] * 2 + [4 * 128] * 3
+  assert tokens == [8 * 64] * 2 + [16 * 64] * 2 + [8 * 128] * 3
   flops = [a[s]["flops_per_step"] for s in sorted(a)]
   assert flops[0] == flops[1] and flops[2] == flops[3] == 2 * flops[0] and flops[4] > flops[0]
   lr = optimizer.run_schedule(plan_lib.of_saved(json.loads((tmp_path / "straight" / "config.json").read_text())))
@@ -241,9 +244,9 @@ def test_resume_at_phase_boundaries_is_bitwise_and_rows_carry_the_phase(tmp_path
   # Evaluation and export build the model of a checkpoint's phase: its length and RoPE theta (the
   # run's own theta is the tiny default, 160k; the last phase trains at 10k).
   first, _, step = load.load_run(split, 4)
-  assert (step, first.data.seq_len, first.model.rope_theta, first.train.batch_size) == (4, 64, 160_000.0, 8)
+  assert (step, first.data.seq_len, first.model.rope_theta, first.train.batch_size) == (4, 64, 160_000.0, 16)
   last, _, step = load.load_run(tmp_path / "straight")
-  assert (step, last.data.seq_len, last.model.rope_theta, last.train.batch_size) == (7, 128, 10_000.0, 4)
+  assert (step, last.data.seq_len, last.model.rope_theta, last.train.batch_size) == (7, 128, 10_000.0, 8)
   hf = hf_files.hf_config(last)
   assert hf["max_position_embeddings"] == 128 and hf["global_rope_theta"] == 10_000.0, hf
 

@@ -17,7 +17,7 @@ from crossbert_jax.core import config as config_lib
 from crossbert_jax.core.errors import UserError
 from crossbert_jax.data import pipeline, prepare, shards, sources, tokenizer
 from crossbert_jax.data import workers as workers_lib
-from tests.helpers import run_module
+from tests.helpers import run_command, run_module
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _WORDS = "every document must land in exactly one shard once and only once across reruns".split()
@@ -141,16 +141,17 @@ def test_a_bad_book_leaves_nothing_and_the_fixed_rerun_works(corpus, tmp_path):
 
 
 def test_the_same_command_on_a_finished_set_says_so_and_writes_nothing(corpus, tmp_path):
+  """In process (run_command): prepare's subprocess runs are the stop test's below."""
   root, docs, _ = corpus
   out = tmp_path / "out"
   args = [f"--input={root / 'in'}", f"--output={out}", "--shards=3", "--progress=false"]
-  first = run_module(["crossbert_jax.prepare", *args])
+  first = run_command("crossbert_jax.prepare", *args)
   assert first.returncode == 0 and "wrote 3 shards" in first.stdout, first.stderr
   written = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-  again = run_module(["crossbert_jax.prepare", *args])
+  again = run_command("crossbert_jax.prepare", *args)
   assert again.returncode == 0 and f"already holds 3 shards, {len(docs)} documents" in again.stdout, again.stderr
   assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == written, "a finished set is not rewritten"
-  other = run_module(["crossbert_jax.prepare", *args[:2], "--shards=2", "--progress=false"], check=False)
+  other = run_command("crossbert_jax.prepare", *args[:2], "--shards=2", "--progress=false")
   assert other.returncode == 2 and other.stderr.strip().splitlines()[-1].startswith("error:")
   assert "finished prepare of other inputs or flags (shards differ)" in other.stderr
   assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == written

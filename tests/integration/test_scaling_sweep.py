@@ -8,7 +8,7 @@ from crossbert_jax.core.errors import UserError
 from crossbert_jax.scaling import collect, report
 from crossbert_jax.scaling import plan as plan_lib
 from crossbert_jax.scaling import spec as spec_lib
-from tests.helpers import ROOT, run_module
+from tests.helpers import ROOT, cpu_env, run_command, run_module
 
 
 def test_every_objective_of_a_size_gets_the_same_flops():
@@ -53,6 +53,12 @@ def _cli(module, *args):
   return run_module([module, *args], check=False, timeout=900)
 
 
+def _here(module, *args):
+  """The command in this process (`run_command`), where the process boundary is not the point; a sweep's trainers
+  are still its subprocesses (on one CPU device: `cpu_env`)."""
+  return run_command(module, *args, env=cpu_env())
+
+
 TINY_SPEC = '''
 def get_spec():
   return dict(
@@ -79,7 +85,8 @@ def test_tiny_sweep_resumes_and_reports(tmp_path, shared_data):
   runs = plan_lib.load_plan(root)[1]
   assert len(runs) == 2 and all(plan_lib.is_done(root / "runs" / r.name) for r in runs), first.stdout
   metrics_before = {r.name: (root / "runs" / r.name / "metrics.jsonl").read_text() for r in runs}
-  again = _cli("crossbert_jax.sweep", f"--spec={spec_file}", f"--root={root}")
+  # The sweep's and the report's subprocess smoke tests are `first` and `rep`; the rerun only reads the root.
+  again = _here("crossbert_jax.sweep", f"--spec={spec_file}", f"--root={root}")
   assert again.returncode == 0 and again.stdout.count("done, skipped") == 2, again.stdout + again.stderr[-2000:]
   assert metrics_before == {r.name: (root / "runs" / r.name / "metrics.jsonl").read_text() for r in runs}
   out = tmp_path / "report"
@@ -101,7 +108,7 @@ def test_tiny_sweep_resumes_and_reports(tmp_path, shared_data):
 def test_bad_spec_is_one_line_error(tmp_path):
   bad = tmp_path / "bad.py"
   bad.write_text("def get_spec():\n  return dict(name='x')\n")
-  proc = _cli("crossbert_jax.sweep", f"--spec={bad}", f"--root={tmp_path / 'r'}", "--dry_run")
+  proc = _here("crossbert_jax.sweep", f"--spec={bad}", f"--root={tmp_path / 'r'}", "--dry_run")
   assert proc.returncode == 2 and proc.stderr.strip().startswith("error:") and "missing keys" in proc.stderr
   assert "Traceback" not in proc.stderr
 

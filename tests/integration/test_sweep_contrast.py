@@ -1,13 +1,16 @@
 """A sweep with a contrastive stage end to end: the point trains, then its contrastive run starts from it (a
 subprocess each, as the sweep runs them), and the report compares the probes after the stage with the point's;
-the SLURM dry run submits the contrastive run after its point."""
+the SLURM dry run submits the contrastive run after its point.
+
+The sweep and report commands run in this process (`run_command`); the sweep's trainers are its subprocesses, as
+always (on one CPU device: `cpu_env`). The commands' subprocess smoke tests are test_scaling_sweep's."""
 
 import json
 
 import pytest
 
 from crossbert_jax.scaling import plan as plan_lib
-from tests.helpers import run_module
+from tests.helpers import cpu_env, run_command
 
 SPEC = '''
 def get_spec():
@@ -22,13 +25,19 @@ def get_spec():
 '''
 
 
+def _here(module, *args):
+  """The command in this process, its exit checked (its trainers are subprocesses on one CPU device: `cpu_env`)."""
+  proc = run_command(module, *args, env=cpu_env())
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  return proc
+
+
 @pytest.mark.slow  # Two training processes and their probes: about a minute on 2 cores.
 def test_a_sweep_trains_each_points_contrastive_stage_and_reports_it(tmp_path, shared_data):
   spec_file = tmp_path / "spec.py"
   spec_file.write_text(SPEC.replace("DATA", repr(str(shared_data))))
   root = tmp_path / "sweep"
-  sweep = lambda *flags: run_module(["crossbert_jax.sweep", f"--spec={spec_file}", f"--root={root}", *flags], timeout=
-                                    900)
+  sweep = lambda *flags: _here("crossbert_jax.sweep", f"--spec={spec_file}", f"--root={root}", *flags)
   dry = sweep("--dry_run", "--executor=slurm")
   assert "--dependency=afterok:JOB_OF_xs__cb_r50_k2__s0" in dry.stdout and "crossbert_jax.contrast" in dry.stdout
   first = sweep()
@@ -41,7 +50,7 @@ def test_a_sweep_trains_each_points_contrastive_stage_and_reports_it(tmp_path, s
   again = sweep()
   assert again.stdout.count("done, skipped") == 2
   out = tmp_path / "report"
-  run_module(["crossbert_jax.report", f"--root={root}", f"--output={out}"])
+  _here("crossbert_jax.report", f"--root={root}", f"--output={out}")
   md = (out / "report.md").read_text()
   section = md.split("## After the contrastive stage", 1)[1].split("\n## ", 1)[0]
   assert "`configs/contrast.py:tiny_simcse` on `builtin`" in section
