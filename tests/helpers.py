@@ -59,8 +59,9 @@ def run_main(module: str, *argv: str, env: dict[str, str] | None = None) -> int:
   an earlier call, are dropped first: commands share flag names such as --config), parsed as its CLI
   parses them (`parse_flags_or_exit`: a bad flag or config is one line and exit 2), then its main
   runs with `env` added to os.environ; stdout and stderr are the caller's (capsys, `run_command`). The
-  flags, the environment and the SIGTERM/SIGINT handlers are reset afterwards. The command sees this process's devices (conftest's 8
-  fake CPU devices, where a subprocess sees 1): a batch that does not divide by 8 is refused for that.
+  flags, the environment and the SIGTERM/SIGINT handlers are reset afterwards. The command sees this
+  process's devices (conftest's 8 fake CPU devices, where a subprocess sees 1): a batch that does not
+  divide by 8 is refused for that.
   """
   from absl import flags  # pylint: disable=g-import-not-at-top
 
@@ -106,11 +107,17 @@ def _drop_command_flags(fv) -> None:
     delattr(fv, name)
 
 
-def run_command(module: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-  """`run_main` with its stdout and stderr captured: a CompletedProcess (returncode, stdout, stderr)."""
+def run_command(module: str, *argv: str, env: dict[str, str] | None = None,
+                check: bool = False) -> subprocess.CompletedProcess:
+  """`run_main` with its stdout and stderr captured: a CompletedProcess (returncode, stdout, stderr).
+
+  `check` fails the test with the command's stderr tail when it exits non-zero (as `run_module`'s).
+  """
   out, err = io.StringIO(), io.StringIO()
   with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
     code = run_main(module, *argv, env=env)
+  if check and code != 0:
+    pytest.fail(f"{module} failed ({code}):\n{err.getvalue()[-3000:]}")
   return subprocess.CompletedProcess([module, *argv], code, out.getvalue(), err.getvalue())
 
 

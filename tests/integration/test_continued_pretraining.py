@@ -57,8 +57,7 @@ def imported(tmp_path_factory):
   subprocess smoke tests are in test_export.py)."""
   root = tmp_path_factory.mktemp("mb")
   hf = hf_models.tiny_modernbert(root / "hf")
-  proc = run_command("crossbert_jax.export", "import", f"--hf={hf}", f"--output={root / 'imp'}")
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  run_command("crossbert_jax.export", "import", f"--hf={hf}", f"--output={root / 'imp'}", check=True)
   return hf, root / "imp"
 
 
@@ -124,8 +123,8 @@ def _export_and_check(workdir, out, hf) -> dict:
   imported folder's ids; config.json its special ids."""
   import transformers  # pylint: disable=g-import-not-at-top
 
-  proc = run_command("crossbert_jax.export", f"--workdir={workdir}", f"--output={out}", "--verify")
-  assert proc.returncode == 0 and "verified" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+  proc = run_command("crossbert_jax.export", f"--workdir={workdir}", f"--output={out}", "--verify", check=True)
+  assert "verified" in proc.stdout, proc.stdout
   ours, theirs = (transformers.AutoTokenizer.from_pretrained(str(p)) for p in (out, hf))
   assert ours(TEXTS)["input_ids"] == theirs(TEXTS)["input_ids"]
   assert ours(TEXTS[:2], TEXTS[2:4])["input_ids"] == theirs(TEXTS[:2], TEXTS[2:4])["input_ids"]
@@ -221,7 +220,7 @@ def test_bert_over_an_import_without_mlm_head_is_refused(tmp_path):
   `export import --objective=mlm` does, instead of training a fresh head."""
   hf = hf_models.tiny_modernbert(tmp_path / "hf", with_head=False)
   imp = tmp_path / "imp"
-  assert run_command("crossbert_jax.export", "import", f"--hf={hf}", f"--output={imp}").returncode == 0
+  run_command("crossbert_jax.export", "import", f"--hf={hf}", f"--output={imp}", check=True)
   _refused(
       run_command("crossbert_jax.export", "import", f"--hf={hf}", f"--output={tmp_path / 'mlm'}", "--objective=mlm"),
       "holds no MLM head")

@@ -264,13 +264,6 @@ def _cli(module_args, check=True, wait=True):
   return run_module(module_args, check=check, wait=wait)
 
 
-def _in_process(*args, check=True):
-  """The command in this process (tests/helpers.py's run_command): commands after the CLI test's subprocess."""
-  proc = run_command(*args)
-  assert not check or proc.returncode == 0, proc.stderr[-3000:]
-  return proc
-
-
 def _finished(real_run):
   """The real run's workdir, once its training has finished."""
   return real_run.finished()
@@ -284,13 +277,14 @@ def test_cli_real_run_exports_verifies_and_imports(tmp_path, real_run):
   out = tmp_path / "hf"
   proc = _cli(["crossbert_jax.export", f"--workdir={run}", f"--output={out}", "--verify"])
   assert "verified" in proc.stdout, proc.stdout
-  probe = _in_process("crossbert_jax.evaluate", f"--workdir={run}", "--word_order").stdout
+  probe = run_command("crossbert_jax.evaluate", f"--workdir={run}", "--word_order", check=True).stdout
   assert "run@2 " in probe and "random init (its step 0) " in probe and "chance " in probe, probe
   assert "tokens seen: 2,048" in (out / "README.md").read_text()
   assert json.loads((out / "config.json").read_text())["layer_types"] == hf_mapping.layer_types(2, 2)
   with pytest.raises(UserError, match="--output .* not empty"):
     export.export_run(str(run), str(out))
-  _in_process("crossbert_jax.export", "import", f"--hf={out}", f"--output={tmp_path / 'imported'}", "--objective=mlm")
+  run_command("crossbert_jax.export", "import", f"--hf={out}", f"--output={tmp_path / 'imported'}", "--objective=mlm",
+              check=True)
   from crossbert_jax.run import load  # pylint: disable=g-import-not-at-top
   _, params, _ = load.load_run(run)
   _, imported = convert.load_imported(tmp_path / "imported")
@@ -303,12 +297,12 @@ def test_export_refuses_a_tokenizer_the_run_was_not_trained_with(tmp_path, real_
   run = _finished(real_run)
   other = tokenizer.train_tokenizer(corpus.builtin_documents()[4000:6000], 400, tmp_path / "other.model")
   out = tmp_path / "hf"
-  proc = _in_process("crossbert_jax.export", f"--workdir={run}", f"--output={out}", f"--tokenizer={other}", check=False)
+  proc = run_command("crossbert_jax.export", f"--workdir={run}", f"--output={out}", f"--tokenizer={other}")
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
   assert f"was trained with the tokenizer {tok_path}" in lines[0] and f"--tokenizer={other} differs" in lines[0]
   assert not out.exists()
   copy = tmp_path / "copy.model"
   copy.write_bytes(pathlib.Path(tok_path).read_bytes())
-  _in_process("crossbert_jax.export", f"--workdir={run}", f"--output={out}", f"--tokenizer={copy}")
+  run_command("crossbert_jax.export", f"--workdir={run}", f"--output={out}", f"--tokenizer={copy}", check=True)
   assert (out / "tokenizer.json").is_file()

@@ -62,9 +62,9 @@ def _mteb_eval(run_dir, local_data, out, *flags, wait=True, check=True):
                     wait=wait, check=check)
 
 
-def _in_process(run_dir, local_data, out, *flags):
+def _in_process(run_dir, local_data, out, *flags, check=False):
   """The command in this process (tests/helpers.py's run_command): refusals, and commands reading earlier results."""
-  return run_command("crossbert_jax.mteb_eval", *_args(run_dir, local_data, out, *flags), env=OFFLINE)
+  return run_command("crossbert_jax.mteb_eval", *_args(run_dir, local_data, out, *flags), env=OFFLINE, check=check)
 
 
 def test_benchmark_offline_layout_and_result_cache(run_dir, small_data, tmp_path):
@@ -187,10 +187,8 @@ def test_runs_with_the_same_folder_name_get_their_own_results(run_dir, small_dat
   other = tmp_path / "elsewhere" / run_dir.name
   shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("eval_cache"))
   out = tmp_path / "mteb"
-  proc = _in_process(run_dir, small_data, out, "--tasks=STSBenchmark")
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  proc = _in_process(run_dir, small_data, out, "--tasks=STSBenchmark", f"--workdir={other}")
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  _in_process(run_dir, small_data, out, "--tasks=STSBenchmark", check=True)
+  proc = _in_process(run_dir, small_data, out, "--tasks=STSBenchmark", f"--workdir={other}", check=True)
   first, second = [l for l in proc.stdout.splitlines() if l.startswith("[1/1] STSBenchmark")]
   assert "(cached" in first and " docs, " in second, proc.stdout[-2000:]
   table = json.loads((out / "mteb_table.json").read_text())

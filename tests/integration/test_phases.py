@@ -196,11 +196,10 @@ _PHASES = ("--config.train.steps=7", "--config.train.batch_size=16", "--config.t
 
 def _train(workdir, spm, *extra):
   """The train command in this process (the session's compilation cache: each phase's step compiles once)."""
-  proc = run_command("crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
+  return run_command("crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={workdir}",
                      f"--config.data.tokenizer={spm}", "--config.metrics.progress_bar=False",
-                     "--config.metrics.tensorboard=False", "--config.checkpoint.every_steps=100", *_PHASES, *extra)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return proc
+                     "--config.metrics.tensorboard=False", "--config.checkpoint.every_steps=100", *_PHASES, *extra,
+                     check=True)
 
 
 def _rows(workdir) -> dict[int, dict]:

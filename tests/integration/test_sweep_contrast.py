@@ -27,9 +27,7 @@ def get_spec():
 
 def _here(module, *args):
   """The command in this process, its exit checked (its trainers are subprocesses on one CPU device: `cpu_env`)."""
-  proc = run_command(module, *args, env=cpu_env())
-  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-  return proc
+  return run_command(module, *args, env=cpu_env(), check=True)
 
 
 @pytest.mark.slow  # Two training processes and their probes: about a minute on 2 cores.

@@ -2,6 +2,7 @@
 unit-tier test that starts a process or trains fails by name, every test has its tier's time limit, and
 a command's main runs in-process as its CLI would (tests/helpers.py's run_main)."""
 
+import signal
 import subprocess
 
 import pytest
@@ -46,6 +47,24 @@ def test_a_command_runs_in_process_as_its_cli(command, tmp_path):
   assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
   assert proc.stderr.startswith("error: unknown config key 'nope' in the override --config.model.nope"), proc.stderr
   assert not list(tmp_path.iterdir())
+
+
+def test_a_checked_command_that_fails_fails_the_test(command, tmp_path):
+  with pytest.raises(pytest.fail.Exception, match="unknown config key 'nope'"):
+    command("crossbert_jax.train", "--config=configs/crossbert.py:tiny", f"--workdir={tmp_path}",
+            "--config.model.nope=1", check=True)
+
+
+def test_the_signal_handlers_a_command_installs_are_undone(command, tmp_path, monkeypatch):
+  """A command that takes over SIGTERM and SIGINT (the sweep's driver does) leaves this process's own handlers."""
+  (tmp_path / "takes_signals.py").write_text("import signal\n\n\ndef main(argv):\n"
+                                             "  signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                             "  signal.signal(signal.SIGINT, signal.SIG_IGN)\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  assert signal.SIG_IGN not in before.values()
+  assert command("takes_signals").returncode == 0
+  assert {s: signal.getsignal(s) for s in before} == before
 
 
 @pytest.mark.xdist_group("tiers_probe")
