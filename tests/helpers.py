@@ -20,7 +20,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # - LLVM at -O0: the tiny models' programs compile in about half the time (a cold 12-step tiny run: 25 s
 #   -> 13 s on 2 cores, 2026-12-06) and run no slower at their sizes;
 # - XLA:CPU's older (non-MLIR) fusion emitters: jaxlib 0.10's default emitters build an MLIR pipeline per
-#   fusion; without them the same 12-step run takes 15.5 user CPU-s, not 20 (2026-12-07).
+#   fusion; without them the same 12-step run takes 15.5 user CPU-s, not 20 (2026-12-07). Only with -O0: at
+#   the default level they compile and run `small`'s step slower (bench: CrossBERT 4.9 s -> 5.8 s a step), so
+#   the commands' own defaults (core/xla_flags.py) keep the new emitters.
 # XLA's HLO passes (fusion decisions, layouts, sharding) are the same; only the machine code differs. A test
 # compares floats only between programs built with the same flags.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
