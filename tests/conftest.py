@@ -26,6 +26,7 @@ if _OWN_CACHE:
 # steps compile in under a second, so they were compiled again in every trainer (the unit tier: 114 s -> 102 s).
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
+import gc  # noqa: E402
 import pathlib  # noqa: E402
 import subprocess  # noqa: E402
 
@@ -34,6 +35,13 @@ import pytest  # noqa: E402
 from absl import flags  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# Python's cyclic GC in the test processes: the objects imported so far (jax, pytest, absl) moved out of its
+# reach, and a young generation 70x larger (the older ones' thresholds as before), so tracing's many short-lived
+# objects cost fewer collections. Three unit files serially (test_attention, test_contrastive,
+# test_embedder_packing): 129.0 and 130.0 user CPU-seconds with Python's defaults, 120.4 with these (2026-12-08);
+# the unit tier on 2 workers: 4 min 57 s -> 4 min 54 s of user CPU. The commands the tests start keep the defaults.
+gc.freeze()
+gc.set_threshold(50_000, 10, 10)
 # Grain's multiprocess prefetch reads absl flags; pytest never parses them.
 flags.FLAGS.mark_as_parsed()
 
